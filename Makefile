@@ -1,0 +1,26 @@
+# Everything a fresh machine needs: `make test` and `make demo` create .venv and install the pinned stack.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install test test-all demo clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The default suite: offline, a few minutes on 2 cores. `make test-all` adds the slow tests.
+test: install
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" -n 2 $(PYTEST_ARGS)
+
+test-all: install
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

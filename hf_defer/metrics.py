@@ -1,0 +1,211 @@
+"""Deferral metrics of Cao et al. (2023), appendix "Details of Evaluation Metrics".
+
+All metrics are fractions in [0, 1]. Rows whose label is -100 (Hugging Face padding) are dropped first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .surrogates import IGNORE_INDEX, DeferralSurrogate, get_surrogate
+
+
+def _to_numpy_1d(name: str, values: Any) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().float().numpy() if values.is_floating_point() else values.detach().cpu().numpy()
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}.")
+    return array
+
+
+def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15) -> dict[str, list[float]]:
+    """Data for a reliability diagram: equal-width confidence bins on [0, 1].
+
+    An estimate ``p`` falls in bin ``min(floor(p * n_bins), n_bins - 1)``, so 0 lies in the first bin and 1 in
+    the last.
+
+    Args:
+        confidence (array-like of shape `[N]`): estimated probabilities in [0, 1].
+        correct (array-like of shape `[N]`): outcomes, 0/1 or bool.
+        n_bins (`int`, *optional*, defaults to 15): number of bins.
+
+    Returns:
+        `dict`: ``bin_edges`` (``n_bins + 1`` floats), ``counts``, ``mean_confidence`` and ``accuracy`` per bin
+        (NaN for empty bins).
+
+    Example:
+
+    ```python
+    >>> from hf_defer import reliability_bins
+    >>> reliability_bins([0.1, 0.9, 0.95], [0, 1, 1], n_bins=2)["accuracy"]
+    [0.0, 1.0]
+    ```
+    """
+    conf = _to_numpy_1d("confidence", confidence).astype(np.float64)
+    hits = _to_numpy_1d("correct", correct).astype(np.float64)
+    if conf.shape != hits.shape:
+        raise ValueError(f"confidence and correct must have the same length, got {conf.shape[0]} and {hits.shape[0]}.")
+    if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
+        raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}.")
+    if conf.size and (np.isnan(conf).any() or conf.min() < 0 or conf.max() > 1):
+        raise ValueError(f"confidence must lie in [0, 1], got values in [{np.nanmin(conf)}, {np.nanmax(conf)}].")
+    index = np.minimum((conf * n_bins).astype(np.int64), n_bins - 1)
+    counts = np.bincount(index, minlength=n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_conf = np.bincount(index, weights=conf, minlength=n_bins) / counts
+        accuracy = np.bincount(index, weights=hits, minlength=n_bins) / counts
+    return {
+        "bin_edges": np.linspace(0.0, 1.0, n_bins + 1).tolist(),
+        "counts": counts.tolist(),
+        "mean_confidence": mean_conf.tolist(),
+        "accuracy": accuracy.tolist(),
+    }
+
+
+def expected_calibration_error(confidence: Any, correct: Any, n_bins: int = 15) -> float:
+    """Expected calibration error ``sum_b (n_b / N) |mean confidence_b - accuracy_b|`` over equal-width bins.
+
+    Binning as in [`reliability_bins`]. Returns 0.0 for no inputs.
+
+    Example:
+
+    ```python
+    >>> from hf_defer import expected_calibration_error
+    >>> expected_calibration_error([0.8, 0.8, 0.8, 0.8, 0.8], [1, 1, 1, 1, 0])
+    0.0
+    ```
+    """
+    bins = reliability_bins(confidence, correct, n_bins)
+    counts = np.asarray(bins["counts"], dtype=np.float64)
+    total = counts.sum()
+    if total == 0:
+        return 0.0
+    gap = np.abs(np.asarray(bins["mean_confidence"]) - np.asarray(bins["accuracy"]))
+    return float(np.sum(counts[counts > 0] / total * gap[counts > 0]))
+
+
+def _as_tensor(values: Any) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu()
+    return torch.as_tensor(np.asarray(values))
+
+
+def _budget_key(budget: float) -> str:
+    return f"budgeted_error_{round(budget * 100):d}"
+
+
+def deferral_metrics(
+    logits: Any,
+    labels: Any,
+    expert_labels: Any,
+    surrogate: str | DeferralSurrogate = "asm",
+    num_experts: int = 1,
+    n_bins: int = 15,
+    budgets: Sequence[float] = (0.1, 0.2, 0.3),
+    return_reliability: bool = False,
+) -> dict[str, Any]:
+    """Evaluates a deferral model from its logits.
+
+    * ``system_error``: mean 0-1-deferral loss (classifier wrong where it answers, chosen expert wrong where
+      the input is deferred).
+    * ``coverage``: share of inputs the classifier answers. ``classifier_error``: error of
+      ``argmax_{y<=K}`` on all inputs.
+    * ``expert_ece``: ECE (``n_bins`` equal-width bins) of the expert-accuracy estimate against
+      ``[[m = y]]`` over all inputs. With ``M > 1`` experts, ``expert_ece_j`` for each expert (against that
+      expert's correctness) and ``expert_ece`` their mean; ``deferral_rate_j`` is the share routed to expert ``j``.
+    * ``budgeted_error_{100x}`` for each ``x`` in ``budgets``: when more than ``floor(x N)`` inputs are deferred,
+      only the ``floor(x N)`` deferred inputs with the highest estimated accuracy of their expert stay
+      deferred (ties: earlier input first) and the classifier answers the rest; then the system error.
+
+    Args:
+        logits (`np.ndarray` or `torch.Tensor` of shape `[N, K + M]`): model outputs.
+        labels (array-like of shape `[N]`): true classes; rows equal to -100 are dropped.
+        expert_labels (array-like of shape `[N]` or `[N, M]`): the experts' predictions.
+        surrogate (`str` or [`DeferralSurrogate`], *optional*, defaults to `"asm"`): the surrogate the model
+            was trained with; it defines the expert-accuracy estimator.
+        num_experts (`int`, *optional*, defaults to 1): ``M`` (ignored when a surrogate object is passed).
+        n_bins (`int`, *optional*, defaults to 15): ECE bins.
+        budgets (sequence of `float`, *optional*): deferral budgets in (0, 1].
+        return_reliability (`bool`, *optional*, defaults to `False`): also return ``"reliability"``, the
+            reliability-diagram data of [`reliability_bins`] (a list with one entry per expert when ``M > 1``).
+
+    Returns:
+        `dict[str, float]` (plus ``"reliability"`` on request).
+
+    Example:
+
+    ```python
+    >>> import numpy as np
+    >>> from hf_defer import deferral_metrics
+    >>> logits = np.array([[3.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.5, 4.0]])  # K = 3 classes, 1 expert
+    >>> metrics = deferral_metrics(logits, labels=[0, 2], expert_labels=[1, 2])
+    >>> metrics["system_error"], metrics["coverage"]
+    (0.0, 0.5)
+    ```
+    """
+    logits = _as_tensor(logits)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    if logits.dim() != 2:
+        raise ValueError(f"logits must have shape [N, num_classes + num_experts], got {tuple(logits.shape)}.")
+    if isinstance(surrogate, DeferralSurrogate):
+        scorer = surrogate
+    else:
+        if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+            raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
+        scorer = get_surrogate(surrogate, logits.shape[1] - num_experts, num_experts)
+    M = scorer.num_experts
+    scorer.check_logits(logits)
+    y, m, valid = scorer.check_targets(_as_tensor(labels), _as_tensor(expert_labels), logits.shape[0])
+    for budget in budgets:
+        if not 0 < budget <= 1:
+            raise ValueError(f"budgets must lie in (0, 1], got {budget!r}.")
+    logits, y, m = logits[valid], y[valid], m[valid]
+    n = int(y.shape[0])
+    if n == 0:
+        raise ValueError("labels has no row to evaluate: every label is -100.")
+
+    defer, prediction, expert = (t.numpy() for t in scorer.decide(logits))
+    _, accuracy = scorer.probabilities(logits)
+    accuracy = accuracy.double().numpy()
+    y, m = y.numpy(), m.numpy()
+    rows = np.arange(n)
+    classifier_right = prediction == y
+    experts_right = m == y[:, None]
+    chosen_right = experts_right[rows, expert]
+    chosen_accuracy = accuracy[rows, expert]
+
+    def system_error(deferred: np.ndarray) -> float:
+        return float(np.mean(np.where(deferred, ~chosen_right, ~classifier_right)))
+
+    metrics: dict[str, Any] = {
+        "system_error": system_error(defer),
+        "coverage": float(1.0 - defer.mean()),
+        "classifier_error": float(1.0 - classifier_right.mean()),
+    }
+    eces = [expected_calibration_error(accuracy[:, j], experts_right[:, j], n_bins) for j in range(M)]
+    metrics["expert_ece"] = float(np.mean(eces))
+    if M > 1:
+        for j in range(M):
+            metrics[f"expert_ece_{j}"] = eces[j]
+        for j in range(M):
+            metrics[f"deferral_rate_{j}"] = float(np.mean(defer & (expert == j)))
+    deferred_rows = np.flatnonzero(defer)
+    for budget in budgets:
+        cap = math.floor(budget * n + 1e-9)
+        kept = defer
+        if deferred_rows.size > cap:
+            order = np.argsort(-chosen_accuracy[deferred_rows], kind="stable")
+            kept = np.zeros(n, dtype=bool)
+            kept[deferred_rows[order[:cap]]] = True
+        metrics[_budget_key(budget)] = system_error(kept)
+    if return_reliability:
+        diagrams = [reliability_bins(accuracy[:, j], experts_right[:, j], n_bins) for j in range(M)]
+        metrics["reliability"] = diagrams[0] if M == 1 else diagrams
+    return metrics

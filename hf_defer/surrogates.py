@@ -1,0 +1,400 @@
+"""Surrogate losses for learning to defer, their probability estimators and the decision rule.
+
+A deferral model scores ``K`` classes and ``M`` experts: ``logits`` has shape ``[B, K + M]``, columns
+``0..K-1`` are the classes and ``K..K+M-1`` the experts. Each surrogate turns these logits into
+
+* a training loss given the true label ``y`` and the experts' labels ``m_j``,
+* estimates of the class posterior ``eta(x)`` and of each expert's accuracy ``Pr(M_j = Y | x)``,
+* a decision: predict ``argmax_{y<=K} u_y``, or defer to ``argmax_j u_{K+j}`` when that expert's logit
+  beats every class logit. The four surrogates are maxima-preserving, so one rule serves them all.
+
+The four surrogates are those compared in Cao et al., NeurIPS 2023 ("In Defense of Softmax
+Parametrization for Calibrated and Consistent Learning to Defer"):
+
+========  ===========================================  ==========================
+name      loss                                         expert-accuracy estimator
+========  ===========================================  ==========================
+``asm``   asymmetric softmax (the paper's proposal)    bounded in [0, 1]
+``ssm``   softmax cross-entropy (Mozannar & Sontag)    unbounded, clipped
+``sova``  symmetric one-vs-all in ``L_phi``             unbounded, clipped
+``aova``  asymmetric one-vs-all (Verma & Nalisnick)    bounded in [0, 1]
+========  ===========================================  ==========================
+
+This module only imports ``torch``: it is copied next to the model code for remote-code loading.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+"""Label value that marks a row to ignore (the Hugging Face padding convention)."""
+
+SURROGATES: tuple[str, ...] = ("asm", "ssm", "sova", "aova")
+"""Names accepted by :func:`get_surrogate`; ``"asm"`` is the default."""
+
+
+class DeferralSurrogate:
+    """Base class of the deferral surrogates. Use :func:`get_surrogate` to build one.
+
+    Subclasses implement ``_per_example_loss`` and ``_log_estimates`` in float32; the base class does
+    the validation, the ``-100`` masking, the reduction and the decision rule.
+
+    Args:
+        num_classes (`int`): number of classes ``K`` (at least 2).
+        num_experts (`int`, *optional*, defaults to 1): number of experts ``M`` (at least 1).
+    """
+
+    name: str = ""
+    bounded: bool = True
+
+    def __init__(self, num_classes: int, num_experts: int = 1) -> None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(
+                f"num_classes must be an integer >= 2 (learning to defer needs at least two classes), got {num_classes!r}."
+            )
+        if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+            raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
+        self.num_classes = num_classes
+        self.num_experts = num_experts
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, num_classes={self.num_classes}, num_experts={self.num_experts})"
+
+    # ------------------------------------------------------------------ validation
+    def check_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Validates ``logits`` and returns them as float32 (gradients still flow to the input dtype)."""
+        if not isinstance(logits, torch.Tensor):
+            raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}.")
+        width = self.num_classes + self.num_experts
+        if logits.dim() != 2 or logits.shape[1] != width:
+            raise ValueError(
+                f"logits must have shape [batch, num_classes + num_experts] = [B, {self.num_classes} + {self.num_experts}], "
+                f"got {tuple(logits.shape)}."
+            )
+        if not logits.is_floating_point():
+            raise ValueError(f"logits must be a floating-point tensor, got dtype {logits.dtype}.")
+        if not torch.isfinite(logits).all():
+            bad = int((~torch.isfinite(logits)).any(dim=1).sum())
+            raise ValueError(f"logits must be finite, got NaN or inf in {bad} of {logits.shape[0]} rows.")
+        return logits.float()
+
+    def check_targets(
+        self,
+        labels: torch.Tensor,
+        expert_labels: torch.Tensor,
+        batch_size: int,
+        device: torch.device | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Validates the targets of a batch.
+
+        Returns:
+            `tuple`: ``labels`` as long ``[B]`` with ignored rows set to 0, ``expert_labels`` as long
+            ``[B, M]``, and the boolean mask ``[B]`` of rows that count (label != -100).
+        """
+        labels = torch.as_tensor(labels, device=device)
+        expert_labels = torch.as_tensor(expert_labels, device=device)
+        K, M = self.num_classes, self.num_experts
+        if labels.dim() == 2 and labels.shape[1] == 1:
+            labels = labels[:, 0]
+        if labels.dim() != 1 or labels.shape[0] != batch_size:
+            raise ValueError(f"labels must have shape [batch] = [{batch_size}], got {tuple(labels.shape)}.")
+        if labels.is_floating_point() or labels.dtype == torch.bool:
+            raise ValueError(f"labels must be integers, got dtype {labels.dtype}.")
+        if expert_labels.dim() == 1 and M == 1:
+            expert_labels = expert_labels[:, None]
+        if expert_labels.dim() != 2 or expert_labels.shape != (batch_size, M):
+            raise ValueError(
+                f"expert_labels must have shape [batch, num_experts] = [{batch_size}, {M}]"
+                f"{' (or [batch] for one expert)' if M == 1 else ''}, got {tuple(expert_labels.shape)}."
+            )
+        if expert_labels.is_floating_point() or expert_labels.dtype == torch.bool:
+            raise ValueError(f"expert_labels must be integers, got dtype {expert_labels.dtype}.")
+        labels, expert_labels = labels.long(), expert_labels.long()
+        valid = labels != IGNORE_INDEX
+        bad = valid & ((labels < 0) | (labels >= K))
+        if bad.any():
+            raise ValueError(
+                f"labels must lie in [0, {K}) or be {IGNORE_INDEX} (ignored), got {labels[bad][:5].tolist()}."
+            )
+        missing = valid[:, None] & (expert_labels == IGNORE_INDEX)
+        if missing.any():
+            rows = missing.any(dim=1).nonzero()[:5, 0].tolist()
+            raise ValueError(
+                f"expert_labels are missing ({IGNORE_INDEX}) on rows {rows} whose label is valid; every counted "
+                "example needs a label from every expert."
+            )
+        bad = valid[:, None] & ((expert_labels < 0) | (expert_labels >= K))
+        if bad.any():
+            raise ValueError(f"expert_labels must lie in [0, {K}), got {expert_labels[bad][:5].tolist()}.")
+        return labels.masked_fill(~valid, 0), expert_labels, valid
+
+    # ------------------------------------------------------------------ public API
+    def loss(
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        expert_labels: torch.Tensor,
+        reduction: str = "mean",
+    ) -> torch.Tensor:
+        """The surrogate loss.
+
+        Args:
+            logits (`torch.Tensor` of shape `[B, K + M]`): class logits then expert logits.
+            labels (`torch.Tensor` of shape `[B]`): true classes; rows equal to -100 are ignored.
+            expert_labels (`torch.Tensor` of shape `[B]` or `[B, M]`): each expert's predicted class.
+            reduction (`str`, *optional*, defaults to `"mean"`): `"mean"` over the counted rows (0 when
+                none counts), `"sum"`, or `"none"` for the per-example loss (0 on ignored rows).
+
+        Returns:
+            `torch.Tensor`: float32 loss.
+        """
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
+        u = self.check_logits(logits)
+        labels, expert_labels, valid = self.check_targets(labels, expert_labels, u.shape[0], u.device)
+        correct = (expert_labels == labels[:, None]).float()
+        per_example = self._per_example_loss(u, labels, correct).masked_fill(~valid, 0.0)
+        if reduction == "none":
+            return per_example
+        if reduction == "sum":
+            return per_example.sum()
+        return per_example.sum() / valid.sum().clamp(min=1)
+
+    __call__ = loss
+
+    def probabilities(self, logits: torch.Tensor, clip: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Estimates of the class posterior and of each expert's accuracy.
+
+        Args:
+            logits (`torch.Tensor` of shape `[B, K + M]`).
+            clip (`bool`, *optional*, defaults to `True`): clip the estimates into [0, 1]. Only the unbounded
+                estimators (``ssm``, ``sova``) can leave [0, 1]; ``clip=False`` shows them raw.
+
+        Returns:
+            `tuple(torch.Tensor, torch.Tensor)`: ``class_probs [B, K]`` and ``expert_accuracy [B, M]``, float32.
+        """
+        u = self.check_logits(logits)
+        log_classes, log_experts = self._log_estimates(u)
+        if clip:
+            log_classes, log_experts = log_classes.clamp(max=0.0), log_experts.clamp(max=0.0)
+        return log_classes.exp(), log_experts.exp()
+
+    def decide(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The maxima-preserving decision rule.
+
+        Returns:
+            `tuple`: ``defer [B]`` (bool, ``max_j u_{K+j} > max_{y<=K} u_y``), ``prediction [B]``
+            (``argmax_{y<=K} u_y``) and ``expert [B]`` (``argmax_j u_{K+j}``, meaningful where deferring).
+        """
+        u = self.check_logits(logits)
+        class_max, prediction = u[:, : self.num_classes].max(dim=1)
+        expert_max, expert = u[:, self.num_classes :].max(dim=1)
+        return expert_max > class_max, prediction, expert
+
+    # ------------------------------------------------------------------ to implement
+    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+def _asm_expert_logits(u: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``z`` with ``psi_{K+j} = sigmoid(z_j)``: ``z_j = u_{K+j} - LSE(u_{[K] minus y*})``.
+
+    The asymmetric softmax denominator ``sum_{y<=K+1} e^{u_y} - max_{y<=K} e^{u_y}`` is, exactly, the sum over
+    every class but the top one ``y*`` plus the expert, so no difference is ever formed in floating point.
+    """
+    classes = u[:, :num_classes]
+    top = F.one_hot(classes.argmax(dim=1), num_classes).bool()
+    rest = torch.logsumexp(classes.masked_fill(top, float("-inf")), dim=1, keepdim=True)
+    return u[:, num_classes:] - rest
+
+
+class ASMSurrogate(DeferralSurrogate):
+    r"""Asymmetric softmax surrogate (A-SM), the method of Cao et al. (2023). Consistent, with a bounded estimator.
+
+    With ``y*`` the top class, the asymmetric softmax is ``psi_y = softmax(u_{1..K})_y`` for classes and, for
+    expert ``j``, ``psi_{K+j} = e^{u_{K+j}} / (e^{u_{K+j}} + sum_{y<=K, y != y*} e^{u_y})`` (the paper's
+    multi-expert extension; for ``M = 1`` it is its Definition 2). The loss is
+
+        ``-log psi_y - sum_j [ c_j log psi_{K+j} + (1 - c_j) log(1 - psi_{K+j}) ]``,  ``c_j = [[m_j = y]]``,
+
+    evaluated as a cross-entropy on ``u_{1..K}`` plus binary cross-entropies on the logits
+    ``u_{K+j} - LSE(u_{[K] \\ y*})`` (masked log-sum-exp: finite for any finite logits, in any precision).
+    Estimator, for one or many experts: ``eta_y = psi_y`` and ``Pr(M_j = Y | x) = psi_{K+j}``, in
+    ``Delta^K x [0, 1]^M`` by construction.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_defer import get_surrogate
+    >>> asm = get_surrogate("asm", num_classes=3)
+    >>> logits = torch.tensor([[2.0, 0.0, -1.0, 0.5], [0.0, 0.1, 0.0, 3.0]])
+    >>> loss = asm(logits, torch.tensor([0, 1]), torch.tensor([0, 2]))
+    >>> class_probs, expert_accuracy = asm.probabilities(logits)
+    >>> asm.decide(logits)[0]
+    tensor([False,  True])
+    ```
+    """
+
+    name = "asm"
+    bounded = True
+
+    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
+        K = self.num_classes
+        class_loss = F.cross_entropy(u[:, :K], labels, reduction="none")
+        z = _asm_expert_logits(u, K)
+        expert_loss = F.binary_cross_entropy_with_logits(z, correct, reduction="none").sum(dim=1)
+        return class_loss + expert_loss
+
+    def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        K = self.num_classes
+        return F.log_softmax(u[:, :K], dim=1), F.logsigmoid(_asm_expert_logits(u, K))
+
+
+class SSMSurrogate(DeferralSurrogate):
+    r"""Softmax cross-entropy surrogate (S-SM) of Mozannar & Sontag (2020); multi-expert form of Verma et al. (2023).
+
+    Loss: ``-log softmax(u)_y - sum_j c_j log softmax(u)_{K+j}``, softmax over all ``K + M`` outputs.
+    At the optimum ``softmax(u) = (eta, a) / (1 + sum_j a_j)`` with ``a_j = Pr(M_j = Y | x)``, so the
+    estimator is ``eta_y = p_y / (1 - sum_j p_{K+j}) = softmax(u_{1..K})_y`` and
+    ``a_j = p_{K+j} / (1 - sum_j p_{K+j}) = exp(u_{K+j} - LSE(u_{1..K}))`` (for ``M = 1``,
+    ``p_{K+1} / (1 - p_{K+1})``). The expert estimate is unbounded above (Theorem 1 of the paper); it is
+    clipped to [0, 1] unless ``probabilities(..., clip=False)``.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_defer import get_surrogate
+    >>> ssm = get_surrogate("ssm", num_classes=2)
+    >>> ssm.probabilities(torch.tensor([[0.0, 0.0, 2.0]]), clip=False)[1]  # exp(2 - log 2) > 1
+    tensor([[3.6945]])
+    ```
+    """
+
+    name = "ssm"
+    bounded = False
+
+    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
+        log_p = F.log_softmax(u, dim=1)
+        return -log_p.gather(1, labels[:, None])[:, 0] - (correct * log_p[:, self.num_classes :]).sum(dim=1)
+
+    def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        K = self.num_classes
+        classes = u[:, :K]
+        return F.log_softmax(classes, dim=1), u[:, K:] - torch.logsumexp(classes, dim=1, keepdim=True)
+
+
+class SOvASurrogate(DeferralSurrogate):
+    r"""Symmetric one-vs-all surrogate (S-OvA): the ``L_phi`` construction of Charusaie et al. with the OvA logistic loss.
+
+    Loss: ``l(u, y) + sum_j c_j l(u, K+j)`` with ``l(u, z) = xi(u_z) + sum_{z' != z} xi(-u_{z'})`` over all
+    ``K + M`` outputs and ``xi(t) = log(1 + e^{-t})``. Collecting terms, output ``z'`` carries
+    ``w_{z'} xi(u_{z'}) + (T - w_{z'}) xi(-u_{z'})`` with ``w = (onehot(y), c)`` and ``T = 1 + sum_j c_j``, which is
+    how it is computed (every term non-negative, no cancellation). At the optimum
+    ``sigmoid(u) = (eta, a) / (1 + sum_j a_j)``.
+
+    Estimator, ``M = 1``: ``eta_y = sigmoid(u_y) / (1 - sigmoid(u_{K+1})) = sigmoid(u_y) (1 + e^{u_{K+1}})`` and
+    ``a = e^{u_{K+1}}``. ``M > 1``: ``eta_y = sigmoid(u_y) / sum_{k<=K} sigmoid(u_k)`` and
+    ``a_j = sigmoid(u_{K+j}) / sum_{k<=K} sigmoid(u_k)`` (the class mass estimates ``1 / (1 + sum_j a_j)``).
+    Both are unbounded above and clipped to [0, 1] unless ``probabilities(..., clip=False)``.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_defer import get_surrogate
+    >>> sova = get_surrogate("sova", num_classes=3)
+    >>> loss = sova(torch.zeros(2, 4), torch.tensor([0, 2]), torch.tensor([0, 1]))
+    ```
+    """
+
+    name = "sova"
+    bounded = False
+
+    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
+        w = torch.cat([F.one_hot(labels, self.num_classes).float(), correct], dim=1)
+        total = 1.0 + correct.sum(dim=1, keepdim=True)
+        return (w * F.softplus(-u) + (total - w) * F.softplus(u)).sum(dim=1)
+
+    def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        K = self.num_classes
+        log_sig = F.logsigmoid(u)
+        if self.num_experts == 1:
+            return log_sig[:, :K] + F.softplus(u[:, K:]), u[:, K:]
+        log_class_mass = torch.logsumexp(log_sig[:, :K], dim=1, keepdim=True)
+        return log_sig[:, :K] - log_class_mass, log_sig[:, K:] - log_class_mass
+
+
+class AOvASurrogate(DeferralSurrogate):
+    r"""Asymmetric one-vs-all surrogate (A-OvA) of Verma & Nalisnick (2022). Consistent, with a bounded estimator.
+
+    Loss: ``xi(u_y) + sum_{k<=K, k != y} xi(-u_k) + sum_j [ c_j xi(u_{K+j}) + (1 - c_j) xi(-u_{K+j}) ]``, i.e. a
+    binary logistic loss per output with targets ``(onehot(y), c)``. Estimator, for one or many experts:
+    ``eta_y = sigmoid(u_y)`` (one-vs-all: the class estimates need not sum to 1) and
+    ``Pr(M_j = Y | x) = sigmoid(u_{K+j})``.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_defer import get_surrogate
+    >>> aova = get_surrogate("aova", num_classes=3, num_experts=2)
+    >>> loss = aova(torch.zeros(1, 5), torch.tensor([1]), torch.tensor([[1, 0]]))
+    >>> round(loss.item(), 4)  # five binary log losses at 0: 5 log 2
+    3.4657
+    ```
+    """
+
+    name = "aova"
+    bounded = True
+
+    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
+        targets = torch.cat([F.one_hot(labels, self.num_classes).float(), correct], dim=1)
+        return F.binary_cross_entropy_with_logits(u, targets, reduction="none").sum(dim=1)
+
+    def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_sig = F.logsigmoid(u)
+        return log_sig[:, : self.num_classes], log_sig[:, self.num_classes :]
+
+
+_REGISTRY: dict[str, type[DeferralSurrogate]] = {
+    "asm": ASMSurrogate,
+    "ssm": SSMSurrogate,
+    "sova": SOvASurrogate,
+    "aova": AOvASurrogate,
+}
+
+
+def get_surrogate(name: str, num_classes: int, num_experts: int = 1) -> DeferralSurrogate:
+    """Builds a deferral surrogate by name.
+
+    Args:
+        name (`str`): one of ``"asm"`` (asymmetric softmax, the default elsewhere), ``"ssm"``, ``"sova"``, ``"aova"``.
+        num_classes (`int`): number of classes ``K`` (at least 2).
+        num_experts (`int`, *optional*, defaults to 1): number of experts ``M``.
+
+    Returns:
+        [`DeferralSurrogate`]: callable as ``(logits, labels, expert_labels) -> mean loss``, with
+        ``.probabilities(logits)`` and ``.decide(logits)``.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_defer import get_surrogate
+    >>> surrogate = get_surrogate("asm", num_classes=3, num_experts=1)
+    >>> logits = torch.randn(4, 4, requires_grad=True)
+    >>> loss = surrogate(logits, torch.tensor([0, 1, 2, 1]), torch.tensor([0, 1, 1, 1]))
+    >>> loss.backward()
+    >>> defer, prediction, expert = surrogate.decide(logits)
+    ```
+    """
+    if name not in _REGISTRY:
+        raise ValueError(f"surrogate must be one of {SURROGATES}, got {name!r}.")
+    return _REGISTRY[name](num_classes, num_experts)
