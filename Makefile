@@ -17,10 +17,10 @@ install: $(STAMP)
 
 # The default suite: offline, a few minutes on 2 cores. `make test-all` adds the slow tests.
 test: install
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" -n 2 $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -n 2 $(PYTEST_ARGS)
 
 test-all: install
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -n 2 $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

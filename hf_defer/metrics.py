@@ -209,3 +209,53 @@ def deferral_metrics(
         diagrams = [reliability_bins(accuracy[:, j], experts_right[:, j], n_bins) for j in range(M)]
         metrics["reliability"] = diagrams[0] if M == 1 else diagrams
     return metrics
+
+
+class DeferralMetrics:
+    """``compute_metrics`` for [`~transformers.Trainer`]: [`deferral_metrics`] on an ``EvalPrediction``.
+
+    The Trainer hands over ``predictions`` (the logits, or a tuple whose first item is the logits) and
+    ``label_ids = (labels, expert_labels)`` padded with -100; padded rows are dropped.
+
+    Args:
+        surrogate (`str`, *optional*, defaults to `"asm"`): the surrogate the model was trained with.
+        num_experts (`int`, *optional*, defaults to 1): number of experts ``M``.
+        n_bins (`int`, *optional*, defaults to 15): ECE bins.
+        budgets (sequence of `float`, *optional*): deferral budgets for the budgeted errors.
+
+    Example:
+
+    ```python
+    >>> import numpy as np
+    >>> from transformers import EvalPrediction
+    >>> from hf_defer import DeferralMetrics
+    >>> compute_metrics = DeferralMetrics("asm", num_experts=1)
+    >>> prediction = EvalPrediction(np.array([[2.0, 0.0, 1.0]]), (np.array([0]), np.array([1])))
+    >>> compute_metrics(prediction)["system_error"]
+    0.0
+    ```
+    """
+
+    def __init__(
+        self,
+        surrogate: str = "asm",
+        num_experts: int = 1,
+        n_bins: int = 15,
+        budgets: Sequence[float] = (0.1, 0.2, 0.3),
+    ) -> None:
+        self.surrogate, self.num_experts, self.n_bins, self.budgets = surrogate, num_experts, n_bins, tuple(budgets)
+
+    def __call__(self, eval_prediction: Any) -> dict[str, float]:
+        logits = eval_prediction.predictions
+        if isinstance(logits, (tuple, list)):
+            logits = logits[0]
+        label_ids = eval_prediction.label_ids
+        if not isinstance(label_ids, (tuple, list)) or len(label_ids) != 2:
+            raise ValueError(
+                "label_ids must be the pair (labels, expert_labels); set TrainingArguments(label_names=['labels', "
+                f"'expert_labels']) or use DeferralTrainer. Got {type(label_ids).__name__}."
+            )
+        labels, expert_labels = label_ids
+        return deferral_metrics(
+            logits, labels, expert_labels, self.surrogate, self.num_experts, self.n_bins, self.budgets
+        )

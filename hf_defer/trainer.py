@@ -1,0 +1,233 @@
+"""DeferralTrainer: `transformers.Trainer` for deferral models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase, Trainer
+from transformers.utils import logging
+from transformers.trainer_utils import EvalLoopOutput
+
+from .data import DataCollatorForDeferral
+from .hub import copy_pipeline_code, custom_pipelines_in_config
+from .metrics import DeferralMetrics, deferral_metrics
+from .model_card import DeferralModelCardData, render_model_card
+
+logger = logging.get_logger(__name__)
+
+
+class DeferralTrainer(Trainer):
+    """A [`~transformers.Trainer`] for [`EncoderForDeferral`] models.
+
+    What it adds to the plain Trainer:
+
+    * the loss comes from the model (the configured surrogate); the Trainer scales it for gradient
+      accumulation, so accumulating ``n`` batches of ``b`` gives the loss scale of one batch of ``n * b``;
+    * ``compute_metrics`` defaults to [`DeferralMetrics`], so ``evaluate()`` reports ``eval_system_error``,
+      ``eval_coverage``, ``eval_classifier_error``, ``eval_expert_ece`` and the budgeted errors;
+    * ``eval_loss`` is recomputed from the gathered logits of the whole evaluation set, so it is the mean
+      surrogate loss over every example exactly once, however many processes evaluated it;
+    * ``train_dataset`` and ``eval_dataset`` are checked before anything runs: a missing ``expert_labels``
+      column, an expert-label width different from ``num_experts`` or labels outside ``num_labels`` raise a
+      ``ValueError`` at construction, not in the middle of an epoch;
+    * the default collator is [`DataCollatorForDeferral`] (pads text with ``processing_class``, stacks
+      ``features`` for head-only models, keeps ``expert_labels``).
+
+    Everything else (``TrainingArguments``, callbacks, checkpoints, ``accelerate launch``/``torchrun``) is the
+    Trainer's own.
+
+    Example:
+
+    ```python
+    >>> import numpy as np
+    >>> from datasets import Dataset
+    >>> from transformers import TrainingArguments
+    >>> from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral
+    >>> rng = np.random.default_rng(0)
+    >>> data = Dataset.from_dict({"features": rng.normal(size=(64, 8)).astype("float32"),
+    ...                           "labels": rng.integers(0, 3, 64), "expert_labels": rng.integers(0, 3, 64)})
+    >>> model = EncoderForDeferral(DeferralConfig(feature_size=8, num_labels=3, num_experts=1))
+    >>> args = TrainingArguments("out", num_train_epochs=1, report_to=[], use_cpu=True)
+    >>> trainer = DeferralTrainer(model=model, args=args, train_dataset=data, eval_dataset=data)
+    >>> _ = trainer.train()
+    >>> sorted(k for k in trainer.evaluate() if k.startswith("eval_") and "error" in k)[:2]
+    ['eval_budgeted_error_10', 'eval_budgeted_error_20']
+    ```
+    """
+
+    # The model returns a mean over the batch; Trainer divides it by the accumulation steps.
+    loss_is_scaled_for_ga = False
+
+    def __init__(self, model: Any = None, args: Any = None, data_collator: Any = None, *extra: Any, **kwargs: Any) -> None:
+        if model is None:
+            raise ValueError("model must be a deferral model (EncoderForDeferral), got None.")
+        config = getattr(model, "config", None)
+        if getattr(config, "model_type", None) != "deferral":
+            raise ValueError(
+                f"model must be a deferral model (config.model_type == 'deferral'), got {type(model).__name__}."
+            )
+        if data_collator is None:
+            processing_class = kwargs.get("processing_class")
+            tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
+            data_collator = DataCollatorForDeferral(tokenizer=tokenizer)
+        if kwargs.get("compute_metrics") is None:
+            kwargs["compute_metrics"] = DeferralMetrics(config.surrogate, config.num_experts)
+        for name in ("train_dataset", "eval_dataset"):
+            dataset = kwargs.get(name)
+            if isinstance(dataset, dict):
+                for split, part in dataset.items():
+                    check_deferral_dataset(part, model, f"{name}[{split!r}]")
+            elif dataset is not None:
+                check_deferral_dataset(dataset, model, name)
+        super().__init__(model, args, data_collator, *extra, **kwargs)
+
+    def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        logits, label_ids = output.predictions, output.label_ids
+        if isinstance(logits, (tuple, list)):
+            logits = logits[0]
+        if logits is not None and isinstance(label_ids, (tuple, list)) and len(label_ids) == 2:
+            surrogate = self.accelerator.unwrap_model(self.model).surrogate
+            loss = surrogate(torch.as_tensor(np.asarray(logits)), torch.as_tensor(np.asarray(label_ids[0])),
+                             torch.as_tensor(np.asarray(label_ids[1])))
+            output.metrics[f"{metric_key_prefix}_loss"] = float(loss)
+            # Kept for the model card (metrics with reliability-diagram data): see `model_card_data`.
+            self._last_deferral_eval = (metric_key_prefix, logits, label_ids[0], label_ids[1])
+        return output
+
+    # ------------------------------------------------------------------ saving, Hub and model card
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Saves like the Trainer, plus what remote-code loading needs (see [`save_for_hub`]): `auto_map` and
+        `custom_pipelines` in `config.json`, and the model, config, surrogate and pipeline modules."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        with custom_pipelines_in_config(self.accelerator.unwrap_model(self.model)):
+            super()._save(output_dir, state_dict)
+        if self.args.should_save:
+            copy_pipeline_code(output_dir)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Saves the model like the Trainer and, when called by the user, writes the deferral model card next to it."""
+        super().save_model(output_dir, _internal_call)
+        if not _internal_call:
+            self.create_model_card(save_directory=output_dir)
+
+    def model_card_data(self, **fields: Any) -> DeferralModelCardData:
+        """The [`DeferralModelCardData`] of the trained model: its configuration, the metrics and reliability data
+        of the last evaluation, the training data size and the main hyperparameters; `fields` override them."""
+        model = self.accelerator.unwrap_model(self.model)
+        values: dict[str, Any] = {}
+        last = getattr(self, "_last_deferral_eval", None)
+        if last is not None:
+            prefix, logits, labels, expert_labels = last
+            metrics = deferral_metrics(logits, labels, expert_labels, model.config.surrogate, model.config.num_experts,
+                                       return_reliability=True)
+            values["reliability"] = metrics.pop("reliability")
+            values["metrics"] = metrics
+            values["num_eval_examples"] = int(np.sum(np.asarray(labels) != -100))
+            values["dataset_split"] = "validation" if prefix == "eval" else prefix
+        else:
+            logged = [entry for entry in self.state.log_history if any(k.endswith("_system_error") for k in entry)]
+            if logged:
+                values["metrics"] = {k: v for k, v in logged[-1].items() if isinstance(v, (int, float))}
+        train_dataset = self.train_dataset
+        if train_dataset is not None and hasattr(train_dataset, "__len__"):
+            values["num_train_examples"] = len(train_dataset)
+        args = self.args
+        values["hyperparameters"] = {
+            "learning_rate": args.learning_rate,
+            "per_device_train_batch_size": args.per_device_train_batch_size,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "num_train_epochs": args.num_train_epochs,
+            "optimizer": str(getattr(args.optim, "value", args.optim)),
+            "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
+            "seed": args.seed,
+            "training_steps": self.state.global_step,
+        }
+        repo_id = self.hub_model_id or args.hub_model_id
+        if repo_id:
+            values["repo_id"] = repo_id
+            values["model_name"] = repo_id.split("/")[-1]
+        values.update(fields)
+        return DeferralModelCardData.from_model(model, **values)
+
+    def create_model_card(
+        self,
+        language: str | None = None,
+        license: str | None = None,
+        tags: str | list[str] | None = None,
+        model_name: str | None = None,
+        finetuned_from: str | None = None,
+        tasks: str | list[str] | None = None,
+        dataset_tags: str | list[str] | None = None,
+        dataset: str | list[str] | None = None,
+        dataset_args: str | list[str] | None = None,
+        *,
+        save_directory: str | None = None,
+        overwrite_model_card: bool = False,
+        **card_fields: Any,
+    ) -> None:
+        """Writes the deferral model card (`README.md` and `reliability_diagram.png`) instead of the generic Trainer
+        card; [`Trainer.push_to_hub`] calls it, and passes its extra keyword arguments along.
+
+        Args:
+            language, license, tags, model_name, finetuned_from, dataset: card metadata, as for the Trainer
+                (`finetuned_from` is the base encoder, `dataset` a Hub dataset id or a name). `tasks`,
+                `dataset_tags` and `dataset_args` are accepted for compatibility and not used.
+            save_directory (`str`, *optional*): where to write; defaults to `args.output_dir`.
+            overwrite_model_card (`bool`, *optional*, defaults to `False`): replace a `README.md` that hf_defer did
+                not write (otherwise it is kept, with a warning).
+            card_fields: any [`DeferralModelCardData`] field, e.g. `expert_description="..."`.
+        """
+        if not self.is_world_process_zero():
+            return
+        fields: dict[str, Any] = {"language": language, "license": license, "model_name": model_name,
+                                  "base_model": finetuned_from}
+        if isinstance(tags, str):
+            tags = [tags]
+        fields["tags"] = list(tags) if tags else None
+        if isinstance(dataset, (list, tuple)):
+            dataset = dataset[0] if dataset else None
+        if dataset is not None:
+            fields["dataset_id"] = dataset
+        fields = {key: value for key, value in fields.items() if value is not None}
+        data = self.model_card_data(**{**fields, **card_fields})
+        try:
+            render_model_card(data, save_directory or self.args.output_dir, overwrite=overwrite_model_card)
+        except FileExistsError as error:
+            logger.warning(f"{error} Kept it; pass overwrite_model_card=True to replace it with the deferral card.")
+
+
+def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset") -> None:
+    """Checks that a `datasets.Dataset` can train/evaluate ``model`` before any step runs.
+
+    Raises:
+        `ValueError`: naming ``name`` when ``labels`` or ``expert_labels`` is missing, the expert labels do not
+        have ``num_experts`` entries per row, or a label lies outside ``[0, num_labels)``.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if columns is None:  # a torch Dataset or an iterable: nothing cheap to check
+        return
+    config = model.config
+    for column in ("labels", "expert_labels"):
+        if column not in columns:
+            hint = " (add an expert's predictions, e.g. with hf_defer.experts)" if column == "expert_labels" else ""
+            raise ValueError(f"{name} must have a '{column}' column{hint}; its columns are {columns}.")
+    if len(dataset) == 0:
+        raise ValueError(f"{name} is empty.")
+    table = dataset.with_format("numpy", columns=["labels", "expert_labels"])[:]
+    labels, expert_labels = np.asarray(table["labels"]), table["expert_labels"]
+    expert_labels = np.stack(expert_labels) if expert_labels.dtype == object else np.asarray(expert_labels)
+    if config.num_experts > 1 and (expert_labels.ndim != 2 or expert_labels.shape[1] != config.num_experts):
+        width = expert_labels.shape[1] if expert_labels.ndim == 2 else 1
+        raise ValueError(
+            f"{name}: expert_labels must have num_experts={config.num_experts} entries per row, got {width}."
+        )
+    try:
+        model.surrogate.check_targets(torch.as_tensor(np.asarray(labels)), torch.as_tensor(expert_labels), len(dataset))
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from error
+    if getattr(config, "feature_size", None) and "features" not in columns:
+        raise ValueError(f"{name} must have a 'features' column for a head-only model; its columns are {columns}.")

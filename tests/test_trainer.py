@@ -1,0 +1,230 @@
+"""DeferralTrainer: loss scale, metrics, eval loss, early errors, resuming, text models, two processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from transformers import BertConfig, BertTokenizer, TrainingArguments
+
+from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral, deferral_metrics, get_surrogate
+
+K, D = 3, 6
+
+
+def make_data(n: int, num_experts: int = 1, seed: int = 0) -> Dataset:
+    rng = np.random.default_rng(seed)
+    features = rng.normal(size=(n, D)).astype("float32")
+    labels = rng.integers(0, K, n)
+    experts = rng.integers(0, K, (n, num_experts)) if num_experts > 1 else rng.integers(0, K, n)
+    return Dataset.from_dict({"features": features, "labels": labels, "expert_labels": experts})
+
+
+def head_model(num_experts: int = 1, surrogate: str = "asm", seed: int = 0) -> EncoderForDeferral:
+    torch.manual_seed(seed)
+    return EncoderForDeferral(DeferralConfig(feature_size=D, num_labels=K, num_experts=num_experts, surrogate=surrogate))
+
+
+def args(tmp_path: Path, **overrides) -> TrainingArguments:
+    defaults = dict(
+        output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, learning_rate=0.5, optim="sgd",
+        lr_scheduler_type="constant", weight_decay=0.0, save_strategy="no", logging_strategy="no",
+        disable_tqdm=True, seed=0, dataloader_num_workers=0,
+    )
+    defaults.update(overrides)
+    return TrainingArguments(**defaults)
+
+
+def test_gradient_accumulation_matches_one_full_batch_and_the_hand_computed_step(tmp_path):
+    data = make_data(16)
+    start = head_model()
+    w0, b0 = (p.detach().clone() for p in start.parameters())
+
+    # Hand-computed SGD step on the mean A-SM loss over all 16 rows.
+    features = torch.tensor(np.asarray(data["features"], dtype=np.float32))
+    w, b = w0.clone().requires_grad_(), b0.clone().requires_grad_()
+    loss = get_surrogate("asm", K)(features @ w.T + b, torch.tensor(data["labels"]), torch.tensor(data["expert_labels"]))
+    loss.backward()
+    expected = (w0 - 0.5 * w.grad, b0 - 0.5 * b.grad)
+
+    finals = []
+    for batch, steps in ((16, 1), (8, 2), (4, 4)):
+        model = head_model()
+        trainer = DeferralTrainer(
+            model=model, train_dataset=data,
+            args=args(tmp_path, per_device_train_batch_size=batch, gradient_accumulation_steps=steps, max_steps=1),
+        )
+        trainer.train()
+        finals.append(tuple(p.detach() for p in model.parameters()))
+    for weight, bias in finals:
+        torch.testing.assert_close(weight, expected[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(bias, expected[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_experts", [1, 2])
+def test_evaluate_reports_deferral_metrics_and_exact_eval_loss(tmp_path, num_experts):
+    data = make_data(10, num_experts=num_experts, seed=1)
+    model = head_model(num_experts, surrogate="ssm")
+    # eval batch of 4 over 10 rows: the last batch is short, so a mean of batch means would be off.
+    trainer = DeferralTrainer(model=model, eval_dataset=data, args=args(tmp_path, per_device_eval_batch_size=4))
+    metrics = trainer.evaluate()
+
+    with torch.no_grad():
+        logits = model(features=torch.tensor(np.asarray(data["features"], dtype=np.float32))).logits
+    labels, experts = np.asarray(data["labels"]), np.asarray(data["expert_labels"])
+    # eval_loss: mean of the per-example S-SM loss, -log p_y - sum_j c_j log p_{K+j}, in float64.
+    log_p = torch.log_softmax(logits.double(), dim=1).numpy()
+    correct = (experts.reshape(10, num_experts) == labels[:, None]).astype(float)
+    per_example = -log_p[np.arange(10), labels] - (correct * log_p[:, K:]).sum(axis=1)
+    assert metrics["eval_loss"] == pytest.approx(per_example.mean(), rel=1e-5)
+
+    expected = deferral_metrics(logits.numpy(), labels, experts, surrogate="ssm", num_experts=num_experts)
+    for key, value in expected.items():
+        assert metrics[f"eval_{key}"] == pytest.approx(value), key
+    if num_experts == 2:
+        assert {"eval_expert_ece_0", "eval_expert_ece_1", "eval_deferral_rate_0", "eval_deferral_rate_1"} <= set(metrics)
+
+
+def test_training_reduces_the_loss_and_learns_to_defer_where_the_expert_is_right(tmp_path):
+    # Expert perfect when feature 0 > 0, always wrong otherwise; class = argmax of features 1..3.
+    rng = np.random.default_rng(3)
+    features = rng.normal(size=(400, D)).astype("float32")
+    labels = features[:, 1:4].argmax(axis=1)
+    experts = np.where(features[:, 0] > 0, labels, (labels + 1) % K)
+    data = Dataset.from_dict({"features": features, "labels": labels, "expert_labels": experts})
+    model = head_model()
+    trainer = DeferralTrainer(model=model, train_dataset=data, eval_dataset=data,
+                              args=args(tmp_path, num_train_epochs=20, per_device_train_batch_size=32))
+    before = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    after = trainer.evaluate()
+    assert after["eval_loss"] < 0.7 * before
+    assert after["eval_system_error"] < 0.1
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        ({"features": [[0.0] * D], "labels": [0]}, "expert_labels"),
+        ({"features": [[0.0] * D], "labels": [3], "expert_labels": [0]}, "labels"),
+        ({"features": [[0.0] * D], "labels": [0], "expert_labels": [[0, 1]]}, "expert_labels"),
+        ({"features": [[0.0] * D], "labels": [0], "expert_labels": [5]}, "expert_labels"),
+    ],
+)
+def test_bad_datasets_fail_at_construction(tmp_path, columns, message):
+    with pytest.raises(ValueError, match=message):
+        DeferralTrainer(model=head_model(), train_dataset=Dataset.from_dict(columns), args=args(tmp_path))
+
+
+def test_expert_width_must_match_num_experts(tmp_path):
+    data = make_data(4, num_experts=2)
+    with pytest.raises(ValueError, match="num_experts=3"):
+        DeferralTrainer(model=head_model(num_experts=3), eval_dataset=data, args=args(tmp_path))
+
+
+def test_rejects_a_model_that_is_not_a_deferral_model(tmp_path):
+    with pytest.raises(ValueError, match="deferral model"):
+        DeferralTrainer(model=torch.nn.Linear(2, 2), args=args(tmp_path))
+
+
+def test_resuming_from_a_checkpoint_ends_with_the_uninterrupted_weights(tmp_path):
+    data = make_data(48, seed=4)
+    common = dict(per_device_train_batch_size=8, max_steps=6, learning_rate=0.3, lr_scheduler_type="linear",
+                  optim="sgd", optim_args="momentum=0.9")
+    full = head_model(seed=5)
+    DeferralTrainer(model=full, train_dataset=data, args=args(tmp_path / "a", **common)).train()
+
+    first = head_model(seed=5)
+    DeferralTrainer(model=first, train_dataset=data,
+                    args=args(tmp_path / "b", save_strategy="steps", save_steps=3, **common)).train()
+    resumed = head_model(seed=6)  # different init: everything must come from the checkpoint
+    checkpoint = tmp_path / "b" / "out" / "checkpoint-3"
+    assert checkpoint.is_dir()
+    DeferralTrainer(model=resumed, train_dataset=data, args=args(tmp_path / "b", **common)).train(
+        resume_from_checkpoint=str(checkpoint)
+    )
+    for a, b in zip(full.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(next(full.parameters()), next(head_model(seed=5).parameters()))
+
+
+def test_text_model_with_processing_class_pads_and_trains(tmp_path):
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "tweet", "very", "not"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab))
+    tokenizer = BertTokenizer(str(tmp_path / "vocab.txt"))
+    encoder = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=20)
+    torch.manual_seed(0)
+    model = EncoderForDeferral(DeferralConfig(encoder=encoder.to_dict(), num_labels=K, pooling="mean"))
+    texts = ["good tweet", "very bad tweet", "not good", "bad", "very very good tweet", "tweet"]
+    data = Dataset.from_dict({"text": texts, "labels": [0, 1, 2, 1, 0, 2], "expert_labels": [0, 1, 1, 1, 0, 0]})
+    data = data.map(lambda batch: tokenizer(batch["text"]), batched=True)
+    trainer = DeferralTrainer(model=model, train_dataset=data, eval_dataset=data, processing_class=tokenizer,
+                              args=args(tmp_path, per_device_train_batch_size=3, per_device_eval_batch_size=4,
+                                        num_train_epochs=1))
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer.train()
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    metrics = trainer.evaluate()
+    assert 0.0 <= metrics["eval_system_error"] <= 1.0 and 0.0 <= metrics["eval_coverage"] <= 1.0
+
+
+DISTRIBUTED_SCRIPT = r"""
+import json, sys
+import numpy as np, torch, torch.distributed as dist
+from datasets import Dataset
+from transformers import TrainingArguments
+from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral
+
+out = sys.argv[1]
+rng = np.random.default_rng(0)
+n, d = 37, 6  # odd size: the last batch is short and the sampler must not count a row twice
+data = Dataset.from_dict({"features": rng.normal(size=(n, d)).astype("float32"),
+                          "labels": rng.integers(0, 3, n), "expert_labels": rng.integers(0, 3, (n, 2))})
+torch.manual_seed(0)
+model = EncoderForDeferral(DeferralConfig(feature_size=d, num_labels=3, num_experts=2))
+args = TrainingArguments(output_dir=out + "/run", use_cpu=True, report_to=[], per_device_train_batch_size=4,
+                         per_device_eval_batch_size=5, num_train_epochs=2, save_strategy="no",
+                         logging_strategy="no", disable_tqdm=True, ddp_backend="gloo")
+trainer = DeferralTrainer(model=model, args=args, train_dataset=data, eval_dataset=data)
+trainer.train()
+metrics = trainer.evaluate()
+world = dist.get_world_size() if dist.is_initialized() else 1
+if trainer.is_world_process_zero():
+    model.save_pretrained(out + "/model")
+    json.dump({"world_size": world, "metrics": metrics}, open(out + "/result.json", "w"))
+"""
+
+
+def test_two_processes_train_and_evaluate_every_example_once(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(DISTRIBUTED_SCRIPT)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+         str(script), str(tmp_path)],
+        check=True, env=env, timeout=300, capture_output=True,
+    )
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["world_size"] == 2
+
+    # One-process evaluation of the saved weights, computed directly.
+    model = EncoderForDeferral.from_pretrained(tmp_path / "model")
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(37, 6)).astype("float32")
+    labels, experts = rng.integers(0, 3, 37), rng.integers(0, 3, (37, 2))
+    with torch.no_grad():
+        logits = model(features=torch.tensor(features)).logits
+    expected = deferral_metrics(logits.numpy(), labels, experts, num_experts=2)
+    metrics = result["metrics"]
+    for key, value in expected.items():
+        assert metrics[f"eval_{key}"] == pytest.approx(value, abs=1e-6), key
+    loss = get_surrogate("asm", 3, 2)(logits, torch.tensor(labels), torch.tensor(experts))
+    assert metrics["eval_loss"] == pytest.approx(loss.item(), rel=1e-5)
