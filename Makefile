@@ -24,3 +24,7 @@ test-all: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# The main job: HateSpeech end to end (embeddings are cached under ~/.cache/hf_defer).
+demo: install
+	OMP_NUM_THREADS=2 $(PY) scripts/demo.py --overwrite
