@@ -157,8 +157,7 @@ def test_resuming_from_a_checkpoint_ends_with_the_uninterrupted_weights(tmp_path
 
 def test_text_model_with_processing_class_pads_and_trains(tmp_path):
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "tweet", "very", "not"]
-    (tmp_path / "vocab.txt").write_text("\n".join(vocab))
-    tokenizer = BertTokenizer(str(tmp_path / "vocab.txt"))
+    tokenizer = BertTokenizer(vocab={token: i for i, token in enumerate(vocab)})
     encoder = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=20)
     torch.manual_seed(0)
@@ -166,6 +165,7 @@ def test_text_model_with_processing_class_pads_and_trains(tmp_path):
     texts = ["good tweet", "very bad tweet", "not good", "bad", "very very good tweet", "tweet"]
     data = Dataset.from_dict({"text": texts, "labels": [0, 1, 2, 1, 0, 2], "expert_labels": [0, 1, 1, 1, 0, 0]})
     data = data.map(lambda batch: tokenizer(batch["text"]), batched=True)
+    assert tokenizer.unk_token_id not in sum(data["input_ids"], [])  # the vocabulary really is used
     trainer = DeferralTrainer(model=model, train_dataset=data, eval_dataset=data, processing_class=tokenizer,
                               args=args(tmp_path, per_device_train_batch_size=3, per_device_eval_batch_size=4,
                                         num_train_epochs=1))

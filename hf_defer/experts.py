@@ -1,0 +1,356 @@
+"""Simulated experts for learning to defer.
+
+Every function here takes a `datasets.Dataset` and returns a new one with an added integer column (by default
+`expert_labels`) that holds what the expert would answer for each example. The draws are seeded: the same `seed`
+(or the same state of a `numpy.random.Generator`) gives the same expert labels.
+
+- [`annotator_expert`]: the HateSpeech expert of Mozannar et al. (2023) and Cao et al. (2023): the label of one
+  random annotator, drawn from the per-example annotator counts.
+- [`class_subset_expert`]: the CIFAR-style synthetic expert: accurate (with probability `p`) on the first `k`
+  classes, uniformly random elsewhere.
+- [`stack_experts`]: turns M single-expert columns into the list column `expert_labels` of an M-expert dataset.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+import datasets
+import numpy as np
+
+__all__ = ["annotator_expert", "class_subset_expert", "stack_experts"]
+
+SeedLike = int | np.random.Generator
+
+
+def _make_rng(seed: SeedLike) -> np.random.Generator:
+    """Return a numpy Generator from a non-negative int seed (or the Generator itself)."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"`seed` must be a non-negative int or a numpy.random.Generator, got {seed!r}.")
+    return np.random.default_rng(int(seed))
+
+
+def _check_dataset(dataset: object) -> datasets.Dataset:
+    if isinstance(dataset, datasets.DatasetDict):
+        raise ValueError(
+            "`dataset` must be a datasets.Dataset, got a DatasetDict; apply the expert to each split "
+            "(or, better, to the full dataset before splitting so every example keeps one expert label)."
+        )
+    if not isinstance(dataset, datasets.Dataset):
+        raise ValueError(f"`dataset` must be a datasets.Dataset, got {type(dataset).__name__}.")
+    return dataset
+
+
+def _check_column_name(name: object, argument: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"`{argument}` must be a non-empty column name (str), got {name!r}.")
+    return name
+
+
+def _require_columns(dataset: datasets.Dataset, names: Sequence[str], argument: str) -> None:
+    missing = [name for name in names if name not in dataset.column_names]
+    if missing:
+        raise ValueError(
+            f"`{argument}` names column(s) {missing} that the dataset does not have; "
+            f"available columns: {dataset.column_names}."
+        )
+
+
+def _numeric_columns(dataset: datasets.Dataset, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Read columns as numpy arrays (respecting any indices mapping of the dataset)."""
+    if len(dataset) == 0:
+        return {name: np.zeros((0,), dtype=np.int64) for name in names}
+    return dict(dataset.with_format("numpy", columns=list(names))[:])
+
+
+def _first_rows(mask: np.ndarray, limit: int = 5) -> list[int]:
+    return np.flatnonzero(mask)[:limit].tolist()
+
+
+def _replace_column(
+    dataset: datasets.Dataset, column: str, values: np.ndarray | list, feature: datasets.features.FeatureType
+) -> datasets.Dataset:
+    if column in dataset.column_names:
+        dataset = dataset.remove_columns(column)
+    return dataset.add_column(column, values, feature=feature)
+
+
+def annotator_expert(
+    dataset: datasets.Dataset,
+    count_columns: str | Sequence[str],
+    seed: SeedLike = 0,
+    column: str = "expert_labels",
+) -> datasets.Dataset:
+    """Add the label of one random annotator per example, drawn from per-class annotator counts.
+
+    This is the real-human expert of the HateSpeech benchmark (Davidson et al., 2017) as used by
+    `human_ai_deferral` and by Cao et al. (2023): for an example with counts `c = (c_0, ..., c_{K-1})`
+    (how many annotators chose each class) the expert answers `m ~ Categorical(c / c.sum())`. With integer counts
+    this is exactly "pick one of the `c.sum()` annotators uniformly and report their label".
+
+    Args:
+        dataset (`datasets.Dataset`):
+            The examples. It is not modified; a new dataset is returned.
+        count_columns (`str` or `Sequence[str]`):
+            Either the per-class count columns in class order (e.g. `["hate_speech", "offensive_language",
+            "neither"]`), or the name of one list-valued column holding the K counts of each example. Counts
+            must be non-negative numbers (integers or frequencies) with a positive sum in every row.
+        seed (`int` or `numpy.random.Generator`, *optional*, defaults to 0):
+            Seed of the draws; the same seed gives the same expert labels.
+        column (`str`, *optional*, defaults to `"expert_labels"`):
+            Name of the added int64 column. An existing column of that name (other than a count column) is replaced.
+
+    Returns:
+        `datasets.Dataset`: `dataset` with the added column of expert labels in `[0, K)`.
+
+    Raises:
+        ValueError: unknown or non-numeric columns, negative or non-finite counts, rows whose counts sum to zero.
+
+    Example:
+
+    ```python
+    >>> import datasets
+    >>> from hf_defer.experts import annotator_expert
+    >>> ds = datasets.Dataset.from_dict({"a": [3, 0, 1], "b": [0, 2, 0], "c": [0, 0, 0]})
+    >>> annotator_expert(ds, ["a", "b", "c"], seed=0)["expert_labels"][:2]  # unanimous rows
+    [0, 1]
+
+    ```
+    """
+    dataset = _check_dataset(dataset)
+    column = _check_column_name(column, "column")
+    rng = _make_rng(seed)
+
+    if isinstance(count_columns, str):
+        _require_columns(dataset, [count_columns], "count_columns")
+        if column == count_columns:
+            raise ValueError(f"`column` ({column!r}) must differ from the count column {count_columns!r}.")
+        raw = _numeric_columns(dataset, [count_columns])[count_columns]
+        if len(dataset) == 0:
+            raw = raw.reshape(0, 1)
+        if raw.dtype == object:
+            lengths = sorted({len(row) for row in raw})
+            raise ValueError(
+                f"`count_columns` column {count_columns!r} must hold one list of K counts per row with the same K "
+                f"in every row; got lists of lengths {lengths}."
+            )
+        if raw.ndim != 2:
+            raise ValueError(
+                f"`count_columns` column {count_columns!r} must be list-valued (K counts per row); got a column "
+                f"of scalars. Pass the K per-class count columns as a list instead."
+            )
+        counts = raw
+    else:
+        if not isinstance(count_columns, Sequence) or len(count_columns) == 0:
+            raise ValueError(
+                f"`count_columns` must be a column name or a non-empty sequence of column names, got {count_columns!r}."
+            )
+        names = [_check_column_name(name, "count_columns") for name in count_columns]
+        if len(set(names)) != len(names):
+            raise ValueError(f"`count_columns` must not repeat a column, got {names}.")
+        _require_columns(dataset, names, "count_columns")
+        if column in names:
+            raise ValueError(f"`column` ({column!r}) must differ from the count columns {names}.")
+        arrays = _numeric_columns(dataset, names)
+        for name in names:
+            if arrays[name].ndim != 1:
+                raise ValueError(
+                    f"`count_columns` entry {name!r} must be a scalar numeric column, got values of shape "
+                    f"{arrays[name].shape[1:]} per row."
+                )
+        counts = np.stack([arrays[name] for name in names], axis=1) if len(dataset) else np.zeros((0, len(names)))
+
+    if not (np.issubdtype(counts.dtype, np.number) and not np.issubdtype(counts.dtype, np.complexfloating)):
+        raise ValueError(f"`count_columns` must hold real numbers, got values of dtype {counts.dtype}.")
+    counts = counts.astype(np.float64) if not np.issubdtype(counts.dtype, np.integer) else counts.astype(np.int64)
+    num_rows, num_classes = counts.shape
+    if num_rows and not np.all(np.isfinite(counts)):
+        raise ValueError(
+            f"`count_columns` must hold finite counts; rows {_first_rows(~np.isfinite(counts).all(axis=1))} "
+            "have NaN or infinite values."
+        )
+    if num_rows and (counts < 0).any():
+        raise ValueError(
+            f"`count_columns` must hold non-negative counts; rows {_first_rows((counts < 0).any(axis=1))} "
+            "have negative values."
+        )
+    totals = counts.sum(axis=1)
+    if num_rows and (totals <= 0).any():
+        raise ValueError(
+            f"every row needs a positive total count to draw an annotator, but rows {_first_rows(totals <= 0)} "
+            f"have counts summing to 0 (`count_columns`={count_columns!r})."
+        )
+
+    cumulative = np.cumsum(counts, axis=1)
+    if np.all(counts == np.floor(counts)):
+        # Integer counts: pick annotator u ~ Uniform{0, ..., total-1} and report the class it falls in.
+        totals_int = totals.astype(np.int64)
+        draws = rng.integers(0, totals_int) if num_rows else np.zeros((0,), dtype=np.int64)
+        labels = (cumulative <= draws[:, None]).sum(axis=1)
+    else:
+        # Frequencies: inverse-CDF sampling; guard the measure-zero round-off u == total.
+        draws = rng.random(num_rows) * totals
+        labels = (cumulative <= draws[:, None]).sum(axis=1)
+        last_positive = num_classes - 1 - np.argmax((counts > 0)[:, ::-1], axis=1)
+        labels = np.minimum(labels, last_positive)
+    labels = labels.astype(np.int64)
+    return _replace_column(dataset, column, labels, datasets.Value("int64"))
+
+
+def class_subset_expert(
+    dataset: datasets.Dataset,
+    num_classes: int,
+    k: int,
+    p: float,
+    seed: SeedLike = 0,
+    label_column: str = "labels",
+    column: str = "expert_labels",
+) -> datasets.Dataset:
+    """Add a synthetic expert that knows the first `k` classes (the CIFAR-10/100 protocol of the L2D literature).
+
+    For an example whose true label `y` is one of the first `k` classes (`y < k`) the expert returns `y` with
+    probability `p` and otherwise a label drawn uniformly from all `num_classes` classes (which may also be `y`);
+    for the other classes it returns a uniformly random label. Its accuracy is therefore
+    `p + (1 - p) / num_classes` on the first `k` classes and `1 / num_classes` on the rest.
+
+    Args:
+        dataset (`datasets.Dataset`):
+            The examples, with integer labels in `label_column`.
+        num_classes (`int`):
+            Number of classes K (labels must lie in `[0, K)`).
+        k (`int`):
+            How many classes (the first `k`: ids `0 .. k-1`) the expert knows; `0 < k <= num_classes`.
+        p (`float`):
+            Probability of answering correctly (before the uniform fallback) on the known classes; `0 <= p <= 1`.
+        seed (`int` or `numpy.random.Generator`, *optional*, defaults to 0):
+            Seed of the draws; the same seed gives the same expert labels.
+        label_column (`str`, *optional*, defaults to `"labels"`):
+            Column holding the true labels.
+        column (`str`, *optional*, defaults to `"expert_labels"`):
+            Name of the added int64 column. An existing column of that name is replaced.
+
+    Returns:
+        `datasets.Dataset`: `dataset` with the added column of expert labels.
+
+    Raises:
+        ValueError: invalid `num_classes`, `k`, `p`, an unknown label column or labels outside `[0, num_classes)`.
+
+    Example:
+
+    ```python
+    >>> import datasets
+    >>> from hf_defer.experts import class_subset_expert
+    >>> ds = datasets.Dataset.from_dict({"labels": [0, 1, 2, 3] * 3})
+    >>> out = class_subset_expert(ds, num_classes=4, k=2, p=1.0, seed=0)
+    >>> [m for y, m in zip(out["labels"], out["expert_labels"]) if y < 2]  # perfect on classes 0 and 1
+    [0, 1, 0, 1, 0, 1]
+
+    ```
+    """
+    dataset = _check_dataset(dataset)
+    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
+        raise ValueError(f"`num_classes` must be a positive int, got {num_classes!r}.")
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 < k <= num_classes:
+        raise ValueError(f"`k` must be an int with 0 < k <= num_classes ({num_classes}), got {k!r}.")
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"`p` must be a probability in [0, 1], got {p!r}.")
+    label_column = _check_column_name(label_column, "label_column")
+    column = _check_column_name(column, "column")
+    if column == label_column:
+        raise ValueError(f"`column` ({column!r}) must differ from `label_column` ({label_column!r}).")
+    _require_columns(dataset, [label_column], "label_column")
+    rng = _make_rng(seed)
+
+    labels = _numeric_columns(dataset, [label_column])[label_column]
+    if labels.ndim != 1 or (len(labels) and not np.issubdtype(labels.dtype, np.integer)):
+        raise ValueError(
+            f"`label_column` {label_column!r} must hold one integer class id per row, got dtype {labels.dtype} "
+            f"and shape {labels.shape}."
+        )
+    labels = labels.astype(np.int64)
+    bad = (labels < 0) | (labels >= num_classes)
+    if bad.any():
+        raise ValueError(
+            f"`label_column` {label_column!r} must hold labels in [0, {num_classes}) (`num_classes`={num_classes}); "
+            f"rows {_first_rows(bad)} have {labels[bad][:5].tolist()}."
+        )
+    num_rows = len(labels)
+    correct = rng.random(num_rows) < float(p)
+    random_labels = rng.integers(0, int(num_classes), size=num_rows)
+    expert = np.where((labels < k) & correct, labels, random_labels).astype(np.int64)
+    return _replace_column(dataset, column, expert, datasets.Value("int64"))
+
+
+def stack_experts(
+    dataset: datasets.Dataset,
+    columns: Sequence[str],
+    column: str = "expert_labels",
+    remove_columns: bool = True,
+) -> datasets.Dataset:
+    """Combine M single-expert columns into one list column of M expert labels per example.
+
+    Multi-expert deferral models (`num_experts=M`) read `expert_labels` as a list of M ints whose j-th entry is the
+    answer of expert j, in the order of `columns`.
+
+    Args:
+        dataset (`datasets.Dataset`):
+            The examples.
+        columns (`Sequence[str]`):
+            The M (>= 1) integer columns, one per expert, in expert order.
+        column (`str`, *optional*, defaults to `"expert_labels"`):
+            Name of the list column to create. It may be one of `columns` when `remove_columns` is True.
+        remove_columns (`bool`, *optional*, defaults to True):
+            Drop the single-expert columns after stacking.
+
+    Returns:
+        `datasets.Dataset`: `dataset` with `column` holding fixed-length lists of M int64 labels.
+
+    Raises:
+        ValueError: empty or repeated `columns`, unknown or non-integer columns, or a name clash with a kept column.
+
+    Example:
+
+    ```python
+    >>> import datasets
+    >>> from hf_defer.experts import stack_experts
+    >>> ds = datasets.Dataset.from_dict({"doctor": [0, 1], "nurse": [1, 1]})
+    >>> list(stack_experts(ds, ["doctor", "nurse"])["expert_labels"])
+    [[0, 1], [1, 1]]
+
+    ```
+    """
+    dataset = _check_dataset(dataset)
+    column = _check_column_name(column, "column")
+    if isinstance(columns, str) or not isinstance(columns, Sequence) or len(columns) == 0:
+        raise ValueError(f"`columns` must be a non-empty sequence of column names, got {columns!r}.")
+    names = [_check_column_name(name, "columns") for name in columns]
+    if len(set(names)) != len(names):
+        raise ValueError(f"`columns` must not repeat a column, got {names}.")
+    _require_columns(dataset, names, "columns")
+    if not remove_columns and column in names:
+        raise ValueError(
+            f"`column` ({column!r}) is one of `columns` {names}; it can only be reused with remove_columns=True."
+        )
+    arrays = _numeric_columns(dataset, names)
+    for name in names:
+        values = arrays[name]
+        if values.ndim != 1 or (len(values) and not np.issubdtype(values.dtype, np.integer)):
+            raise ValueError(
+                f"`columns` entry {name!r} must hold one integer label per row, got dtype {values.dtype} "
+                f"and shape {values.shape}."
+            )
+    stacked = np.stack([arrays[name].astype(np.int64) for name in names], axis=1)
+    feature = datasets.List(datasets.Value("int64"), length=len(names))
+    # Add first, under a free temporary name, then drop: removing every column first would leave a 0-row table.
+    temporary = column
+    while temporary in dataset.column_names:
+        temporary = f"_{temporary}"
+    dataset = dataset.add_column(temporary, list(stacked), feature=feature)
+    drop = list(names) if remove_columns else []
+    if temporary != column and column not in drop:
+        drop.append(column)  # an existing column of that name is replaced
+    dataset = dataset.remove_columns(drop)
+    return dataset.rename_column(temporary, column) if temporary != column else dataset
