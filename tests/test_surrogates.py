@@ -1,0 +1,661 @@
+"""Tests for hf_defer.surrogates.
+
+Every expected value here is derived independently of the code under test: the naive textbook
+formulas evaluated in float64 with numpy, the known minimiser of the conditional surrogate risk, or
+numbers worked out by hand in comments.
+
+Notation: logits u in R^{K+M}, classes 0..K-1, experts K..K+M-1 (0-based), c_j = [[m_j == y]],
+xi(t) = log(1 + e^{-t}), sigma(t) = 1 / (1 + e^{-t}).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from hf_defer import get_surrogate
+
+NAMES = ("asm", "ssm", "sova", "aova")
+IGNORE = -100
+
+HYP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# --------------------------------------------------------------------------------------------
+# Naive float64 references (the textbook forms, deliberately *not* the numerically stable ones)
+# --------------------------------------------------------------------------------------------
+
+
+def _xi(t):
+    return np.log(1.0 + np.exp(-t))
+
+
+def _sigma(t):
+    return 1.0 / (1.0 + np.exp(-t))
+
+
+def _asm_expert_psi(u, K, M):
+    """psi_{K+j} for every expert j, naive forms."""
+    e = np.exp(u)
+    if M == 1:
+        # DESIGN.md: e^{u_{K+1}} / (sum_{y<=K+1} e^{u_y} - max_{y<=K} e^{u_y})
+        return np.array([e[K] / (e[: K + 1].sum() - e[:K].max())])
+    # e^{u_{K+j}} / (e^{u_{K+j}} + sum_{y<=K, y != y*} e^{u_y})
+    ystar = int(np.argmax(u[:K]))
+    rest = sum(e[k] for k in range(K) if k != ystar)
+    return np.array([e[K + j] / (e[K + j] + rest) for j in range(M)])
+
+
+def ref_loss(name, u, y, m, K, M):
+    """Per-example loss of one row; u float64 [K+M], y int, m sequence of M ints."""
+    u = np.asarray(u, dtype=np.float64)
+    c = np.array([1.0 if int(mj) == int(y) else 0.0 for mj in m])
+    if name == "asm":
+        e = np.exp(u[:K])
+        psi_y = e[y] / e.sum()
+        psi_e = _asm_expert_psi(u, K, M)
+        return -np.log(psi_y) - np.sum(c * np.log(psi_e) + (1 - c) * np.log(1 - psi_e))
+    if name == "ssm":
+        p = np.exp(u) / np.exp(u).sum()
+        return -np.log(p[y]) - np.sum(c * np.log(p[K:]))
+    if name == "sova":
+        n = K + M
+
+        def ell(z):
+            return _xi(u[z]) + sum(_xi(-u[zp]) for zp in range(n) if zp != z)
+
+        return ell(y) + sum(c[j] * ell(K + j) for j in range(M))
+    if name == "aova":
+        out = _xi(u[y]) + sum(_xi(-u[k]) for k in range(K) if k != y)
+        out += np.sum(c * _xi(u[K:]) + (1 - c) * _xi(-u[K:]))
+        return out
+    raise AssertionError(name)
+
+
+def ref_probabilities(name, u, K, M):
+    """Raw (unclipped) estimator (class_probs [K], expert_accuracy [M]), naive forms."""
+    u = np.asarray(u, dtype=np.float64)
+    if name == "asm":
+        e = np.exp(u[:K])
+        return e / e.sum(), _asm_expert_psi(u, K, M)
+    if name == "ssm":
+        p = np.exp(u) / np.exp(u).sum()
+        rest = 1.0 - p[K:].sum()
+        return p[:K] / rest, p[K:] / rest
+    if name == "sova":
+        s = _sigma(u)
+        if M == 1:
+            return s[:K] / (1.0 - s[K]), np.array([np.exp(u[K])])
+        tot = s[:K].sum()
+        return s[:K] / tot, s[K:] / tot
+    if name == "aova":
+        s = _sigma(u)
+        return s[:K], s[K:]
+    raise AssertionError(name)
+
+
+def ref_decide(u, K):
+    u = np.asarray(u, dtype=np.float64)
+    best_cls = u[:K].max()
+    best_exp = u[K:].max()
+    return bool(best_exp > best_cls), int(np.argmax(u[:K])), int(np.argmax(u[K:]))
+
+
+def _random_batch(rng, K, M, B, scale=5.0, n_ignored=0):
+    logits = rng.uniform(-scale, scale, size=(B, K + M)).astype(np.float32).astype(np.float64)
+    labels = rng.integers(0, K, size=B)
+    experts = rng.integers(0, K, size=(B, M))
+    # make sure both correct and incorrect experts occur
+    experts[0] = labels[0]
+    if B > 1:
+        experts[1] = (labels[1] + 1) % K
+    if n_ignored:
+        idx = rng.choice(np.arange(2, B), size=n_ignored, replace=False)
+        labels[idx] = IGNORE
+        experts[idx[0]] = IGNORE  # an ignored row may carry -100 expert labels too
+    return logits, labels, experts
+
+
+# --------------------------------------------------------------------------------------------
+# Losses against the naive formulas
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("K", [3, 5])
+@pytest.mark.parametrize("M", [1, 3])
+def test_loss_matches_naive_formula(name, K, M):
+    rng = np.random.default_rng(1000 * K + 10 * M + NAMES.index(name))
+    B = 12
+    logits, labels, experts = _random_batch(rng, K, M, B)
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    assert s.name == name and s.num_classes == K and s.num_experts == M
+    expected = np.array([ref_loss(name, logits[i], labels[i], experts[i], K, M) for i in range(B)])
+
+    u = torch.tensor(logits, dtype=torch.float32)
+    y = torch.tensor(labels, dtype=torch.long)
+    m = torch.tensor(experts, dtype=torch.long)
+    per = s.loss(u, y, m, reduction="none")
+    assert tuple(per.shape) == (B,)
+    np.testing.assert_allclose(per.detach().double().numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(s(u, y, m)), expected.mean(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(s.loss(u, y, m, reduction="mean")), expected.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(s.loss(u, y, m, reduction="sum")), expected.sum(), rtol=1e-5)
+    if M == 1:
+        # a 1-D expert_labels tensor means the same thing as [B, 1]
+        np.testing.assert_allclose(
+            s.loss(u, y, m[:, 0], reduction="none").detach().double().numpy(), expected, rtol=1e-5, atol=1e-5
+        )
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("K,M", [(3, 1), (5, 3)])
+def test_loss_ignores_padding_rows(name, K, M):
+    rng = np.random.default_rng(7 + K + M + NAMES.index(name))
+    B = 10
+    logits, labels, experts = _random_batch(rng, K, M, B, n_ignored=3)
+    valid = labels != IGNORE
+    assert valid.sum() == 7
+    expected = np.array(
+        [ref_loss(name, logits[i], labels[i], experts[i], K, M) if valid[i] else 0.0 for i in range(B)]
+    )
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    u = torch.tensor(logits, dtype=torch.float32)
+    y = torch.tensor(labels)
+    m = torch.tensor(experts)
+    per = s.loss(u, y, m, reduction="none").detach().double().numpy()
+    np.testing.assert_allclose(per, expected, rtol=1e-5, atol=1e-6)
+    assert np.all(per[~valid] == 0.0)
+    # mean over the 7 valid rows only, not over all 10
+    np.testing.assert_allclose(float(s(u, y, m)), expected[valid].sum() / 7, rtol=1e-5)
+    np.testing.assert_allclose(float(s.loss(u, y, m, reduction="sum")), expected[valid].sum(), rtol=1e-5)
+    # the logits of ignored rows do not matter, not even NaN-free garbage of huge size
+    u2 = u.clone()
+    u2[torch.tensor(~valid)] = 1e4
+    np.testing.assert_allclose(float(s(u2, y, m)), expected[valid].sum() / 7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("K,M", [(3, 1), (4, 2)])
+def test_gradient_matches_finite_differences_of_naive_formula(name, K, M):
+    rng = np.random.default_rng(99 + K + NAMES.index(name))
+    B = 4
+    logits, labels, experts = _random_batch(rng, K, M, B, scale=3.0)
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    u = torch.tensor(logits, dtype=torch.float32, requires_grad=True)
+    s(u, torch.tensor(labels), torch.tensor(experts)).backward()
+
+    def mean_ref(x):
+        return np.mean([ref_loss(name, x[i], labels[i], experts[i], K, M) for i in range(B)])
+
+    h = 1e-6
+    fd = np.zeros_like(logits)
+    for i in range(B):
+        for k in range(K + M):
+            xp, xm = logits.copy(), logits.copy()
+            xp[i, k] += h
+            xm[i, k] -= h
+            fd[i, k] = (mean_ref(xp) - mean_ref(xm)) / (2 * h)
+    np.testing.assert_allclose(u.grad.double().numpy(), fd, rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# Estimators and decision rule against the naive formulas
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("K,M", [(3, 1), (5, 3)])
+def test_probabilities_and_decide_match_naive_formula(name, K, M):
+    rng = np.random.default_rng(3 + 17 * K + NAMES.index(name))
+    B = 16
+    logits = rng.uniform(-4, 4, size=(B, K + M)).astype(np.float32).astype(np.float64)
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    u = torch.tensor(logits, dtype=torch.float32)
+    cls_raw, exp_raw = s.probabilities(u, clip=False)
+    cls, exp = s.probabilities(u)
+    assert tuple(cls.shape) == (B, K) and tuple(exp.shape) == (B, M)
+    for i in range(B):
+        rc, re = ref_probabilities(name, logits[i], K, M)
+        np.testing.assert_allclose(cls_raw[i].double().numpy(), rc, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(exp_raw[i].double().numpy(), re, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(cls[i].double().numpy(), np.clip(rc, 0, 1), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(exp[i].double().numpy(), np.clip(re, 0, 1), rtol=1e-5, atol=1e-6)
+    defer, pred, expert = s.decide(u)
+    assert defer.dtype == torch.bool and tuple(defer.shape) == (B,)
+    for i in range(B):
+        d, p, e = ref_decide(logits[i], K)
+        assert (bool(defer[i]), int(pred[i]), int(expert[i])) == (d, p, e)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_decide_by_hand(name):
+    # K = 3, M = 2.
+    s = get_surrogate(name, num_classes=3, num_experts=2)
+    u = torch.tensor(
+        [
+            [1.0, 2.0, 0.0, 1.5, 1.9],  # best class 2.0 > best expert 1.9 -> predict 1, no deferral
+            [1.0, 2.0, 0.0, 2.5, 2.1],  # best expert 2.5 > 2.0 -> defer to expert 0
+            [3.0, -1.0, 0.0, 0.0, 3.5],  # 3.5 > 3.0 -> defer to expert 1 (class prediction 0)
+            [0.0, 0.5, 2.0, 2.0, 1.0],  # tie 2.0 == 2.0 -> strict '>' fails -> predict class 2
+        ]
+    )
+    defer, pred, expert = s.decide(u)
+    assert defer.tolist() == [False, True, True, False]
+    assert pred.tolist() == [1, 1, 0, 2]
+    assert expert.tolist()[:3] == [1, 0, 1]
+
+
+@pytest.mark.parametrize("name,bounded", [("asm", True), ("ssm", False), ("sova", False), ("aova", True)])
+def test_bounded_flag(name, bounded):
+    assert get_surrogate(name, num_classes=3, num_experts=1).bounded is bounded
+
+
+# --------------------------------------------------------------------------------------------
+# Consistency: the minimiser of the conditional risk recovers (eta, a) and the Bayes decision
+# --------------------------------------------------------------------------------------------
+
+
+def _eta10(peak_index, peak):
+    """A 10-class distribution with mass `peak` on one class and the rest spread unevenly."""
+    rest = np.array([3, 1, 2, 4, 1, 2, 3, 1, 2], dtype=np.float64)
+    rest = rest / rest.sum() * (1.0 - peak)
+    return np.insert(rest, peak_index, peak)
+
+
+# (eta, a, expected decision) with expected = ("predict", y) or ("defer", j), by Definition 1:
+# defer iff max_j a_j > max_y eta_y, to argmax_j a_j, else predict argmax_y eta_y.
+CONSISTENCY_CASES = [
+    # max eta 0.6 > max a 0.45 -> predict class 0
+    (np.array([0.6, 0.3, 0.1]), np.array([0.45, 0.3]), ("predict", 0)),
+    # max a 0.8 > max eta 0.5 -> defer to expert 1
+    (np.array([0.2, 0.5, 0.3]), np.array([0.35, 0.8]), ("defer", 1)),
+    # max a 0.7 > max eta 0.4 -> defer to expert 0 (expert 2 at 0.55 is second best)
+    (np.array([0.25, 0.35, 0.4]), np.array([0.7, 0.2, 0.55]), ("defer", 0)),
+    # K = 10: max eta 0.3 (class 7) < a_0 = 0.5 -> defer to expert 0
+    (_eta10(7, 0.3), np.array([0.5, 0.2]), ("defer", 0)),
+    # K = 10: max eta 0.55 (class 2) > max a 0.45 -> predict class 2
+    (_eta10(2, 0.55), np.array([0.3, 0.45, 0.1]), ("predict", 2)),
+]
+
+
+def _enumerated_batch(eta, a):
+    """All outcomes (y, correctness pattern of the M experts) with their probabilities."""
+    K, M = len(eta), len(a)
+    labels, experts, weights = [], [], []
+    for y in range(K):
+        for pattern in itertools.product([0, 1], repeat=M):
+            labels.append(y)
+            experts.append([y if cj else (y + 1) % K for cj in pattern])
+            weights.append(eta[y] * np.prod([a[j] if cj else 1.0 - a[j] for j, cj in enumerate(pattern)]))
+    return (
+        torch.tensor(labels, dtype=torch.long),
+        torch.tensor(experts, dtype=torch.long),
+        torch.tensor(weights, dtype=torch.float64),
+    )
+
+
+def _minimise_conditional_risk(s, eta, a):
+    labels, experts, weights = _enumerated_batch(eta, a)
+    assert abs(float(weights.sum()) - 1.0) < 1e-12
+    K, M = len(eta), len(a)
+    u = torch.zeros(K + M, dtype=torch.float64, requires_grad=True)
+
+    def risk():
+        per = s.loss(u.unsqueeze(0).expand(len(labels), -1), labels, experts, reduction="none")
+        return (per.to(torch.float64) * weights).sum()
+
+    for _ in range(4):  # a few restarts refresh the L-BFGS history
+        opt = torch.optim.LBFGS(
+            [u], lr=1.0, max_iter=500, tolerance_grad=1e-10, tolerance_change=1e-14,
+            history_size=50, line_search_fn="strong_wolfe",
+        )
+
+        def closure():
+            opt.zero_grad()
+            r = risk()
+            r.backward()
+            return r
+
+        opt.step(closure)
+    return u.detach()
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("case", range(len(CONSISTENCY_CASES)))
+def test_conditional_risk_minimiser_recovers_eta_a_and_bayes_rule(name, case):
+    eta, a, (kind, index) = CONSISTENCY_CASES[case]
+    assert abs(eta.sum() - 1.0) < 1e-12 and eta.min() > 0 and 0 < a.min() and a.max() < 1
+    K, M = len(eta), len(a)
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    u = _minimise_conditional_risk(s, eta, a)
+    assert torch.isfinite(u).all()
+    cls, exp = s.probabilities(u.unsqueeze(0))
+    np.testing.assert_allclose(cls[0].double().numpy(), eta, atol=1e-3)
+    np.testing.assert_allclose(exp[0].double().numpy(), a, atol=1e-3)
+    defer, pred, expert = s.decide(u.unsqueeze(0))
+    if kind == "defer":
+        assert bool(defer[0]) and int(expert[0]) == index
+    else:
+        assert not bool(defer[0]) and int(pred[0]) == index
+    # the classifier part is Bayes optimal in either case
+    assert int(pred[0]) == int(np.argmax(eta))
+
+
+# --------------------------------------------------------------------------------------------
+# Theorem 1: the symmetric estimators are unbounded; the asymmetric one is not
+# --------------------------------------------------------------------------------------------
+
+
+def test_ssm_expert_estimate_unbounded_and_clipped():
+    # K = 3, M = 1, u = (0, 0, 0, 3): softmax(u)_{K+1} = e^3 / (3 + e^3) = 0.870 > 1/2, and the
+    # estimate p_{K+1} / (1 - p_{K+1}) = e^3 / 3 = 6.695 > 1.
+    s = get_surrogate("ssm", num_classes=3, num_experts=1)
+    u = torch.tensor([[0.0, 0.0, 0.0, 3.0]])
+    _, raw = s.probabilities(u, clip=False)
+    assert float(raw[0, 0]) == pytest.approx(math.exp(3) / 3, rel=1e-5)
+    _, clipped = s.probabilities(u, clip=True)
+    assert float(clipped[0, 0]) == 1.0
+    _, default = s.probabilities(u)
+    assert float(default[0, 0]) == 1.0
+
+
+def test_ssm_multi_expert_estimate_unbounded():
+    # K = 3, M = 2, u = (0, 0, 0, 2, 1): expert 0 estimate exp(2 - log 3) = e^2 / 3 = 2.463,
+    # expert 1: e / 3 = 0.906 (stays below 1, untouched by clipping).
+    s = get_surrogate("ssm", num_classes=3, num_experts=2)
+    u = torch.tensor([[0.0, 0.0, 0.0, 2.0, 1.0]])
+    _, raw = s.probabilities(u, clip=False)
+    np.testing.assert_allclose(raw[0].double().numpy(), [math.exp(2) / 3, math.e / 3], rtol=1e-5)
+    _, clipped = s.probabilities(u)
+    np.testing.assert_allclose(clipped[0].double().numpy(), [1.0, math.e / 3], rtol=1e-5)
+
+
+def test_sova_estimates_unbounded_and_clipped():
+    # K = 2, M = 1, u = (3, -1, 2): expert estimate e^2 = 7.389 > 1; class-0 estimate
+    # sigma(3) / (1 - sigma(2)) = 0.952574 / 0.119203 = 7.991 > 1.
+    s = get_surrogate("sova", num_classes=2, num_experts=1)
+    u = torch.tensor([[3.0, -1.0, 2.0]])
+    cls_raw, exp_raw = s.probabilities(u, clip=False)
+    assert float(exp_raw[0, 0]) == pytest.approx(math.exp(2), rel=1e-5)
+    sig = lambda t: 1 / (1 + math.exp(-t))  # noqa: E731
+    assert float(cls_raw[0, 0]) == pytest.approx(sig(3) / (1 - sig(2)), rel=1e-5)
+    assert float(cls_raw[0, 0]) > 1
+    # class 1: sigma(-1) / (1 - sigma(2)) = 0.268941 / 0.119203 = 2.256 > 1 too
+    assert float(cls_raw[0, 1]) == pytest.approx(sig(-1) / (1 - sig(2)), rel=1e-5)
+    cls, exp = s.probabilities(u)
+    assert float(exp[0, 0]) == 1.0
+    assert cls[0].tolist() == [1.0, 1.0]
+
+
+def test_sova_multi_expert_estimate_unbounded():
+    # K = 3, M = 2, u = (-2, -2, -2, 2, -3): sum of class sigmas = 3 sigma(-2) = 0.357608;
+    # expert 0: sigma(2) / 0.357608 = 0.880797 / 0.357608 = 2.463 > 1;
+    # expert 1: sigma(-3) / 0.357608 = 0.0474259 / 0.357608 = 0.13262.
+    s = get_surrogate("sova", num_classes=3, num_experts=2)
+    u = torch.tensor([[-2.0, -2.0, -2.0, 2.0, -3.0]])
+    _, raw = s.probabilities(u, clip=False)
+    np.testing.assert_allclose(raw[0].double().numpy(), [2.46303, 0.132619], rtol=1e-4)
+    _, clipped = s.probabilities(u)
+    np.testing.assert_allclose(clipped[0].double().numpy(), [1.0, 0.132619], rtol=1e-4)
+
+
+logit_values = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def logit_rows(draw, low=-1e4, high=1e4, max_k=6, max_m=3, min_rows=1, max_rows=5):
+    K = draw(st.integers(2, max_k))
+    M = draw(st.integers(1, max_m))
+    B = draw(st.integers(min_rows, max_rows))
+    vals = st.floats(min_value=low, max_value=high, allow_nan=False, allow_infinity=False, width=32)
+    rows = draw(st.lists(st.lists(vals, min_size=K + M, max_size=K + M), min_size=B, max_size=B))
+    return K, M, np.array(rows, dtype=np.float64)
+
+
+@HYP
+@given(logit_rows())
+def test_asm_estimate_always_bounded(data):
+    K, M, rows = data
+    s = get_surrogate("asm", num_classes=K, num_experts=M)
+    cls, exp = s.probabilities(torch.tensor(rows, dtype=torch.float32), clip=False)
+    assert torch.isfinite(cls).all() and torch.isfinite(exp).all()
+    assert (cls >= 0).all() and (cls <= 1).all()
+    assert (exp >= 0).all() and (exp <= 1).all()
+    np.testing.assert_allclose(cls.double().sum(-1).numpy(), 1.0, atol=1e-5)
+
+
+@HYP
+@given(logit_rows(), st.sampled_from(NAMES))
+def test_clipped_estimates_in_unit_interval(data, name):
+    K, M, rows = data
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    cls, exp = s.probabilities(torch.tensor(rows, dtype=torch.float32))
+    assert torch.isfinite(cls).all() and torch.isfinite(exp).all()
+    assert (cls >= 0).all() and (cls <= 1).all() and (exp >= 0).all() and (exp <= 1).all()
+
+
+# --------------------------------------------------------------------------------------------
+# Maxima preservation and decision rule (hypothesis)
+# --------------------------------------------------------------------------------------------
+
+
+@HYP
+@given(logit_rows(low=-5, high=5, max_rows=1), st.sampled_from(["asm", "aova"]))
+def test_maxima_preserving(data, name):
+    K, M, rows = data
+    u = rows[0]
+    top2 = np.sort(u)[-2:]
+    # a unique max by a margin; within |u| <= 5 the float32 estimates stay distinguishable
+    assume(top2[1] - top2[0] > 0.05)
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    t = torch.tensor(rows, dtype=torch.float32)
+    cls, exp = s.probabilities(t)
+    if name == "asm":
+        assert (cls >= 0).all() and abs(float(cls.double().sum()) - 1.0) < 1e-5
+    assert (exp >= 0).all() and (exp <= 1).all()
+    joint = torch.cat([cls, exp], dim=-1)[0].double().numpy()
+    assert int(np.argmax(joint)) == int(np.argmax(u))
+    defer, pred, expert = s.decide(t)
+    best = int(np.argmax(u))
+    assert bool(defer[0]) == (best >= K)
+    assert int(pred[0]) == int(np.argmax(u[:K]))
+    assert int(expert[0]) == int(np.argmax(u[K:]))
+
+
+@HYP
+@given(logit_rows(), st.sampled_from(NAMES))
+def test_decide_agrees_with_argmax_rule(data, name):
+    K, M, rows = data
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    defer, pred, expert = s.decide(torch.tensor(rows, dtype=torch.float32))
+    for i, u in enumerate(rows):
+        d, p, e = ref_decide(u, K)
+        assert bool(defer[i]) == d  # well defined even with ties (strict '>')
+        # which index an argmax tie resolves to is not specified: check only untied parts
+        if len(set(u[:K].tolist())) == K:
+            assert int(pred[i]) == p
+        if len(set(u[K:].tolist())) == M:
+            assert int(expert[i]) == e
+
+
+# --------------------------------------------------------------------------------------------
+# Numerical robustness: huge logits and half precision
+# --------------------------------------------------------------------------------------------
+
+
+@st.composite
+def loss_inputs(draw, low=-1e4, high=1e4):
+    K, M, rows = draw(logit_rows(low=low, high=high))
+    B = rows.shape[0]
+    labels = draw(st.lists(st.integers(0, K - 1), min_size=B, max_size=B))
+    experts = draw(st.lists(st.lists(st.integers(0, K - 1), min_size=M, max_size=M), min_size=B, max_size=B))
+    return K, M, rows, np.array(labels), np.array(experts)
+
+
+@HYP
+@given(loss_inputs(), st.sampled_from(NAMES))
+def test_loss_and_grad_finite_for_huge_logits(data, name):
+    K, M, rows, labels, experts = data
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    u = torch.tensor(rows, dtype=torch.float32, requires_grad=True)
+    loss = s(u, torch.tensor(labels), torch.tensor(experts))
+    assert loss.dim() == 0 and torch.isfinite(loss) and float(loss.detach()) >= 0
+    loss.backward()
+    assert u.grad is not None and torch.isfinite(u.grad).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_extreme_and_half_precision_loss_and_grad(name, dtype):
+    K, M = 3, 2
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    rows = [
+        [1e4, -1e4, 0.0, 1e4, -1e4],
+        [-1e4, -1e4, -1e4, 1e4, 1e4],
+        [0.5, -0.25, 2.0, 1.0, -3.0],
+        [-1e4, 1e4, 1e4, -1e4, 0.0],
+    ]
+    u = torch.tensor(rows, dtype=dtype, requires_grad=True)
+    y = torch.tensor([1, 0, 2, 1])
+    m = torch.tensor([[1, 0], [0, 0], [1, 2], [2, 1]])
+    loss = s(u, y, m)
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert u.grad.dtype == dtype and torch.isfinite(u.grad).all()
+    # the moderate row matches the float64 reference (half-precision inputs, float32 compute)
+    per = s.loss(u.detach(), y, m, reduction="none")
+    ref = ref_loss(name, u.detach()[2].double().numpy(), 2, [1, 2], K, M)
+    assert float(per[2]) == pytest.approx(ref, rel=1e-2)
+
+
+@HYP
+@given(loss_inputs(), st.sampled_from(NAMES), st.sampled_from([torch.float16, torch.bfloat16]))
+def test_half_precision_property(data, name, dtype):
+    K, M, rows, labels, experts = data
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    u = torch.tensor(rows, dtype=dtype, requires_grad=True)
+    loss = s(u, torch.tensor(labels), torch.tensor(experts))
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert u.grad.dtype == dtype and torch.isfinite(u.grad).all()
+
+
+# --------------------------------------------------------------------------------------------
+# Input validation
+# --------------------------------------------------------------------------------------------
+
+
+def _good(K=3, M=2, B=4):
+    u = torch.zeros(B, K + M)
+    y = torch.tensor([0, 1, 2, 0])[:B]
+    m = torch.tensor([[0, 1], [1, 1], [2, 0], [1, 2]])[:B]
+    return u, y, m
+
+
+def test_valid_inputs_do_not_raise():
+    s = get_surrogate("asm", num_classes=3, num_experts=2)
+    u, y, m = _good()
+    assert torch.isfinite(s(u, y, m))
+
+
+@pytest.mark.parametrize("K", [1, 0])
+@pytest.mark.parametrize("name", NAMES)
+def test_rejects_too_few_classes(name, K):
+    with pytest.raises(ValueError, match="num_classes"):
+        get_surrogate(name, num_classes=K, num_experts=1)
+
+
+def test_rejects_unknown_surrogate_name():
+    with pytest.raises(ValueError) as info:
+        get_surrogate("softmax", num_classes=3, num_experts=1)
+    msg = str(info.value)
+    assert "softmax" in msg and "asm" in msg  # says what came and what was expected
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rejects_wrong_logit_width(name):
+    s = get_surrogate(name, num_classes=3, num_experts=2)
+    u, y, m = _good()
+    bad = torch.zeros(4, 4)  # K + M = 5 expected
+    with pytest.raises(ValueError, match="logits"):
+        s(bad, y, m)
+    with pytest.raises(ValueError, match="logits"):
+        s.probabilities(bad)
+    with pytest.raises(ValueError, match="logits"):
+        s.decide(bad)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rejects_logits_not_2d(name):
+    s = get_surrogate(name, num_classes=3, num_experts=2)
+    _, y, m = _good()
+    for bad in (torch.zeros(5), torch.zeros(4, 1, 5)):
+        with pytest.raises(ValueError, match="logits"):
+            s(bad, y, m)
+        with pytest.raises(ValueError, match="logits"):
+            s.probabilities(bad)
+        with pytest.raises(ValueError, match="logits"):
+            s.decide(bad)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rejects_nan_logits(name):
+    s = get_surrogate(name, num_classes=3, num_experts=2)
+    u, y, m = _good()
+    u[1, 3] = float("nan")
+    with pytest.raises(ValueError, match="logits"):
+        s(u, y, m)
+    with pytest.raises(ValueError, match="logits"):
+        s.loss(u, y, m, reduction="none")
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("bad_label", [3, -1, 7])
+def test_rejects_labels_out_of_range(name, bad_label):
+    s = get_surrogate(name, num_classes=3, num_experts=2)
+    u, y, m = _good()
+    y[2] = bad_label
+    with pytest.raises(ValueError, match="labels"):
+        s(u, y, m)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("bad", [3, -1])
+def test_rejects_expert_labels_out_of_range(name, bad):
+    s = get_surrogate(name, num_classes=3, num_experts=2)
+    u, y, m = _good()
+    m[1, 1] = bad
+    with pytest.raises(ValueError, match="expert_labels"):
+        s(u, y, m)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rejects_missing_expert_label_on_valid_row(name):
+    s = get_surrogate(name, num_classes=3, num_experts=2)
+    u, y, m = _good()
+    m[0, 0] = IGNORE  # labels[0] = 0 is valid
+    with pytest.raises(ValueError, match="expert_labels"):
+        s(u, y, m)
+    # ... but -100 expert labels on an ignored row are fine
+    y[0] = IGNORE
+    assert torch.isfinite(s(u, y, m))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rejects_wrong_number_of_expert_columns(name):
+    s = get_surrogate(name, num_classes=3, num_experts=2)
+    u, y, _ = _good()
+    with pytest.raises(ValueError, match="expert_labels"):
+        s(u, y, torch.zeros(4, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="expert_labels"):
+        s(u, y, torch.zeros(4, 1, dtype=torch.long))
+    s1 = get_surrogate(name, num_classes=3, num_experts=1)
+    with pytest.raises(ValueError, match="expert_labels"):
+        s1(torch.zeros(4, 4), y, torch.zeros(4, 2, dtype=torch.long))
