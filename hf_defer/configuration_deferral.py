@@ -46,6 +46,10 @@ class DeferralConfig(PretrainedConfig):
         pooling (`str`, *optional*, defaults to `"cls"`):
             How the encoder's last hidden state becomes one vector: `"cls"` (first token), or `"mean"` / `"max"`
             over the tokens that `attention_mask` keeps.
+        normalize_pooled (`bool`, *optional*, defaults to `False`):
+            L2-normalize the pooled vector before the head, as sentence-transformers models such as
+            all-MiniLM-L6-v2 do (mean pooling + normalization reproduces their embeddings, so a head trained on
+            cached sentence embeddings can be put on top of the encoder).
         head_hidden_sizes (`list[int]`, *optional*, defaults to `[]`):
             Hidden layer widths of the MLP head (ReLU between layers); empty for a linear head.
         head_dropout (`float`, *optional*, defaults to 0.0):
@@ -90,6 +94,7 @@ class DeferralConfig(PretrainedConfig):
     num_experts: int = 1
     surrogate: str = "asm"
     pooling: str = "cls"
+    normalize_pooled: bool = False
     head_hidden_sizes: list[int] = field(default_factory=list)
     head_dropout: int | float = 0.0
     freeze_encoder: bool = False
@@ -138,6 +143,8 @@ class DeferralConfig(PretrainedConfig):
             raise ValueError(f"surrogate must be one of {SURROGATE_NAMES}, got {self.surrogate!r}.")
         if self.pooling not in POOLING_MODES:
             raise ValueError(f"pooling must be one of {POOLING_MODES}, got {self.pooling!r}.")
+        if not isinstance(self.normalize_pooled, bool):
+            raise ValueError(f"normalize_pooled must be a bool, got {self.normalize_pooled!r}.")
         sizes = self.head_hidden_sizes
         if not isinstance(sizes, (list, tuple)) or not all(_is_int(size) and size >= 1 for size in sizes):
             raise ValueError(f"head_hidden_sizes must be a list of positive integers, got {sizes!r}.")

@@ -281,6 +281,8 @@ class EncoderForDeferral(DeferralPreTrainedModel):
                 pooled = (last * weights).sum(1) / weights.sum(1).clamp(min=1)
             else:
                 pooled = last.masked_fill(~mask.unsqueeze(-1), torch.finfo(last.dtype).min).amax(1)
+        if self.config.normalize_pooled:
+            pooled = nn.functional.normalize(pooled, dim=-1)
         return pooled, getattr(outputs, "hidden_states", None), getattr(outputs, "attentions", None)
 
     @classmethod
@@ -292,6 +294,7 @@ class EncoderForDeferral(DeferralPreTrainedModel):
         surrogate: str = "asm",
         *,
         pooling: str = "cls",
+        normalize_pooled: bool = False,
         head_hidden_sizes: list[int] | tuple[int, ...] = (),
         head_dropout: float = 0.0,
         freeze_encoder: bool = False,
@@ -309,6 +312,8 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             num_experts (`int`, *optional*, defaults to 1): number of experts M.
             surrogate (`str`, *optional*, defaults to `"asm"`): `"asm"`, `"ssm"`, `"sova"` or `"aova"`.
             pooling (`str`, *optional*, defaults to `"cls"`): `"cls"`, `"mean"` or `"max"`.
+            normalize_pooled (`bool`, *optional*, defaults to `False`): L2-normalize the pooled vector (with
+                `pooling="mean"` this reproduces sentence-transformers embeddings such as all-MiniLM-L6-v2's).
             head_hidden_sizes (`list[int]`, *optional*, defaults to `()`): hidden widths of an MLP head.
             head_dropout (`float`, *optional*, defaults to 0.0): dropout before every head layer.
             freeze_encoder (`bool`, *optional*, defaults to `False`): train the head only.
@@ -344,6 +349,7 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             num_experts=num_experts,
             surrogate=surrogate,
             pooling=pooling,
+            normalize_pooled=normalize_pooled,
             head_hidden_sizes=list(head_hidden_sizes),
             head_dropout=head_dropout,
             freeze_encoder=freeze_encoder,

@@ -118,6 +118,21 @@ def test_pooling_and_linear_head_recomputed_by_hand(pooling):
     torch.testing.assert_close(logits, pooled @ linear.weight.T + linear.bias)
 
 
+def test_normalize_pooled_divides_the_mean_by_its_euclidean_norm():
+    model = make_model("bert", pooling="mean")
+    model.config.normalize_pooled = True
+    batch = text_batch()
+    with torch.no_grad():
+        hidden = model.encoder(**batch).last_hidden_state
+        logits = model(**batch).logits
+    rows = []
+    for i, n in enumerate(batch["attention_mask"].sum(1).tolist()):
+        mean = hidden[i, :n].sum(0) / n
+        rows.append(mean / mean.pow(2).sum().sqrt())
+    linear = model.head[-1]
+    torch.testing.assert_close(logits, torch.stack(rows) @ linear.weight.T + linear.bias)
+
+
 def test_mean_pooling_without_attention_mask_uses_every_token():
     model = make_model("bert", pooling="mean")
     input_ids = text_batch()["input_ids"]
