@@ -1,14 +1,71 @@
 """hf_defer: learning to defer (A-SM and baselines) for the Hugging Face stack."""
 
-from .metrics import deferral_metrics, expected_calibration_error, reliability_bins
+from .metrics import DeferralMetrics, deferral_metrics, expected_calibration_error, reliability_bins
 from .surrogates import SURROGATES, DeferralSurrogate, get_surrogate
+from .configuration_deferral import DeferralConfig
+from .modeling_deferral import AutoModelForDeferral, DeferralOutput, EncoderForDeferral
+from .trainer import DeferralTrainer
+from .data import DataCollatorForDeferral, load_hatespeech
+from .embeddings import add_embeddings, embed_texts
+from .experts import annotator_expert, class_subset_expert, stack_experts
+from .calibration import calibrate_deferral
+from .hub import push_to_hub, save_for_hub
+from .model_card import DeferralModelCardData, render_model_card
+
+
+def _register_auto_classes() -> None:
+    """Library mode: `AutoConfig`, `AutoModel` and `AutoModelForDeferral` load folders of model type "deferral".
+    Remote-code mode: `save_pretrained` copies the config/modeling/surrogates modules next to the weights and
+    writes `auto_map`, so `AutoModel.from_pretrained(path, trust_remote_code=True)` works without hf_defer."""
+    from transformers import AutoConfig, AutoModel
+
+    AutoConfig.register(DeferralConfig.model_type, DeferralConfig, exist_ok=True)
+    AutoModel.register(DeferralConfig, EncoderForDeferral, exist_ok=True)
+    AutoModelForDeferral.register(DeferralConfig, EncoderForDeferral, exist_ok=True)
+    DeferralConfig.register_for_auto_class()
+    EncoderForDeferral.register_for_auto_class("AutoModel")
+
+
+_register_auto_classes()
+
+from .pipeline_deferral import DeferralPipeline  # noqa: E402
+
+
+def _register_pipeline() -> None:
+    """Library mode: `pipeline("deferral", model=...)` builds a [`DeferralPipeline`] over `AutoModelForDeferral`."""
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    if PIPELINE_REGISTRY.supported_tasks.get("deferral", {}).get("impl") is not DeferralPipeline:
+        PIPELINE_REGISTRY.register_pipeline("deferral", pipeline_class=DeferralPipeline, pt_model=AutoModelForDeferral)
+
+
+_register_pipeline()
 
 __version__ = "0.1.0"
 
 __all__ = [
     "SURROGATES",
+    "AutoModelForDeferral",
+    "DeferralConfig",
+    "DeferralOutput",
+    "DeferralPipeline",
+    "EncoderForDeferral",
+    "DeferralMetrics",
     "DeferralSurrogate",
+    "DeferralTrainer",
+    "DataCollatorForDeferral",
+    "DeferralModelCardData",
+    "calibrate_deferral",
+    "push_to_hub",
+    "render_model_card",
+    "save_for_hub",
+    "add_embeddings",
+    "annotator_expert",
+    "class_subset_expert",
     "deferral_metrics",
+    "embed_texts",
+    "load_hatespeech",
+    "stack_experts",
     "expected_calibration_error",
     "get_surrogate",
     "reliability_bins",

@@ -59,8 +59,9 @@ class DeferralConfig(PretrainedConfig):
         expert_names (`list[str]`, *optional*):
             One name per expert; defaults to `["expert_0", ..., "expert_{M-1}"]`.
         defer_threshold (`float`, *optional*, defaults to 0.0):
-            Margin for deferring, used by the deferral pipeline: defer when the best expert logit exceeds the best
-            class logit by more than this. The model's own `defer` output uses the plain rule (margin 0).
+            Margin used by the deferral pipeline: defer when max_j (expert_accuracy_j - cost_j) exceeds the top class
+            probability by more than this; set by `hf_defer.calibrate_deferral` to meet a deferral budget. The
+            model's own `defer` output uses the plain logit rule.
         kwargs (*optional*):
             Passed to [`PretrainedConfig`] (`id2label`, `label2id`, ...).
 
@@ -168,6 +169,16 @@ class DeferralConfig(PretrainedConfig):
         threshold = self.defer_threshold
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
             raise ValueError(f"defer_threshold must be a finite number, got {threshold!r}.")
+        # Library mode: `import hf_defer` registers the "deferral" pipeline itself, and a custom_pipelines["deferral"]
+        # entry (written for remote code) would make pipeline("deferral", ...) demand trust_remote_code=True. The
+        # copy that remote code runs (module transformers_modules.*) keeps it; saving writes it back.
+        if __name__.startswith("hf_defer."):
+            pipelines = dict(getattr(self, "custom_pipelines", None) or {})
+            if pipelines.pop("deferral", None) is not None:
+                if pipelines:
+                    self.custom_pipelines = pipelines
+                else:
+                    del self.custom_pipelines
 
 
 __all__ = ["DeferralConfig"]

@@ -1,0 +1,159 @@
+"""Sharing deferral models on the Hugging Face Hub, for library mode and remote-code mode alike.
+
+A folder written by [`save_for_hub`] (or by [`DeferralTrainer`], which does the same on every save) holds
+
+* ``model.safetensors`` and ``config.json`` (weights as safetensors only: loading never unpickles);
+* the tokenizer or image processor, when given;
+* ``configuration_deferral.py``, ``modeling_deferral.py``, ``surrogates.py`` and ``pipeline_deferral.py``, with
+  ``auto_map`` and ``custom_pipelines`` in ``config.json``, so that without hf_defer installed
+  ``pipeline(model=folder, trust_remote_code=True)`` and ``AutoModel.from_pretrained(folder,
+  trust_remote_code=True)`` work;
+* optionally the deferral model card (``README.md`` and its reliability diagram).
+
+With hf_defer imported, ``pipeline("deferral", model=folder)`` uses the installed library instead.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers.dynamic_module_utils import custom_object_save
+
+from .pipeline_deferral import CUSTOM_PIPELINES, DeferralPipeline, custom_pipelines_in_config
+
+_OWN_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "README.md")
+
+
+def _check_model(model: Any) -> None:
+    if getattr(getattr(model, "config", None), "model_type", None) != "deferral":
+        raise ValueError(
+            f"model must be a deferral model (config.model_type == 'deferral'), got {type(model).__name__}."
+        )
+
+
+def copy_pipeline_code(save_directory: str | os.PathLike) -> list[str]:
+    """Copies ``pipeline_deferral.py`` into ``save_directory`` (it imports nothing from hf_defer).
+
+    Returns:
+        `list[str]`: the files written.
+    """
+    return [str(path) for path in custom_object_save(DeferralPipeline, save_directory) or []]
+
+
+def save_for_hub(
+    model: Any,
+    save_directory: str | os.PathLike,
+    processing_class: Any = None,
+    card_data: Any = None,
+    overwrite: bool = False,
+) -> list[str]:
+    """Saves a deferral model so that it loads in library mode and in remote-code mode, ready to upload.
+
+    Writes the weights (safetensors), ``config.json`` with ``auto_map`` and ``custom_pipelines``, the model, config,
+    surrogate and pipeline modules, the tokenizer/image processor if given, and the model card if ``card_data``
+    is given. [`push_to_hub`] uploads such a folder; [`DeferralTrainer.push_to_hub`] does all of this by itself.
+
+    Args:
+        model ([`EncoderForDeferral`]): the model.
+        save_directory (`str` or `os.PathLike`): where to write; created if missing.
+        processing_class (*optional*): tokenizer or image processor, saved next to the model.
+        card_data ([`DeferralModelCardData`], *optional*): renders ``README.md`` and the reliability diagram.
+        overwrite (`bool`, *optional*, defaults to `False`): replace a model or card already in ``save_directory``.
+
+    Returns:
+        `list[str]`: the names of the files in ``save_directory``.
+
+    Raises:
+        `ValueError`: ``model`` is not a deferral model.
+        `FileExistsError`: ``save_directory`` already holds a model or a card and ``overwrite`` is `False`.
+
+    Example:
+
+    ```python
+    >>> import tempfile
+    >>> import hf_defer
+    >>> model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=4, num_labels=2))
+    >>> files = hf_defer.save_for_hub(model, tempfile.mkdtemp())
+    >>> sorted(f for f in files if f.endswith(".py"))
+    ['configuration_deferral.py', 'modeling_deferral.py', 'pipeline_deferral.py', 'surrogates.py']
+
+    ```
+    """
+    _check_model(model)
+    if not isinstance(save_directory, (str, os.PathLike)):
+        raise TypeError(f"save_directory must be a str or os.PathLike, got {type(save_directory).__name__}.")
+    folder = Path(save_directory)
+    if folder.is_file():
+        raise ValueError(f"save_directory must be a directory, got the file {str(folder)!r}.")
+    existing = [name for name in _OWN_FILES if (folder / name).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(
+            f"{str(folder)!r} already holds {existing}; pass overwrite=True to replace them, or pick another folder."
+        )
+    with custom_pipelines_in_config(model):
+        model.save_pretrained(folder)
+    copy_pipeline_code(folder)
+    if processing_class is not None:
+        processing_class.save_pretrained(folder)
+    if card_data is not None:
+        from .model_card import render_model_card
+
+        render_model_card(card_data, folder, overwrite=True)
+    return sorted(os.listdir(folder))
+
+
+def push_to_hub(
+    model: Any,
+    repo_id: str,
+    processing_class: Any = None,
+    card_data: Any = None,
+    private: bool | None = None,
+    token: str | None = None,
+    commit_message: str = "Upload deferral model",
+) -> Any:
+    """Uploads a deferral model with its code and deferral model card to the Hub (outside [`DeferralTrainer`]).
+
+    Everything [`save_for_hub`] writes goes up in one commit. Without ``card_data`` the card is built from the
+    model's configuration ([`DeferralModelCardData.from_model`]); pass card data with metrics for a full card.
+
+    Args:
+        model ([`EncoderForDeferral`]): the model.
+        repo_id (`str`): the Hub repository, `"user/name"`; created if missing.
+        processing_class (*optional*): tokenizer or image processor.
+        card_data ([`DeferralModelCardData`], *optional*): the card's content.
+        private (`bool`, *optional*): visibility of a newly created repository.
+        token (`str`, *optional*): a Hub token with write access.
+        commit_message (`str`, *optional*): the commit message.
+
+    Returns:
+        The `huggingface_hub.CommitInfo` of the upload.
+
+    Example:
+
+    ```python
+    >>> import hf_defer
+    >>> model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=4, num_labels=2))
+    >>> hf_defer.push_to_hub(model, "me/tiny-defer")  # doctest: +SKIP
+    ```
+    """
+    import tempfile
+
+    from huggingface_hub import HfApi
+
+    from .model_card import DeferralModelCardData
+
+    if not isinstance(repo_id, str) or not repo_id:
+        raise TypeError(f"repo_id must be a non-empty str such as 'user/name', got {repo_id!r}.")
+    _check_model(model)
+    if card_data is None:
+        card_data = DeferralModelCardData.from_model(model, model_name=repo_id.split("/")[-1], repo_id=repo_id)
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    with tempfile.TemporaryDirectory() as folder:
+        save_for_hub(model, folder, processing_class, card_data)
+        return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message)
+
+
+__all__ = ["CUSTOM_PIPELINES", "copy_pipeline_code", "custom_pipelines_in_config", "push_to_hub", "save_for_hub"]

@@ -1,0 +1,137 @@
+"""calibrate_deferral: the budget is met on the calibration data, highest margins first, and the threshold persists."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from transformers import BertConfig, BertTokenizer, pipeline
+
+import hf_defer  # noqa: F401  (registers the "deferral" task)
+from hf_defer import DeferralConfig, EncoderForDeferral
+from hf_defer.calibration import calibrate_deferral
+
+D = 5
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def eager_deferrer(num_experts: int = 1, seed: int = 0) -> EncoderForDeferral:
+    """A random head-only model whose expert logits are pushed up: it defers almost everything on its own."""
+    torch.manual_seed(seed)
+    model = EncoderForDeferral(DeferralConfig(feature_size=D, num_labels=3, num_experts=num_experts))
+    with torch.no_grad():
+        model.head[-1].bias[3:] += 3.0
+    return model.eval()
+
+
+def held_out(n: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, D)).astype("float32")
+
+
+def margins_by_hand(model: EncoderForDeferral, features: np.ndarray, costs: list[float] | None = None) -> np.ndarray:
+    """max_j (expert_accuracy_j - cost_j) - max_y class_prob_y, straight from the model's outputs."""
+    with torch.no_grad():
+        out = model(features=torch.tensor(features))
+    gains = out.expert_accuracy.double() - torch.tensor(costs or [0.0] * model.config.num_experts).double()
+    return (gains.max(dim=1).values - out.class_probs.double().max(dim=1).values).numpy()
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.25, 0.5])
+def test_budget_is_met_with_the_highest_margins_first(rate):
+    model, features = eager_deferrer(), held_out(57)
+    margins = margins_by_hand(model, features)
+    assert (margins > 0).sum() > 0.5 * len(features)  # the budget binds
+    threshold = calibrate_deferral(model, list(features), max_deferral_rate=rate, batch_size=8)
+    assert model.config.defer_threshold == threshold
+    deferred = np.array([out["defer"] for out in pipeline("deferral", model=model)(features)])
+    budget = math.floor(rate * len(features))
+    assert budget - 1 <= deferred.sum() <= budget
+    # The deferred inputs are exactly those with the largest margins.
+    top = set(np.argsort(-margins)[: deferred.sum()].tolist())
+    assert set(np.flatnonzero(deferred).tolist()) == top
+
+
+def test_costs_and_two_experts_and_a_dataset_with_a_features_column():
+    model, features = eager_deferrer(num_experts=2, seed=3), held_out(40, seed=4)
+    costs = [0.05, 0.2]
+    threshold = calibrate_deferral(model, Dataset.from_dict({"features": features}), max_deferral_rate=0.2,
+                                   expert_costs=costs)
+    margins = margins_by_hand(model, features, costs)
+    assert (margins > threshold).sum() == 8  # floor(0.2 * 40), no ties in random margins
+    deferred = [out["defer"] for out in pipeline("deferral", model=model)(features, expert_costs=costs)]
+    assert sum(deferred) == 8
+
+
+def test_a_model_deferring_less_than_the_budget_is_left_alone():
+    torch.manual_seed(0)
+    model = EncoderForDeferral(DeferralConfig(feature_size=D, num_labels=3)).eval()
+    with torch.no_grad():
+        model.head[-1].bias[3] -= 3.0
+    features = held_out(30)
+    assert (margins_by_hand(model, features) > 0).sum() < 3
+    assert calibrate_deferral(model, list(features), max_deferral_rate=0.1) == 0.0
+    model_all = eager_deferrer()
+    assert calibrate_deferral(model_all, list(features), max_deferral_rate=1.0) == 0.0
+
+
+def test_threshold_survives_save_and_load_and_works_through_a_pipeline(tmp_path):
+    model, features = eager_deferrer(), held_out(30)
+    classify = pipeline("deferral", model=model)
+    threshold = calibrate_deferral(classify, list(features), max_deferral_rate=0.1)
+    assert threshold > 0
+    model.save_pretrained(tmp_path / "m")
+    reloaded = EncoderForDeferral.from_pretrained(tmp_path / "m")
+    assert reloaded.config.defer_threshold == threshold
+    assert sum(out["defer"] for out in pipeline("deferral", model=reloaded)(features)) == 3
+
+
+def test_text_dataset_through_the_tokenizer():
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *"the a cat dog sat on mat".split()]
+    tokenizer = BertTokenizer(vocab={word: i for i, word in enumerate(words)})
+    torch.manual_seed(0)
+    encoder = BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=20,
+                         vocab_size=len(words))
+    model = EncoderForDeferral(DeferralConfig(encoder=encoder, num_labels=2)).eval()
+    with torch.no_grad():
+        model.head[-1].bias[2] += 3.0
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words[4:], size=rng.integers(1, 6))) for _ in range(20)]
+    calibrate_deferral(model, Dataset.from_dict({"text": texts}), max_deferral_rate=0.25, tokenizer=tokenizer)
+    deferred = sum(out["defer"] for out in pipeline("deferral", model=model, tokenizer=tokenizer)(texts))
+    assert 4 <= deferred <= 5
+
+
+@pytest.mark.parametrize("rate", [0.0, -0.1, 1.5])
+def test_budget_outside_zero_one_is_rejected(rate):
+    with pytest.raises(ValueError, match=r"max_deferral_rate must lie in \(0, 1\]"):
+        calibrate_deferral(eager_deferrer(), list(held_out(5)), max_deferral_rate=rate)
+
+
+def test_other_bad_arguments():
+    model = eager_deferrer()
+    with pytest.raises(TypeError, match="max_deferral_rate"):
+        calibrate_deferral(model, list(held_out(5)), max_deferral_rate="0.1")
+    with pytest.raises(ValueError, match="empty"):
+        calibrate_deferral(model, [])
+    with pytest.raises(ValueError, match="'features' column"):
+        calibrate_deferral(model, Dataset.from_dict({"text": ["a"]}))
+    with pytest.raises(ValueError, match="one cost per expert"):
+        calibrate_deferral(model, list(held_out(5)), expert_costs=[0.1, 0.2])
+    with pytest.raises(ValueError, match="deferral model"):
+        calibrate_deferral(torch.nn.Linear(2, 2), list(held_out(5)))
+
+
+def test_a_pipeline_built_with_costs_and_a_threshold_is_calibrated_with_its_costs():
+    model, features = eager_deferrer(num_experts=2, seed=5), held_out(30, seed=6)
+    costs = [0.3, 0.1]
+    classify = pipeline("deferral", model=model, expert_costs=costs, defer_threshold=-1.0)
+    threshold = calibrate_deferral(classify, list(features), max_deferral_rate=0.2)
+    assert (margins_by_hand(model, features, costs) > threshold).sum() == 6
+    assert sum(out["defer"] for out in classify(list(features))) == 6

@@ -1,0 +1,145 @@
+"""Deferral model cards: real metric values, a model-index the Hub parses, a valid PNG, no silent overwrite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard, metadata_load
+from PIL import Image
+from transformers import BertConfig
+
+import hf_defer
+from hf_defer import DeferralConfig, EncoderForDeferral, reliability_bins
+from hf_defer.model_card import DeferralModelCardData, default_template_path, render_model_card
+
+METRICS = {
+    "eval_system_error": 0.1234,
+    "eval_coverage": 0.6875,
+    "eval_classifier_error": 0.25,
+    "eval_expert_ece": 0.0421,
+    "eval_budgeted_error_10": 0.2109,
+    "eval_budgeted_error_20": 0.1777,
+    "eval_budgeted_error_30": 0.1502,
+    "eval_loss": 1.7,  # not a deferral metric: ignored
+    "eval_runtime": 0.5,
+}
+
+
+def card_data(**overrides) -> DeferralModelCardData:
+    values = dict(
+        model_name="hatespeech-defer",
+        repo_id="someone/hatespeech-defer",
+        base_model="sentence-transformers/all-MiniLM-L6-v2",
+        surrogate="asm",
+        class_names=["hate_speech", "offensive_language", "neither"],
+        expert_names=["random_annotator"],
+        expert_description="One CrowdFlower annotator's label, drawn at random per tweet.",
+        dataset_id="tdavidson/hate_speech_offensive",
+        dataset_name="HateSpeech (Davidson et al., 2017)",
+        num_train_examples=17348,
+        num_eval_examples=2478,
+        metrics=METRICS,
+        reliability=reliability_bins([0.1, 0.35, 0.8, 0.82, 0.97], [0, 1, 1, 0, 1], n_bins=15),
+        hyperparameters={"learning_rate": 0.001, "num_train_epochs": 3},
+    )
+    values.update(overrides)
+    return DeferralModelCardData(**values)
+
+
+def test_card_holds_the_metrics_and_a_model_index_the_hub_parses(tmp_path):
+    render_model_card(card_data(), tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    for value in ("0.1234", "0.6875", "0.2500", "0.0421", "0.2109", "0.1777", "0.1502"):
+        assert value in text
+    for words in ("sentence-transformers/all-MiniLM-L6-v2", "`asm`", "`hate_speech`", "`random_annotator`",
+                  "One CrowdFlower annotator", "HateSpeech (Davidson et al., 2017)", "17348",
+                  'pipeline("deferral", model="someone/hatespeech-defer")', "trust_remote_code=True",
+                  "Expert bias", "Distribution shift", "](reliability_diagram.png)", "| 10% | 0.2109 |"):
+        assert words in text, words
+    assert "Runtime" not in text and "1.7" not in text
+
+    card = ModelCard.load(tmp_path / "README.md")
+    results = {r.metric_type: r.metric_value for r in card.data.eval_results}
+    expected = {k.removeprefix("eval_"): v for k, v in METRICS.items() if k not in ("eval_loss", "eval_runtime")}
+    assert results == expected
+    assert {r.dataset_type for r in card.data.eval_results} == {"tdavidson/hate_speech_offensive"}
+    assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert "learning-to-defer" in card.data.tags
+
+    metadata = metadata_load(tmp_path / "README.md")
+    index = metadata["model-index"][0]
+    assert index["name"] == "hatespeech-defer"
+    metric = index["results"][0]["metrics"][0]
+    assert (metric["type"], metric["value"]) == ("system_error", 0.1234)
+
+
+def test_reliability_diagram_is_a_valid_png_with_one_panel_per_expert(tmp_path):
+    render_model_card(card_data(), tmp_path / "one")
+    png = tmp_path / "one" / "reliability_diagram.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(png) as image:
+        image.verify()
+    with Image.open(png) as image:
+        width_one = image.size[0]
+
+    two = [reliability_bins([0.2, 0.9], [0, 1]), reliability_bins([0.6, 0.7], [1, 1])]
+    render_model_card(card_data(expert_names=["alice", "bob"], reliability=two), tmp_path / "two")
+    with Image.open(tmp_path / "two" / "reliability_diagram.png") as image:
+        assert image.size[0] == 2 * width_one
+
+
+def test_no_reliability_no_metrics_gives_a_card_without_them(tmp_path):
+    render_model_card(card_data(metrics={}, reliability=None), tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    assert "No evaluation results" in text and "reliability_diagram.png" not in text
+    assert not (tmp_path / "reliability_diagram.png").exists()
+    assert ModelCard.load(tmp_path / "README.md").data.eval_results is None
+
+
+def test_a_readme_the_user_wrote_is_not_overwritten_without_asking(tmp_path):
+    (tmp_path / "README.md").write_text("# My own notes\n")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        render_model_card(card_data(), tmp_path)
+    assert (tmp_path / "README.md").read_text() == "# My own notes\n"
+    render_model_card(card_data(), tmp_path, overwrite=True)
+    render_model_card(card_data(model_name="second"), tmp_path)  # our own card is regenerated
+    assert "# second" in (tmp_path / "README.md").read_text()
+
+
+def test_from_model_reads_the_configuration():
+    torch.manual_seed(0)
+    encoder = BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=20,
+                         vocab_size=30)
+    encoder._name_or_path = "prajjwal1/bert-tiny"
+    config = DeferralConfig(encoder=encoder, num_labels=2, num_experts=2, surrogate="sova", defer_threshold=0.05,
+                            id2label={0: "no", 1: "yes"}, expert_names=["nurse", "doctor"])
+    data = DeferralModelCardData.from_model(EncoderForDeferral(config), dataset_name="triage")
+    assert (data.surrogate, data.class_names, data.expert_names) == ("sova", ["no", "yes"], ["nurse", "doctor"])
+    assert (data.base_model, data.input_kind, data.defer_threshold) == ("prajjwal1/bert-tiny", "text", 0.05)
+    head_only = DeferralModelCardData.from_model(EncoderForDeferral(DeferralConfig(feature_size=4, num_labels=2)))
+    assert (head_only.input_kind, head_only.base_model) == ("features", None)
+
+
+def test_bad_card_data_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="fraction in"):
+        card_data(metrics={"system_error": 1.5})
+    with pytest.raises(ValueError, match="surrogate must be one of"):
+        card_data(surrogate="hinge")
+    with pytest.raises(TypeError, match="class_names must be a list of strings"):
+        card_data(class_names="abc")
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        render_model_card(card_data(class_names=["only"]), tmp_path)
+    with pytest.raises(TypeError, match="DeferralModelCardData"):
+        render_model_card({"model_name": "x"}, tmp_path)
+    with pytest.raises(ValueError, match="deferral model"):
+        DeferralModelCardData.from_model(torch.nn.Linear(2, 2))
+
+
+def test_the_template_is_shipped_in_the_package_and_linked_from_model_cards():
+    path = default_template_path()
+    assert path.parent == Path(hf_defer.__file__).resolve().parent / "templates"
+    assert "{{ card_data }}" in path.read_text()
+    link = Path(__file__).resolve().parent.parent / "model_cards" / "deferral_model_card_template.md"
+    assert link.resolve() == path
