@@ -94,6 +94,13 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
+def _is_sequence_like(value: Any) -> bool:
+    """A sized, indexable batch that is not one of the input types themselves (a `datasets` Column, a deque...)."""
+    if isinstance(value, (str, bytes, dict, list, tuple, np.ndarray, torch.Tensor)) or hasattr(value, "column_names"):
+        return False
+    return hasattr(value, "__len__") and hasattr(value, "__getitem__") and hasattr(value, "__iter__")
+
+
 def _stack_features(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {"features": torch.cat([item["features"] for item in items], dim=0)}
 
@@ -261,6 +268,8 @@ class DeferralPipeline(Pipeline):
             A `dict` for one input, a list of them for a list (an iterator for a dataset or generator).
         """
         if isinstance(inputs, (np.ndarray, torch.Tensor)) and self.input_kind == "features" and inputs.ndim == 2:
+            inputs = list(inputs)
+        elif _is_sequence_like(inputs):  # e.g. a `datasets` Column, `dataset["text"]`
             inputs = list(inputs)
         if self._is_single(inputs):
             if isinstance(inputs, (list, tuple)):  # one feature vector, not a batch of numbers

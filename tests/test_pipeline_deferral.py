@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from datasets import Dataset
 from transformers import BertConfig, BertModel, BertTokenizer, pipeline
 
 import hf_defer  # noqa: F401  (registers the "deferral" task)
@@ -140,6 +141,8 @@ def test_text_inputs_pairs_batching_and_truncation():
     assert [s["class_score"] for s in singles] == pytest.approx([by_hand(text=t) for t in texts], abs=1e-5)
     batched = classify(texts, batch_size=2)
     assert [b["class_score"] for b in batched] == pytest.approx([s["class_score"] for s in singles], abs=1e-5)
+    column = Dataset.from_dict({"text": texts})["text"]  # a datasets Column, not a list
+    assert [c["class_score"] for c in classify(column)] == pytest.approx([s["class_score"] for s in singles], abs=1e-5)
     pair = classify({"text": "the cat", "text_pair": "a dog"})
     assert pair["class_score"] == pytest.approx(by_hand(text="the cat", text_pair="a dog"), abs=1e-5)
     assert len(classify([{"text": "the cat", "text_pair": "a dog"}, {"text": "a mat"}])) == 2
