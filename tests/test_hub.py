@@ -157,7 +157,7 @@ print("RESULT" + json.dumps(result))
 """
 
 
-@pytest.mark.slow  # a fresh interpreter importing torch and transformers: 10-20 s on 2 busy cores
+# Remote-code mode is a promise of every saved folder, so it runs in the default suite (10-20 s: a fresh interpreter).
 def test_remote_code_mode_without_hf_defer_matches_library_mode(saved, tmp_path):
     folder, model, tokenizer = saved
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
