@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -60,28 +61,32 @@ class DeferralTrainer(Trainer):
     # The model returns a mean over the batch; Trainer divides it by the accumulation steps.
     loss_is_scaled_for_ga = False
 
-    def __init__(self, model: Any = None, args: Any = None, data_collator: Any = None, *extra: Any, **kwargs: Any) -> None:
-        if model is None:
-            raise ValueError("model must be a deferral model (EncoderForDeferral), got None.")
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Bind like Trainer.__init__ so that positional and keyword arguments are checked alike.
+        bound = inspect.signature(Trainer.__init__).bind(None, *args, **kwargs)
+        arguments = {**bound.arguments}
+        arguments.pop("self")
+        arguments.update(arguments.pop("kwargs", {}))
+        model = arguments.get("model")
         config = getattr(model, "config", None)
         if getattr(config, "model_type", None) != "deferral":
             raise ValueError(
                 f"model must be a deferral model (config.model_type == 'deferral'), got {type(model).__name__}."
             )
-        if data_collator is None:
-            processing_class = kwargs.get("processing_class")
+        if arguments.get("data_collator") is None:
+            processing_class = arguments.get("processing_class")
             tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
-            data_collator = DataCollatorForDeferral(tokenizer=tokenizer)
-        if kwargs.get("compute_metrics") is None:
-            kwargs["compute_metrics"] = DeferralMetrics(config.surrogate, config.num_experts)
+            arguments["data_collator"] = DataCollatorForDeferral(tokenizer=tokenizer)
+        if arguments.get("compute_metrics") is None:
+            arguments["compute_metrics"] = DeferralMetrics(config.surrogate, config.num_experts)
         for name in ("train_dataset", "eval_dataset"):
-            dataset = kwargs.get(name)
+            dataset = arguments.get(name)
             if isinstance(dataset, dict):
                 for split, part in dataset.items():
                     check_deferral_dataset(part, model, f"{name}[{split!r}]")
             elif dataset is not None:
                 check_deferral_dataset(dataset, model, name)
-        super().__init__(model, args, data_collator, *extra, **kwargs)
+        super().__init__(**arguments)
 
     def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
                         ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:

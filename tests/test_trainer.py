@@ -123,6 +123,12 @@ def test_bad_datasets_fail_at_construction(tmp_path, columns, message):
         DeferralTrainer(model=head_model(), train_dataset=Dataset.from_dict(columns), args=args(tmp_path))
 
 
+def test_datasets_given_positionally_are_checked_too(tmp_path):
+    data = Dataset.from_dict({"features": [[0.0] * D], "labels": [0]})
+    with pytest.raises(ValueError, match="train_dataset must have a 'expert_labels' column"):
+        DeferralTrainer(head_model(), args(tmp_path), None, data)
+
+
 def test_expert_width_must_match_num_experts(tmp_path):
     data = make_data(4, num_experts=2)
     with pytest.raises(ValueError, match="num_experts=3"):
