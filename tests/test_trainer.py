@@ -214,7 +214,7 @@ def test_two_processes_train_and_evaluate_every_example_once(tmp_path):
     script.write_text(DISTRIBUTED_SCRIPT)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(script), str(tmp_path)],
         check=True, env=env, timeout=300, capture_output=True,
     )
