@@ -1,0 +1,309 @@
+"""Dialect estimation with the TwitterAAE demographic language model, and a dialect-biased expert.
+
+The TwitterAAE model of Blodgett, Green and O'Connor (EMNLP 2016, https://github.com/slanglab/twitteraae, MIT)
+is a mixed-membership model with four "demographic topics" (African-American, Hispanic, Asian, White, in that
+order). It ships as two files of the same length: `model_count_table.txt` (a word x topic count table N_wk) and
+`model_vocab.txt` (one word per line, as the last tab-separated field). A tweet's topic proportions are inferred with
+CVB0 (collapsed variational Bayes, zero-order): every in-vocabulary token gets a distribution over the four topics,
+initialised with its word likelihood and updated token by token as ``q_i ∝ lik_i * (Σ_{j≠i} q_j + alpha)``; the
+proportions are the normalised sum of the token distributions. A tweet counts as African-American English (AAE)
+when the first topic has the largest proportion.
+
+[`dialect_biased_expert`] simulates the "synthetic" HateSpeech expert of Mozannar et al. (2023): an annotator whose
+accuracy depends on the dialect of the tweet (right with probability `p_aae` on AAE tweets and `p_other` elsewhere,
+otherwise a uniformly random label).
+"""
+
+from __future__ import annotations
+
+import html
+import numbers
+import os
+import re
+from collections.abc import Sequence
+
+import datasets
+import numpy as np
+
+__all__ = ["TOPICS", "TwitterAAE", "cvb0_proportions", "dialect_biased_expert", "tokenize_tweet"]
+
+TOPICS: tuple[str, ...] = ("african_american", "hispanic", "asian", "white")
+"""The four demographic topics of TwitterAAE, in the column order of `model_count_table.txt`."""
+
+_DROP = re.compile(r"(?:https?://|www\.)\S+|@\w+:?", re.IGNORECASE)
+_TOKEN = re.compile(
+    r"[:;=][\-o']?[()\[\]dDpP/\\|]"  # emoticons such as :) ;-( :P
+    r"|#\w+"  # hashtags
+    r"|\w+(?:['’*]\w+)*"  # words, with inner apostrophes or masking stars (ain't, b*tch)
+    r"|([^\w\s])\1*"  # a run of one punctuation character (!!!, ??, ...)
+)
+
+
+def tokenize_tweet(text: str) -> list[str]:
+    """Split a tweet into lower-cased tokens the way the TwitterAAE vocabulary spells them.
+
+    HTML entities are decoded first (the HateSpeech tweets contain ``&amp;`` and ``&#8220;``); URLs and
+    ``@mentions`` (with a colon right after them) are dropped (they carry no dialect and are not in the
+    vocabulary), and so is the retweet marker ``rt``. What remains is split into emoticons, hashtags, words (keeping inner apostrophes: ``ain't``)
+    and runs of one punctuation character (``!!!``).
+
+    Args:
+        text (`str`): the tweet.
+
+    Returns:
+        `list[str]`: the tokens, lower-cased.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.aae import tokenize_tweet
+    >>> tokenize_tweet("RT @bob: I ain't finna go!!! :) http://t.co/x")
+    ['i', "ain't", 'finna', 'go', '!!!', ':)']
+
+    ```
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}.")
+    text = _DROP.sub(" ", html.unescape(text))
+    tokens = [match.group(0).lower() for match in _TOKEN.finditer(text)]
+    return [token for token in tokens if token != "rt"]
+
+
+def cvb0_proportions(likelihoods: np.ndarray, alpha: float = 1.0, num_passes: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """CVB0 inference of a document's topic proportions from its tokens' word likelihoods.
+
+    Each token ``i`` keeps a distribution ``q_i`` over the ``T`` topics, initialised to its normalised likelihood
+    ``lik_i``. Each of the ``num_passes - 1`` passes visits the tokens in order and sets
+    ``q_i ∝ lik_i * (Σ_{j≠i} q_j + alpha)`` (the sum uses the tokens already updated in this pass). The document's
+    proportions are ``Σ_i q_i`` normalised. At a fixed point every ``q_i`` satisfies its update exactly.
+
+    Args:
+        likelihoods (`np.ndarray` of shape `[n, T]`): positive word likelihoods ``p(word_i | topic)``, one row per
+            token (``n >= 1``).
+        alpha (`float`, *optional*, defaults to 1.0): symmetric Dirichlet prior on the proportions (> 0).
+        num_passes (`int`, *optional*, defaults to 5): 1 + the number of update sweeps (TwitterAAE's default is 5).
+
+    Returns:
+        `tuple[np.ndarray, np.ndarray]`: the proportions ``[T]`` (summing to 1) and the token distributions
+        ``[n, T]`` (each row summing to 1).
+
+    Example:
+
+    ```python
+    >>> import numpy as np
+    >>> from hf_defer.aae import cvb0_proportions
+    >>> theta, _ = cvb0_proportions(np.array([[3.0, 1.0]]))  # one token: its normalised likelihood
+    >>> theta.tolist()
+    [0.75, 0.25]
+
+    ```
+    """
+    lik = np.asarray(likelihoods, dtype=np.float64)
+    if lik.ndim != 2 or lik.shape[0] < 1 or lik.shape[1] < 1:
+        raise ValueError(f"likelihoods must have shape [num_tokens >= 1, num_topics >= 1], got {lik.shape}.")
+    if not np.isfinite(lik).all() or (lik <= 0).any():
+        raise ValueError("likelihoods must be finite and positive.")
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
+        raise ValueError(f"alpha must be a positive number, got {alpha!r}.")
+    if isinstance(num_passes, bool) or not isinstance(num_passes, numbers.Integral) or num_passes < 1:
+        raise ValueError(f"num_passes must be a positive integer, got {num_passes!r}.")
+    lik = lik / lik.sum(axis=1, keepdims=True)
+    q = lik.copy()
+    total = q.sum(axis=0)
+    for _ in range(int(num_passes) - 1):
+        for i in range(q.shape[0]):
+            total -= q[i]
+            row = lik[i] * (total + alpha)
+            q[i] = row / row.sum()
+            total += q[i]
+    return total / total.sum(), q
+
+
+class TwitterAAE:
+    """The TwitterAAE demographic dialect model (Blodgett et al., 2016).
+
+    Args:
+        model_dir (`str` or `os.PathLike`):
+            Folder holding `model_count_table.txt` and `model_vocab.txt` (e.g. the copy in
+            `shared/data/hatespeech/twitteraae/`).
+        alpha (`float`, *optional*, defaults to 1.0): CVB0 Dirichlet prior.
+        num_passes (`int`, *optional*, defaults to 5): CVB0 passes.
+        min_tokens (`int`, *optional*, defaults to 1): fewest in-vocabulary tokens needed for an estimate.
+        min_in_vocab (`float`, *optional*, defaults to 0.2): smallest share of in-vocabulary tokens needed.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.aae import TwitterAAE
+    >>> model = TwitterAAE("../shared/data/hatespeech/twitteraae")  # doctest: +SKIP
+    >>> model.is_aae(["he finna go to the sto lol", "I am going to the store tomorrow."]).tolist()  # doctest: +SKIP
+    [True, False]
+
+    ```
+    """
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        alpha: float = 1.0,
+        num_passes: int = 5,
+        min_tokens: int = 1,
+        min_in_vocab: float = 0.2,
+    ) -> None:
+        if not isinstance(model_dir, (str, os.PathLike)):
+            raise TypeError(f"model_dir must be a str or a path, got {type(model_dir).__name__}.")
+        counts_path = os.path.join(model_dir, "model_count_table.txt")
+        vocab_path = os.path.join(model_dir, "model_vocab.txt")
+        for path in (counts_path, vocab_path):
+            if not os.path.isfile(path):
+                raise ValueError(f"model_dir must contain model_count_table.txt and model_vocab.txt; {path} is missing.")
+        counts = np.loadtxt(counts_path, dtype=np.float64, ndmin=2)
+        with open(vocab_path, encoding="utf-8") as handle:
+            vocab = [line.rstrip("\n").split("\t")[-1].strip() for line in handle]
+        if counts.shape != (len(vocab), len(TOPICS)):
+            raise ValueError(
+                f"model_count_table.txt must have one row of {len(TOPICS)} counts per vocabulary word "
+                f"({len(vocab)}), got shape {counts.shape}."
+            )
+        if isinstance(min_tokens, bool) or not isinstance(min_tokens, numbers.Integral) or min_tokens < 1:
+            raise ValueError(f"min_tokens must be a positive integer, got {min_tokens!r}.")
+        if isinstance(min_in_vocab, bool) or not isinstance(min_in_vocab, numbers.Real) or not 0 <= min_in_vocab <= 1:
+            raise ValueError(f"min_in_vocab must be a share in [0, 1], got {min_in_vocab!r}.")
+        cvb0_proportions(np.ones((1, 1)), alpha, num_passes)  # validates alpha and num_passes
+        # Add-one smoothed p(word | topic); as in TwitterAAE, a repeated vocabulary word keeps its last row.
+        self.word_likelihoods = (counts + 1.0) / counts.sum(axis=0)
+        self.word_index = {word: index for index, word in enumerate(vocab)}
+        self.alpha, self.num_passes = float(alpha), int(num_passes)
+        self.min_tokens, self.min_in_vocab = int(min_tokens), float(min_in_vocab)
+
+    def proportions(self, text: str) -> np.ndarray | None:
+        """The four topic proportions (order of [`TOPICS`]) of one tweet, or None when too few tokens are known.
+
+        Args:
+            text (`str`): the tweet.
+
+        Returns:
+            `np.ndarray` of shape `[4]` summing to 1, or `None` when fewer than `min_tokens` tokens (or a share
+            below `min_in_vocab` of them) are in the vocabulary.
+        """
+        tokens = tokenize_tweet(text)
+        known = [self.word_index[token] for token in tokens if token in self.word_index]
+        if len(known) < self.min_tokens or len(known) < self.min_in_vocab * len(tokens):
+            return None
+        return cvb0_proportions(self.word_likelihoods[known], self.alpha, self.num_passes)[0]
+
+    def predict(self, texts: Sequence[str]) -> np.ndarray:
+        """Topic proportions of many tweets.
+
+        Args:
+            texts (sequence of `str`): the tweets.
+
+        Returns:
+            `np.ndarray` of shape `[N, 4]`; rows of tweets without an estimate are NaN.
+        """
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of tweets, got a single str; wrap it in a list.")
+        out = np.full((len(texts), len(TOPICS)), np.nan)
+        for row, text in enumerate(texts):
+            estimate = self.proportions(text)
+            if estimate is not None:
+                out[row] = estimate
+        return out
+
+    def is_aae(self, texts: Sequence[str]) -> np.ndarray:
+        """Whether each tweet is African-American English: the AA topic has the largest proportion.
+
+        Tweets without an estimate count as not AAE.
+
+        Args:
+            texts (sequence of `str`): the tweets.
+
+        Returns:
+            `np.ndarray` of `bool`, shape `[N]`.
+        """
+        proportions = self.predict(texts)
+        known = ~np.isnan(proportions).any(axis=1)
+        flags = np.zeros(len(proportions), dtype=bool)
+        flags[known] = proportions[known].argmax(axis=1) == 0
+        return flags
+
+
+def dialect_biased_expert(
+    dataset: datasets.Dataset,
+    aae: str | Sequence[bool] | np.ndarray,
+    num_classes: int,
+    p_aae: float = 0.6,
+    p_other: float = 0.9,
+    seed: int | np.random.Generator = 0,
+    label_column: str = "labels",
+    column: str = "expert_labels",
+) -> datasets.Dataset:
+    """Add the labels of an annotator whose accuracy depends on the dialect of the text.
+
+    On an AAE example the expert gives the true label with probability `p_aae`, elsewhere with probability
+    `p_other`; otherwise it answers a label drawn uniformly from the `num_classes` classes (which may be the true
+    one). This is the "synthetic" HateSpeech expert of Mozannar et al. (2023), who flag AAE with TwitterAAE.
+
+    Args:
+        dataset (`datasets.Dataset`): the examples; not modified.
+        aae (`str` or sequence of `bool`): a boolean column of `dataset`, or one flag per example
+            (e.g. `TwitterAAE(...).is_aae(dataset["text"])`).
+        num_classes (`int`): number of classes K.
+        p_aae (`float`, *optional*, defaults to 0.6): probability of being right on AAE examples.
+        p_other (`float`, *optional*, defaults to 0.9): probability of being right on the other examples.
+        seed (`int` or `numpy.random.Generator`, *optional*, defaults to 0): seed of the draws.
+        label_column (`str`, *optional*, defaults to `"labels"`): column with the true labels.
+        column (`str`, *optional*, defaults to `"expert_labels"`): name of the added int64 column (replaced if present).
+
+    Returns:
+        `datasets.Dataset`: `dataset` with the expert's labels in `column`.
+
+    Example:
+
+    ```python
+    >>> import datasets
+    >>> from hf_defer.aae import dialect_biased_expert
+    >>> ds = datasets.Dataset.from_dict({"labels": [0, 1, 2, 1]})
+    >>> dialect_biased_expert(ds, [True, True, False, False], 3, p_aae=0.0, p_other=1.0)["expert_labels"][2:]
+    [2, 1]
+
+    ```
+    """
+    if not isinstance(dataset, datasets.Dataset):
+        raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__}.")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 2:
+        raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}.")
+    for name, p in (("p_aae", p_aae), ("p_other", p_other)):
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
+            raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}.")
+    for name, value in (("label_column", label_column), ("column", column)):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{name} must be a non-empty column name, got {value!r}.")
+    if label_column not in dataset.column_names:
+        raise ValueError(f"label_column {label_column!r} is not a column of the dataset: {dataset.column_names}.")
+    if column == label_column:
+        raise ValueError(f"column ({column!r}) must differ from label_column.")
+    if isinstance(aae, str):
+        if aae not in dataset.column_names:
+            raise ValueError(f"aae column {aae!r} is not a column of the dataset: {dataset.column_names}.")
+        flags = np.asarray(dataset.with_format("numpy", columns=[aae])[:][aae])
+    else:
+        flags = np.asarray(aae)
+    if flags.size == 0:  # an empty column reads back as float
+        flags = flags.astype(bool)
+    if flags.shape != (len(dataset),) or flags.dtype != bool:
+        raise ValueError(
+            f"aae must hold one bool per example ({len(dataset)}), got dtype {flags.dtype} and shape {flags.shape}."
+        )
+    labels = np.asarray(dataset.with_format("numpy", columns=[label_column])[:][label_column])
+    if labels.ndim != 1 or (labels.size and not np.issubdtype(labels.dtype, np.integer)):
+        raise ValueError(f"label_column {label_column!r} must hold one integer per example, got dtype {labels.dtype}.")
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(f"label_column {label_column!r} must hold labels in [0, {num_classes}), got {labels.min()}..{labels.max()}.")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    right = rng.random(len(labels)) < np.where(flags, float(p_aae), float(p_other))
+    guess = rng.integers(0, int(num_classes), size=len(labels))
+    expert = np.where(right, labels, guess).astype(np.int64)
+    if column in dataset.column_names:
+        dataset = dataset.remove_columns(column)
+    return dataset.add_column(column, expert.tolist(), feature=datasets.Value("int64"))
