@@ -365,6 +365,17 @@ class DataCollatorForDeferral:
 
     @staticmethod
     def _integer_labels(values: list[Any], key: str) -> np.ndarray:
+        # Fast path: one conversion for the whole column; the per-row checks below only run when it does not give
+        # integers of a valid shape, and then produce the precise error message.
+        try:
+            array = np.asarray(values)
+        except (TypeError, ValueError):
+            array = None
+        valid_ndim = (1,) if key == "labels" else (1, 2)
+        if array is not None and np.issubdtype(array.dtype, np.integer) and array.ndim in valid_ndim and (
+            array.ndim == 1 or array.shape[1] > 0
+        ):
+            return array.astype(np.int64, copy=False)
         out = []
         widths = set()
         for row, value in enumerate(values):
@@ -392,6 +403,13 @@ class DataCollatorForDeferral:
 
     @staticmethod
     def _float_arrays(values: list[Any], key: str) -> np.ndarray:
+        if not hasattr(values[0], "detach"):  # fast path for lists and numpy arrays, as for the labels
+            try:
+                array = np.asarray(values, dtype=np.float32)
+            except (TypeError, ValueError):
+                array = None
+            if array is not None and array.ndim >= 2:
+                return array
         arrays = []
         for row, value in enumerate(values):
             if hasattr(value, "detach"):  # torch tensor, possibly half precision
