@@ -151,12 +151,33 @@ def test_train_head_subsamples_with_max_train(repro, monkeypatch):
 
     def spy(self, *args, **kwargs):
         seen["rows"] = len(kwargs["train_dataset"])
-        seen["columns"] = kwargs["train_dataset"].column_names
+        seen["columns"] = list(kwargs["train_dataset"][0])
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(repro.DeferralTrainer, "__init__", spy)
     repro.train_head(_toy_splits(), "ssm", seed=1, protocol=repro.Protocol(epochs=1, max_train=50))
     assert seen == {"rows": 50, "columns": ["features", "labels", "expert_labels"]}
+
+
+def test_in_memory_rows_match_the_dataset(repro):
+    split = _toy_splits(n_train=20, n_test=5)["train"].select_columns(["features", "labels", "expert_labels"])
+    rows = repro.InMemoryRows(split)
+    assert len(rows) == 20
+    for got, index in zip(rows.__getitems__([7, 0, 19]), [7, 0, 19]):
+        expected = split[index]
+        np.testing.assert_array_equal(got["features"], np.asarray(expected["features"], dtype=np.float32))
+        assert got["labels"] == expected["labels"] and got["expert_labels"] == expected["expert_labels"]
+
+
+def test_render_only_rewrites_markdown_from_json(repro, toy_loader, tmp_path):
+    out = tmp_path / "results"
+    repro.main(["--quick", "--surrogates", "asm", "ssm", "--output-dir", str(out)])
+    (out / "hatespeech.md").write_text("edited by hand")
+    with pytest.raises(SystemExit, match="--overwrite"):
+        repro.main(["--render-only", "--output-dir", str(out)])
+    assert (out / "hatespeech.md").read_text() == "edited by hand"
+    repro.main(["--render-only", "--overwrite", "--output-dir", str(out)])
+    assert "| A-SM (ours, 2 seeds) |" in (out / "hatespeech.md").read_text()
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -304,7 +325,6 @@ def test_main_writes_table_json_and_figures(repro, toy_loader, tmp_path):
         repro.main(["--quick", "--surrogates", "asm", "--output-dir", str(out)])
 
 
-@pytest.mark.slow
 def test_multi_expert_and_finetune_end_to_end(repro, toy_loader, tmp_path, tiny_twitteraae_dir, tiny_encoder_dir):
     out = tmp_path / "results"
     repro.main(["--quick", "--skip-main", "--multi-expert", "--finetune", "--seeds", "3",
