@@ -111,21 +111,29 @@ def push_to_hub(
     card_data: Any = None,
     private: bool | None = None,
     token: str | None = None,
-    commit_message: str = "Upload deferral model",
+    commit_message: str | None = None,
+    commit_description: str | None = None,
+    revision: str | None = None,
+    create_pr: bool = False,
 ) -> Any:
     """Uploads a deferral model with its code and deferral model card to the Hub (outside [`DeferralTrainer`]).
 
-    Everything [`save_for_hub`] writes goes up in one commit. Without ``card_data`` the card is built from the
-    model's configuration ([`DeferralModelCardData.from_model`]); pass card data with metrics for a full card.
+    Everything [`save_for_hub`] writes goes up in one commit. `model.push_to_hub(...)` and
+    `pipeline("deferral", ...).push_to_hub(...)` call this function. Without ``card_data`` a model card that is
+    already in the repository is kept, as `transformers` does; a new repository gets the card built from the
+    model's configuration ([`DeferralModelCardData.from_model`]). Pass card data with metrics for a full card.
 
     Args:
         model ([`EncoderForDeferral`]): the model.
         repo_id (`str`): the Hub repository, `"user/name"`; created if missing.
         processing_class (*optional*): tokenizer or image processor.
-        card_data ([`DeferralModelCardData`], *optional*): the card's content.
+        card_data ([`DeferralModelCardData`], *optional*): the card's content; replaces the repository's card.
         private (`bool`, *optional*): visibility of a newly created repository.
         token (`str`, *optional*): a Hub token with write access.
-        commit_message (`str`, *optional*): the commit message.
+        commit_message (`str`, *optional*, defaults to `"Upload deferral model"`): the commit message.
+        commit_description (`str`, *optional*): the commit description.
+        revision (`str`, *optional*): the branch to push to.
+        create_pr (`bool`, *optional*, defaults to `False`): open a pull request instead of committing.
 
     Returns:
         The `huggingface_hub.CommitInfo` of the upload.
@@ -147,13 +155,16 @@ def push_to_hub(
     if not isinstance(repo_id, str) or not repo_id:
         raise TypeError(f"repo_id must be a non-empty str such as 'user/name', got {repo_id!r}.")
     _check_model(model)
-    if card_data is None:
-        card_data = DeferralModelCardData.from_model(model, model_name=repo_id.split("/")[-1], repo_id=repo_id)
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    keep_card = card_data is None and api.file_exists(repo_id, "README.md", revision=revision)
+    if card_data is None and not keep_card:
+        card_data = DeferralModelCardData.from_model(model, model_name=repo_id.split("/")[-1], repo_id=repo_id)
     with tempfile.TemporaryDirectory() as folder:
         save_for_hub(model, folder, processing_class, card_data)
-        return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message)
+        return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message
+                                 or "Upload deferral model", commit_description=commit_description,
+                                 revision=revision, create_pr=create_pr)
 
 
 __all__ = ["CUSTOM_PIPELINES", "copy_pipeline_code", "custom_pipelines_in_config", "push_to_hub", "save_for_hub"]

@@ -140,6 +140,52 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             self.encoder.requires_grad_(False)
         self.config.freeze_encoder = True
 
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        processing_class: Any = None,
+        card_data: Any = None,
+        commit_message: str | None = None,
+        commit_description: str | None = None,
+        private: bool | None = None,
+        token: str | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Uploads the model with the deferral model card and the code for `trust_remote_code` loading
+        ([`hf_defer.push_to_hub`]), instead of `transformers`' generic card. Needs hf_defer installed.
+
+        Args:
+            repo_id (`str`): the Hub repository, `"user/name"`; created if missing.
+            processing_class (*optional*): tokenizer or image processor to upload with the model.
+            card_data ([`DeferralModelCardData`], *optional*): the card's content; without it a card already in the
+                repository is kept and a new repository gets a card built from the configuration.
+            commit_message, commit_description, private, token, revision, create_pr: as for
+                [`PreTrainedModel.push_to_hub`]; other keyword arguments of it are not supported.
+
+        Example:
+
+        ```python
+        >>> import hf_defer
+        >>> model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=4, num_labels=2))
+        >>> model.push_to_hub("me/tiny-defer")  # doctest: +SKIP
+        ```
+        """
+        if kwargs:
+            raise TypeError(f"push_to_hub() of a deferral model got unsupported arguments {sorted(kwargs)}.")
+        try:  # absolute, inside try: transformers then neither copies hub.py into saved folders nor requires it
+            from hf_defer.hub import push_to_hub
+        except ImportError:  # loaded with trust_remote_code, hf_defer not installed
+            raise ImportError(
+                "push_to_hub of a deferral model needs hf_defer (pip install hf-defer) to write the deferral card "
+                "and the code for remote loading."
+            ) from None
+        return push_to_hub(self, repo_id, processing_class=processing_class, card_data=card_data, private=private,
+                           token=token, commit_message=commit_message, commit_description=commit_description,
+                           revision=revision, create_pr=create_pr)
+
     @classmethod
     def from_pretrained(cls, *args: Any, **kwargs: Any) -> EncoderForDeferral | tuple[EncoderForDeferral, dict]:
         """[`PreTrainedModel.from_pretrained`], then re-freezes the encoder when `config.freeze_encoder` is set

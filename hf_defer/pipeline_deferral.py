@@ -208,6 +208,13 @@ class DeferralPipeline(Pipeline):
             if component is not None:
                 component.save_pretrained(save_directory, **kwargs)
 
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
+        """Uploads the model, its tokenizer or image processor, the deferral model card and the code for remote
+        loading: `model.push_to_hub(repo_id, processing_class=..., **kwargs)` (see [`EncoderForDeferral.push_to_hub`]).
+        """
+        processing_class = self.tokenizer if self.tokenizer is not None else self.image_processor
+        return self.model.push_to_hub(repo_id, processing_class=processing_class, **kwargs)
+
     # ------------------------------------------------------------------ parameters
     def _sanitize_parameters(
         self,

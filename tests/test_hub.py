@@ -58,7 +58,8 @@ def saved(tmp_path) -> tuple[Path, EncoderForDeferral, BertTokenizer]:
 def test_save_for_hub_writes_safetensors_code_and_remote_code_config(saved):
     folder, model, _ = saved
     files = set(os.listdir(folder))
-    assert CODE_FILES <= files and {"model.safetensors", "config.json", "tokenizer_config.json"} <= files
+    assert {"model.safetensors", "config.json", "tokenizer_config.json"} <= files
+    assert {f for f in files if f.endswith(".py")} == CODE_FILES  # remote code is these modules, not the package
     assert not [f for f in files if f.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt"))]
     config = json.loads((folder / "config.json").read_text())
     assert config["auto_map"] == {"AutoConfig": "configuration_deferral.DeferralConfig",
@@ -152,6 +153,11 @@ tokenizer = AutoTokenizer.from_pretrained(folder)
 with torch.no_grad():
     result["logits"] = model(**tokenizer(texts[0], return_tensors="pt")).logits[0].tolist()
 result["model_class"] = type(model).__module__
+try:
+    model.push_to_hub("someone/remote")  # must fail before any Hub call: the deferral push needs hf_defer
+    result["push"] = "pushed"
+except ImportError as error:
+    result["push"] = str(error)
 result["hf_defer_modules"] = sorted(name for name in sys.modules if name.startswith("hf_defer"))
 print("RESULT" + json.dumps(result))
 """
@@ -170,6 +176,7 @@ def test_remote_code_mode_without_hf_defer_matches_library_mode(saved, tmp_path)
     assert remote["hf_defer_modules"] == []
     assert remote["pipeline_class"].startswith("transformers_modules.")
     assert remote["model_class"].startswith("transformers_modules.")
+    assert "needs hf_defer" in remote["push"], remote["push"]
     for key in ("pipeline_untrusted", "model_untrusted"):
         assert remote[key].startswith("ValueError") and "trust_remote_code=True" in remote[key], remote[key]
 
@@ -186,7 +193,7 @@ def test_remote_code_mode_without_hf_defer_matches_library_mode(saved, tmp_path)
 
 @pytest.fixture
 def fake_hub(monkeypatch) -> dict[str, dict[str, bytes]]:
-    """HfApi without a network: create_repo answers, upload_folder records the files it would upload."""
+    """HfApi without a network: create_repo answers, upload_folder adds the files it would upload to the repo's."""
     uploads: dict[str, dict[str, bytes]] = {}
 
     def create_repo(self, repo_id, **kwargs):
@@ -195,14 +202,18 @@ def fake_hub(monkeypatch) -> dict[str, dict[str, bytes]]:
     def upload_folder(self, *, repo_id, folder_path, ignore_patterns=None, allow_patterns=None, **kwargs):
         names = [str(p.relative_to(folder_path)) for p in Path(folder_path).rglob("*") if p.is_file()]
         kept = filter_repo_objects(names, allow_patterns=allow_patterns, ignore_patterns=ignore_patterns)
-        uploads[repo_id] = {name: (Path(folder_path) / name).read_bytes() for name in kept}
+        uploads[repo_id] = uploads.get(repo_id, {}) | {name: (Path(folder_path) / name).read_bytes() for name in kept}
         return f"https://huggingface.co/{repo_id}/commit/0"
+
+    def file_exists(self, repo_id, filename, **kwargs):
+        return filename in uploads.get(repo_id, {})
 
     def no_network(self, *args, **kwargs):
         raise AssertionError("unexpected Hub call")
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
     monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    monkeypatch.setattr(HfApi, "file_exists", file_exists)
     for name in ("create_commit", "upload_file", "model_info", "whoami"):
         monkeypatch.setattr(HfApi, name, no_network)
     return uploads
@@ -219,6 +230,28 @@ def test_push_to_hub_helper_uploads_model_code_tokenizer_and_card(fake_hub):
     assert card.data.eval_results is None  # no metrics were given
     with pytest.raises(TypeError, match="repo_id"):
         push_to_hub(model, None)
+
+
+def test_model_and_pipeline_push_to_hub_upload_the_deferral_card_and_remote_code(fake_hub):
+    model, tokenizer = text_model()
+    model.push_to_hub("someone/model-push")
+    files = fake_hub["someone/model-push"]
+    assert set(files) == CODE_FILES | {"config.json", "model.safetensors", "README.md"}
+    assert "deferral" in json.loads(files["config.json"])["custom_pipelines"]
+    assert 'pipeline("deferral", model="someone/model-push")' in files["README.md"].decode()
+    assert "has been pushed on the Hub" not in files["README.md"].decode()  # not transformers' generic card
+
+    pipeline("deferral", model=model, tokenizer=tokenizer).push_to_hub("someone/pipe-push", commit_message="v1")
+    assert set(fake_hub["someone/pipe-push"]) == set(files) | {"tokenizer.json", "tokenizer_config.json"}
+
+    # As with transformers, a card already in the repository is kept unless card data is given.
+    fake_hub["someone/model-push"]["README.md"] = b"# written on the Hub\n"
+    model.push_to_hub("someone/model-push")
+    assert fake_hub["someone/model-push"]["README.md"] == b"# written on the Hub\n"
+    model.push_to_hub("someone/model-push", card_data=hf_defer.DeferralModelCardData.from_model(model))
+    assert b"learning-to-defer" in fake_hub["someone/model-push"]["README.md"]
+    with pytest.raises(TypeError, match="max_shard_size"):
+        model.push_to_hub("someone/model-push", max_shard_size="1GB")
 
 
 def test_trainer_push_to_hub_uploads_a_complete_deferral_repo(tmp_path, fake_hub):
