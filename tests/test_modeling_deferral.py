@@ -14,6 +14,7 @@ from transformers import (
     BertConfig,
     BertModel,
     DistilBertConfig,
+    ModernBertConfig,
     RobertaConfig,
     ViTConfig,
 )
@@ -27,6 +28,10 @@ ENCODERS = {
     "distilbert": lambda: DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=37, vocab_size=99),
     "roberta": lambda: RobertaConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37, vocab_size=99
+    ),
+    "modernbert": lambda: ModernBertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37, vocab_size=99, pad_token_id=0,
+        bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3
     ),
     "vit": lambda: ViTConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37, image_size=16, patch_size=8
@@ -224,7 +229,7 @@ def test_hidden_states_attentions_and_tuple_output():
     assert loss.dim() == 0 and torch.equal(logits, out.logits) and len(rest) == 3
 
 
-@pytest.mark.parametrize("kind", ["bert", "vit"])
+@pytest.mark.parametrize("kind", ["bert", "modernbert", "vit"])
 def test_save_load_round_trip_float32(tmp_path, kind):
     model = make_model(kind, pooling="max", head_hidden_sizes=[8])
     model.save_pretrained(tmp_path)

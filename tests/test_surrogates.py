@@ -580,29 +580,14 @@ def test_rejects_unknown_surrogate_name():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_rejects_wrong_logit_width(name):
-    s = get_surrogate(name, num_classes=3, num_experts=2)
-    u, y, m = _good()
-    bad = torch.zeros(4, 4)  # K + M = 5 expected
-    with pytest.raises(ValueError, match="logits"):
-        s(bad, y, m)
-    with pytest.raises(ValueError, match="logits"):
-        s.probabilities(bad)
-    with pytest.raises(ValueError, match="logits"):
-        s.decide(bad)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_rejects_logits_not_2d(name):
-    s = get_surrogate(name, num_classes=3, num_experts=2)
+@pytest.mark.parametrize("shape", [(4, 4), (5,), (4, 1, 5)], ids=["width K+M-1", "1-d", "3-d"])
+def test_rejects_logits_of_wrong_shape(name, shape):
+    s = get_surrogate(name, num_classes=3, num_experts=2)  # expects [B, K + M] = [B, 5]
     _, y, m = _good()
-    for bad in (torch.zeros(5), torch.zeros(4, 1, 5)):
+    bad = torch.zeros(shape)
+    for call in (lambda: s(bad, y, m), lambda: s.probabilities(bad), lambda: s.decide(bad)):
         with pytest.raises(ValueError, match="logits"):
-            s(bad, y, m)
-        with pytest.raises(ValueError, match="logits"):
-            s.probabilities(bad)
-        with pytest.raises(ValueError, match="logits"):
-            s.decide(bad)
+            call()
 
 
 @pytest.mark.parametrize("name", NAMES)
