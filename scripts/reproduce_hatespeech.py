@@ -22,7 +22,7 @@ Outputs (in --output-dir, default results/):
 Example:
 
 ```
-HF_HUB_OFFLINE=1 python scripts/reproduce_hatespeech.py --multi-expert   # ~45 min on 2 idle CPU cores, + embeddings once
+HF_HUB_OFFLINE=1 python scripts/reproduce_hatespeech.py --multi-expert   # ~25 min on 2 idle CPU cores, + embeddings once
 HF_HUB_OFFLINE=1 python scripts/reproduce_hatespeech.py --quick --output-dir /tmp/q   # smoke run
 HF_HUB_OFFLINE=1 python scripts/reproduce_hatespeech.py --render-only --overwrite     # re-write the markdown
 ```
@@ -586,7 +586,8 @@ def _settings(args: argparse.Namespace, protocol: Protocol) -> dict[str, Any]:
         "optimizer": "SGD", "schedule": "cosine, no warm-up", "weight_decay": 0.0, "max_train": protocol.max_train,
         "quick": args.quick, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.platform()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
-                   f"({torch.get_num_threads()} threads), transformers {transformers.__version__}",
+                   f"({torch.get_num_threads()} threads, {protocol.threads or torch.get_num_threads()} for the linear heads), "
+                   f"transformers {transformers.__version__}",
     }
 
 
