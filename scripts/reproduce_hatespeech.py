@@ -737,7 +737,9 @@ def differences(runs: list[dict[str, Any]], surrogates: Sequence[str]) -> list[s
         "paper (following `human_ai_deferral`) embeds tweets with `paraphrase-multilingual-MiniLM-L12-v2`, which is "
         "not available offline; we use `all-MiniLM-L6-v2` (also 384-d, but 6 instead of 12 layers, different "
         "training data, unit-normalised outputs). A stronger classifier relative to the expert means higher "
-        "coverage, which is the likely source of the gap; we could not test it without the paper's encoder. The "
+        "coverage, which is the likely source of the gap. We could not test it with the paper's encoder, but a "
+        "stronger classifier of our own, [MiniLM fine-tuned end to end](hatespeech_finetune.md), does raise A-SM's "
+        "coverage. The "
         f"ranking by coverage is ours {order(ours_cov, True)}, paper {order(paper_cov, True)}.",
         f"* **Calibration.** ECE ranked from best: ours {order(ours_ece, False)}, paper {order(paper_ece, False)}."
         + (" The unbounded S-SM estimator (p_{K+1} / (1 - p_{K+1}), clipped to [0, 1]) is the least calibrated in "
