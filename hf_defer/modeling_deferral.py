@@ -8,6 +8,7 @@ Registration with the auto classes happens in ``hf_defer/__init__.py``.
 from __future__ import annotations
 
 import inspect
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -139,6 +140,23 @@ class EncoderForDeferral(DeferralPreTrainedModel):
         if self.encoder is not None:
             self.encoder.requires_grad_(False)
         self.config.freeze_encoder = True
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        """[`PreTrainedModel.save_pretrained`]; with `push_to_hub=True` the upload goes through
+        [`EncoderForDeferral.push_to_hub`] (deferral card, remote code) and no generic card is written to the folder.
+
+        Args:
+            save_directory (`str` or `os.PathLike`): the folder.
+            args, kwargs: as for [`PreTrainedModel.save_pretrained`]; with `push_to_hub=True`, `repo_id` (defaults to
+                the folder's name), `commit_message`, `create_pr`, `private` and `token` go to the upload.
+        """
+        if not kwargs.pop("push_to_hub", False):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        upload = {key: kwargs.pop(key) for key in ("repo_id", "commit_message", "create_pr", "private") if key in kwargs}
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True) and (not args or args[0]):
+            repo_id = upload.pop("repo_id", os.path.basename(os.path.normpath(save_directory)))
+            self.push_to_hub(repo_id, token=kwargs.get("token"), **upload)
 
     def push_to_hub(
         self,

@@ -196,8 +196,8 @@ def fake_hub(monkeypatch) -> dict[str, dict[str, bytes]]:
     """HfApi without a network: create_repo answers, upload_folder adds the files it would upload to the repo's."""
     uploads: dict[str, dict[str, bytes]] = {}
 
-    def create_repo(self, repo_id, **kwargs):
-        return RepoUrl(f"https://huggingface.co/{repo_id}")
+    def create_repo(self, repo_id, **kwargs):  # like the Hub, put a bare name under the token's user
+        return RepoUrl(f"https://huggingface.co/{repo_id if '/' in repo_id else 'someone/' + repo_id}")
 
     def upload_folder(self, *, repo_id, folder_path, ignore_patterns=None, allow_patterns=None, **kwargs):
         names = [str(p.relative_to(folder_path)) for p in Path(folder_path).rglob("*") if p.is_file()]
@@ -252,6 +252,18 @@ def test_model_and_pipeline_push_to_hub_upload_the_deferral_card_and_remote_code
     assert b"learning-to-defer" in fake_hub["someone/model-push"]["README.md"]
     with pytest.raises(TypeError, match="max_shard_size"):
         model.push_to_hub("someone/model-push", max_shard_size="1GB")
+
+
+def test_save_pretrained_with_push_to_hub_uploads_the_deferral_card_and_keeps_the_folder_free_of_a_generic_one(
+        fake_hub, tmp_path):
+    model, _ = text_model()
+    model.save_pretrained(tmp_path / "defer-folder", push_to_hub=True, commit_message="first")
+    assert "README.md" not in os.listdir(tmp_path / "defer-folder")
+    uploaded = fake_hub["someone/defer-folder"]
+    assert set(uploaded) == CODE_FILES | {"config.json", "model.safetensors", "README.md"}
+    assert b"learning-to-defer" in uploaded["README.md"]
+    model.save_pretrained(tmp_path / "other", push_to_hub=True, repo_id="someone/named")
+    assert "someone/named" in fake_hub
 
 
 def test_trainer_push_to_hub_uploads_a_complete_deferral_repo(tmp_path, fake_hub):
