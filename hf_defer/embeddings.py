@@ -36,8 +36,6 @@ DEFAULT_SENTENCE_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
 _MINILM_NAMES = {"sentence-transformers/all-minilm-l6-v2", "all-minilm-l6-v2"}
 # Weights in formats sentence-transformers does not load with the torch backend.
 _HUB_IGNORE_PATTERNS = ["onnx/*", "openvino/*", "*.onnx", "*.h5", "*.msgpack", "*.ot", "*.tflite", "coreml/*"]
-# Files up to this size enter the model fingerprint by content, larger ones (weights) by size and mtime.
-_FINGERPRINT_CONTENT_LIMIT = 4 * 1024 * 1024
 
 
 def _check_name(name_or_path: object, argument: str = "model_name_or_path") -> str:
@@ -126,19 +124,18 @@ def default_embedding_cache_dir() -> Path:
 
 
 def _model_fingerprint(path: str) -> str:
-    """Identity of the encoder at `path`: its configuration files by content, its weights by size and mtime."""
+    """Identity of the encoder at `path`: every file by name and content (weights included, about 0.2 s for
+    MiniLM), so a copy of the same model in another place or another virtual environment hits the same cache."""
     digest = hashlib.sha256()
     root = Path(path)
     for file in sorted(p for p in root.rglob("*") if p.is_file()):
         relative = file.relative_to(root).as_posix()
         if relative.startswith(".") or "/." in relative:  # e.g. .cache, .git
             continue
-        stat = file.stat()
         digest.update(relative.encode() + b"\0")
-        if stat.st_size <= _FINGERPRINT_CONTENT_LIMIT:
-            digest.update(file.read_bytes())
-        else:
-            digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+        with file.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
         digest.update(b"\0")
     return digest.hexdigest()
 
@@ -215,8 +212,8 @@ def embed_texts(
 ) -> np.ndarray:
     """Embed texts with a `sentence-transformers` encoder, caching the result on disk.
 
-    The cache file `<cache_dir>/<sha256>.npy` is keyed by the encoder (its configuration files by content, its
-    weight files by size and modification time) and by the set of distinct texts, so a second call with the same
+    The cache file `<cache_dir>/<sha256>.npy` is keyed by the encoder (all its files by content, so another copy of the
+    same model, e.g. in a new virtual environment, hits the cache) and by the set of distinct texts, so a second call with the same
     texts, in any order or with repetitions, loads the array instead of loading the encoder. Files are written
     atomically (a temporary file, then a rename), so concurrent processes never see a partial array. The last
     encoder loaded stays in memory, so calls on new texts in the same process do not reload it.

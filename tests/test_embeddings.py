@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import doctest
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -149,6 +151,27 @@ def test_second_call_loads_from_cache(embeddings: np.ndarray, cache_dir: Path, m
     np.testing.assert_array_equal(permuted, embeddings[order])
     files = sorted(p.name for p in cache_dir.iterdir())
     assert len(files) == 1 and files[0].endswith(".npy")  # no temporary file left behind
+
+
+def test_a_copy_of_the_encoder_hits_the_cache_and_changed_weights_miss_it(
+        embeddings: np.ndarray, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    copy = tmp_path / "minilm-copy"  # as in a fresh virtual environment: same files, new paths and mtimes
+    shutil.copytree(MINILM, copy, copy_function=shutil.copyfile)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the encoder must not be loaded on a cache hit")
+
+    monkeypatch.setattr(emb, "_load_encoder", fail)
+    again = embed_texts(TEXTS, model_name_or_path=str(copy), cache_dir=cache_dir, show_progress_bar=False)
+    np.testing.assert_array_equal(again, embeddings)
+
+    weights = copy / "model.safetensors"
+    before, stat = emb._model_fingerprint(str(copy)), weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # same size; the mtime is put back: only the content tells
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert emb._model_fingerprint(str(copy)) != before
 
 
 def test_cache_miss_for_new_texts_and_corrupt_file(embeddings: np.ndarray, tmp_path: Path):
