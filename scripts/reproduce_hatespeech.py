@@ -1010,11 +1010,11 @@ def finetune_markdown(payload: dict[str, Any]) -> str:
         "",
         f"Fine-tuning on {tuned['train_tweets']} tweets gives a system error of {pct(tuned, 'system_error')} against "
         f"{pct(subset, 'system_error')} for the frozen encoder on the same tweets and {pct(full, 'system_error')} "
-        f"on all {split_size}. The fine-tuned classifier is better on its own (classifier error "
-        f"{pct(tuned, 'classifier_error')} against {pct(full, 'classifier_error')}), so the system answers more "
-        f"tweets itself (coverage {pct(tuned, 'coverage')} against {pct(full, 'coverage')}) and defers fewer to the "
-        f"annotator; the expert-accuracy estimate stays calibrated (ECE {pct(tuned, 'expert_ece')} against "
-        f"{pct(full, 'expert_ece')}).",
+        f"on all {split_size}. Without deferral the fine-tuned classifier errs on {pct(tuned, 'classifier_error')} "
+        f"of the test tweets against {pct(full, 'classifier_error')}, and the system answers "
+        f"{pct(tuned, 'coverage')} of them itself against {pct(full, 'coverage')}: the better the classifier, the "
+        f"fewer tweets are worth deferring. ECE of the expert-accuracy estimate: {pct(tuned, 'expert_ece')} against "
+        f"{pct(full, 'expert_ece')}.",
         "",
     ])
 
