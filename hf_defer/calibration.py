@@ -10,9 +10,6 @@ from tqdm.auto import tqdm
 
 from .pipeline_deferral import DeferralPipeline, deferral_margin
 
-_INPUT_COLUMNS = ("text", "image", "features")
-
-
 def _pipeline_inputs(dataset: Any, input_kind: str) -> list[Any]:
     """The pipeline inputs held by ``dataset``: a list of inputs or a `datasets.Dataset` with an input column."""
     columns = getattr(dataset, "column_names", None)
@@ -22,7 +19,7 @@ def _pipeline_inputs(dataset: Any, input_kind: str) -> list[Any]:
                 f"dataset must be a datasets.Dataset or a list of pipeline inputs, got {type(dataset).__name__}."
             )
         return list(dataset)
-    column = {"text": "text", "image": "image", "features": "features"}[input_kind]
+    column = input_kind  # the "text", "image" or "features" column
     if column not in columns:
         raise ValueError(
             f"dataset must have a {column!r} column for this {input_kind} model (raw inputs, as the pipeline takes "

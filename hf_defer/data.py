@@ -103,12 +103,12 @@ def _local_csv(source: str) -> Path | None:
     return None
 
 
-def _check_columns(frame: pd.DataFrame, expected: Sequence[str], source: str) -> None:
-    missing = [name for name in expected if name not in frame.columns]
+def _check_columns(found: Sequence[Any], expected: Sequence[str], source: str) -> None:
+    missing = [name for name in expected if name not in found]
     if missing:
         raise ValueError(
             f"`path_or_repo` {source!r} does not have the HateSpeech columns: expected {list(expected)}, "
-            f"missing {missing}, found {list(map(str, frame.columns))}."
+            f"missing {missing}, found {list(map(str, found))}."
         )
 
 
@@ -117,7 +117,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
     frame = pd.read_csv(path, dtype={"tweet": str}, keep_default_na=False)
     unnamed = [name for name in frame.columns if str(name) == "" or str(name).startswith("Unnamed:")]
     frame = frame.drop(columns=unnamed)
-    _check_columns(frame, _CSV_COLUMNS, str(path))
+    _check_columns(list(frame.columns), _CSV_COLUMNS, str(path))
     return frame
 
 
@@ -125,12 +125,7 @@ def _read_hub(repo_id: str) -> pd.DataFrame:
     loaded = datasets.load_dataset(repo_id, split="train")
     if isinstance(loaded, datasets.DatasetDict):  # defensive: a loader that ignores `split`
         loaded = datasets.concatenate_datasets(list(loaded.values()))
-    missing = [name for name in _HUB_COLUMNS if name not in loaded.column_names]
-    if missing:
-        raise ValueError(
-            f"`path_or_repo` {repo_id!r} does not have the HateSpeech Hub columns: expected {list(_HUB_COLUMNS)}, "
-            f"missing {missing}, found {loaded.column_names}."
-        )
+    _check_columns(loaded.column_names, _HUB_COLUMNS, repo_id)
     frame = loaded.select_columns(list(_HUB_COLUMNS)).to_pandas()
     return frame.rename(columns=_HUB_RENAMES)
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .surrogates import IGNORE_INDEX, DeferralSurrogate, get_surrogate
+from .surrogates import DeferralSurrogate, get_surrogate
 
 
 def _to_numpy_1d(name: str, values: Any) -> np.ndarray:
@@ -166,7 +166,7 @@ def deferral_metrics(
             )
         scorer = get_surrogate(surrogate, logits.shape[1] - num_experts, num_experts)
     M = scorer.num_experts
-    scorer.check_logits(logits)
+    logits = scorer.check_logits(logits)
     y, m, valid = scorer.check_targets(_as_tensor(labels), _as_tensor(expert_labels), logits.shape[0])
     for budget in budgets:
         if not 0 < budget <= 1:
@@ -176,8 +176,8 @@ def deferral_metrics(
     if n == 0:
         raise ValueError("labels has no row to evaluate: every label is -100.")
 
-    defer, prediction, expert = (t.numpy() for t in scorer.decide(logits))
-    _, accuracy = scorer.probabilities(logits)
+    defer, prediction, expert = (t.numpy() for t in scorer._decide(logits))
+    _, accuracy = scorer._probabilities(logits)
     accuracy = accuracy.double().numpy()
     y, m = y.numpy(), m.numpy()
     rows = np.arange(n)

@@ -291,9 +291,10 @@ class EncoderForDeferral(DeferralPreTrainedModel):
         loss = None
         if labels is not None:
             loss = self.surrogate(logits, labels, expert_labels)
-        with torch.no_grad():
-            class_probs, expert_accuracy = self.surrogate.probabilities(logits)
-            defer = self.surrogate.decide(logits)[0]
+        with torch.no_grad():  # the logits are checked once per step: by the loss, or here
+            u = logits.detach().float() if loss is not None else self.surrogate.check_logits(logits)
+            class_probs, expert_accuracy = self.surrogate._probabilities(u)
+            defer = self.surrogate._decide(u)[0]
         output = DeferralOutput(
             loss=loss,
             logits=logits,

@@ -175,11 +175,7 @@ class DeferralSurrogate:
         Returns:
             `tuple(torch.Tensor, torch.Tensor)`: ``class_probs [B, K]`` and ``expert_accuracy [B, M]``, float32.
         """
-        u = self.check_logits(logits)
-        log_classes, log_experts = self._log_estimates(u)
-        if clip:
-            log_classes, log_experts = log_classes.clamp(max=0.0), log_experts.clamp(max=0.0)
-        return log_classes.exp(), log_experts.exp()
+        return self._probabilities(self.check_logits(logits), clip)
 
     def decide(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The maxima-preserving decision rule.
@@ -188,7 +184,16 @@ class DeferralSurrogate:
             `tuple`: ``defer [B]`` (bool, ``max_j u_{K+j} > max_{y<=K} u_y``), ``prediction [B]``
             (``argmax_{y<=K} u_y``) and ``expert [B]`` (``argmax_j u_{K+j}``, meaningful where deferring).
         """
-        u = self.check_logits(logits)
+        return self._decide(self.check_logits(logits))
+
+    # ------------------------------------------------------------------ on logits already checked (check_logits)
+    def _probabilities(self, u: torch.Tensor, clip: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        log_classes, log_experts = self._log_estimates(u)
+        if clip:
+            log_classes, log_experts = log_classes.clamp(max=0.0), log_experts.clamp(max=0.0)
+        return log_classes.exp(), log_experts.exp()
+
+    def _decide(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         class_max, prediction = u[:, : self.num_classes].max(dim=1)
         expert_max, expert = u[:, self.num_classes :].max(dim=1)
         return expert_max > class_max, prediction, expert

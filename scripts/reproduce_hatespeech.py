@@ -39,7 +39,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 from transformers import PrinterCallback, TrainingArguments
 
 import hf_defer
-from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral, deferral_metrics, reliability_bins
+from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral, deferral_metrics
 from hf_defer.data import HATESPEECH_LABELS, default_hatespeech_source, load_hatespeech
 from hf_defer.embeddings import add_embeddings, resolve_sentence_encoder
 from hf_defer.trainer import check_deferral_dataset
@@ -380,6 +380,17 @@ def _cell(mean: float, error: float, bold: bool = False) -> str:
     return f"**{text}**" if bold else text
 
 
+def _runs_by_seed(runs: list[dict[str, Any]]) -> tuple[list[int], dict, Callable[[str, str], list[float]]]:
+    """The seeds of `runs`, their metrics by `(surrogate, seed)`, and `percent(surrogate, key)`: one value per seed."""
+    seeds = sorted({run["seed"] for run in runs})
+    by = {(run["surrogate"], run["seed"]): run["metrics"] for run in runs}
+
+    def percent(surrogate: str, key: str) -> list[float]:
+        return [100.0 * by[surrogate, seed][key] for seed in seeds]
+
+    return seeds, by, percent
+
+
 def results_table(runs: list[dict[str, Any]], surrogates: Sequence[str], with_paper: bool = True) -> str:
     """Markdown table in the paper's format: mean (standard error) in percent, best and comparable in bold.
 
@@ -391,12 +402,11 @@ def results_table(runs: list[dict[str, Any]], surrogates: Sequence[str], with_pa
     Returns:
         `str`: the table.
     """
-    seeds = sorted({run["seed"] for run in runs})
-    by = {(run["surrogate"], run["seed"]): run["metrics"] for run in runs}
+    seeds, by, percent = _runs_by_seed(runs)
     missing = [(s, seed) for s in surrogates for seed in seeds if (s, seed) not in by]
     if missing:
         raise ValueError(f"runs must hold every surrogate for every seed; missing (surrogate, seed) pairs {missing}.")
-    values = {key: {s: [100.0 * by[s, seed][key] for seed in seeds] for s in surrogates} for key in METRICS}
+    values = {key: {s: percent(s, key) for s in surrogates} for key in METRICS}
     bold = {key: comparable_methods(values[key], key in HIGHER_IS_BETTER) for key in METRICS}
     lines = ["| Method | " + " | ".join(METRIC_HEADERS) + " |", "|---" * (len(METRICS) + 1) + "|"]
     for s in surrogates:
@@ -598,14 +608,13 @@ def _write_json(path: Path, record: dict[str, Any]) -> None:
 def main_markdown(table: str, runs: list[dict[str, Any]], surrogates: Sequence[str], args: argparse.Namespace,
                   protocol: Protocol, date: str | None = None) -> str:
     """The text of results/hatespeech.md around the table; every number in it comes from `runs`."""
-    seeds = sorted({run["seed"] for run in runs})
-    by = {(r["surrogate"], r["seed"]): r["metrics"] for r in runs}
+    seeds, _, percent = _runs_by_seed(runs)
 
     def mean(s: str, key: str) -> float:
-        return 100.0 * float(np.mean([by[s, seed][key] for seed in seeds]))
+        return float(np.mean(percent(s, key)))
 
     def cell(s: str, key: str) -> str:
-        return _cell(*mean_and_standard_error([100.0 * by[s, seed][key] for seed in seeds]))
+        return _cell(*mean_and_standard_error(percent(s, key)))
 
     comparisons = []
     for s in surrogates:
@@ -699,11 +708,10 @@ def _expert_error(run: dict[str, Any]) -> float:
 
 def differences(runs: list[dict[str, Any]], surrogates: Sequence[str]) -> list[str]:
     """Bullet points on where our numbers differ from the paper's and why; the numbers come from `runs`."""
-    seeds = sorted({run["seed"] for run in runs})
-    by = {(r["surrogate"], r["seed"]): r["metrics"] for r in runs}
+    percent = _runs_by_seed(runs)[2]
 
     def mean(s: str, key: str) -> float:
-        return 100.0 * float(np.mean([by[s, seed][key] for seed in seeds]))
+        return float(np.mean(percent(s, key)))
 
     def paper(s: str, key: str) -> float:
         return float(PAPER_TABLE2[s][METRICS.index(key)][0])
