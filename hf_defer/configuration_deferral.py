@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
-# Kept in sync by hand with ``hf_defer.surrogates.SURROGATES`` (this module cannot import it).
-SURROGATE_NAMES: tuple[str, ...] = ("asm", "ssm", "sova", "aova")
+from .surrogates import SURROGATES as SURROGATE_NAMES  # a sibling module: remote code copies it too
+
 POOLING_MODES: tuple[str, ...] = ("cls", "mean", "max")
 
 
