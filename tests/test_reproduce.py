@@ -20,7 +20,6 @@ import torch
 import hf_defer
 from hf_defer.experiments import hatespeech, reporting, runs, statistics
 from hf_defer.experts import annotator_accuracy
-from hf_defer.in_memory import InMemoryRows
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "reproduce_hatespeech.py"
@@ -159,16 +158,6 @@ def test_train_head_subsamples_with_max_train(monkeypatch):
     monkeypatch.setattr(hatespeech.DeferralTrainer, "__init__", spy)
     hatespeech.train_head(_toy_splits(), "ssm", seed=1, protocol=hatespeech.Protocol(epochs=1, max_train=50))
     assert seen == {"rows": 50, "columns": ["features", "labels", "expert_labels"]}
-
-
-def test_in_memory_rows_match_the_dataset():
-    split = _toy_splits(n_train=20, n_test=5)["train"].select_columns(["features", "labels", "expert_labels"])
-    rows = InMemoryRows(split)
-    assert len(rows) == 20
-    for got, index in zip(rows.__getitems__([7, 0, 19]), [7, 0, 19]):
-        expected = split[index]
-        np.testing.assert_array_equal(got["features"], np.asarray(expected["features"], dtype=np.float32))
-        assert got["labels"] == expected["labels"] and got["expert_labels"] == expected["expert_labels"]
 
 
 def test_render_only_rewrites_markdown_from_json(toy_loader, tmp_path):
