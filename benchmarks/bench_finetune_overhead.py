@@ -45,8 +45,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from hf_defer.experiments.overhead import CONFIGS, TEXT_COLUMNS, OverheadSettings, overhead_report, prepare_data
-
+CONFIGS: dict[str, int] = {"anchor": 0, "defer-M1": 1, "defer-M3": 3}
+"""Configuration name -> number of experts (0: the plain classifier anchor). A worker imports hf_defer only for the
+deferral configurations, so that the anchor's memory does not count it."""
+TEXT_COLUMNS = ["input_ids", "attention_mask", "token_type_ids"]
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = ROOT / "benchmarks" / "finetune_overhead.md"
 MIB = 1024 * 1024
@@ -178,6 +180,8 @@ def main() -> None:
     if args.output.exists() and not args.overwrite:
         raise SystemExit(f"{args.output} exists; pass --overwrite to replace it or choose another --output.")
     from tqdm.auto import tqdm
+
+    from hf_defer.experiments.overhead import OverheadSettings, overhead_report, prepare_data
 
     configs = ["anchor", *[name for name in args.configs if name != "anchor"]]
     command = " ".join(shlex.quote(part) for part in [os.path.relpath(sys.executable, ROOT), *sys.argv])

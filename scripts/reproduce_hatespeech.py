@@ -73,13 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Rewrote the markdown and the reliability diagrams in {output} from the saved runs.")
         return 0
     start = time.perf_counter()
-    if arguments.multi_expert:
-        print(run_multi_expert(arguments, output) and (output / "hatespeech_multi_expert.md").read_text())
-    if arguments.finetune:
-        print(run_finetune(arguments, output) and (output / "hatespeech_finetune.md").read_text())
-    if not arguments.skip_main:
-        run_table2(arguments, output)
-        print((output / "hatespeech.md").read_text())
+    experiments = [(arguments.multi_expert, run_multi_expert, "hatespeech_multi_expert.md"),
+                   (arguments.finetune, run_finetune, "hatespeech_finetune.md"),
+                   (not arguments.skip_main, run_table2, "hatespeech.md")]
+    for wanted, run, report in experiments:
+        if wanted:
+            run(arguments, output)
+            print((output / report).read_text())
     print(f"Done in {time.perf_counter() - start:.0f} s; results in {output}/")
     return 0
 

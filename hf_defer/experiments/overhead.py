@@ -16,8 +16,6 @@ from typing import Any
 
 from .reporting import markdown_table, render_template
 
-CONFIGS: dict[str, int] = {"anchor": 0, "defer-M1": 1, "defer-M3": 3}
-"""Configuration name -> number of experts (0: the plain classifier anchor)."""
 TEXT_COLUMNS = ["input_ids", "attention_mask", "token_type_ids"]
 
 
