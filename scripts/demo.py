@@ -10,7 +10,9 @@
    Hub-ready folder (weights, tokenizer, remote code, deferral model card with its reliability diagram), and
    run `pipeline("deferral")` on raw tweets.
 
-Usage: python scripts/demo.py [--output-dir demo_model] [--epochs 50] [--overwrite]
+The data is the copy of HateSpeech shipped inside hf_defer (MIT license; the tweets contain offensive language).
+
+Usage: python scripts/demo.py [--output-dir demo_model] [--epochs 50] [--max-rows N] [--overwrite]
 A folder the demo wrote before is replaced; any other existing folder needs --overwrite.
 """
 
@@ -27,7 +29,7 @@ import torch
 from transformers import AutoTokenizer, TrainingArguments, pipeline
 
 import hf_defer
-from hf_defer.data import load_hatespeech
+from hf_defer.data import HATESPEECH_CITATION, HATESPEECH_HUB_ID, load_hatespeech
 from hf_defer.embeddings import add_embeddings, resolve_sentence_encoder
 
 MARKER = ".written_by_hf_defer_demo"
@@ -45,7 +47,10 @@ ROWS = [
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=None, help="Davidson CSV, a folder with it, or a Hub dataset id")
+    parser.add_argument("--data", default=None,
+                        help="Davidson CSV, a folder with it, or a Hub dataset id (default: the copy shipped in hf_defer)")
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="use a random subset of this many tweets (a quick run; the splits keep their shares)")
     parser.add_argument("--encoder", default="sentence-transformers/all-MiniLM-L6-v2")
     parser.add_argument("--output-dir", default="demo_model")
     parser.add_argument("--epochs", type=float, default=50.0)
@@ -64,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print("1/4 Loading HateSpeech (expert = one random annotator per tweet)")
     splits = load_hatespeech(options.data, seed=options.seed)
+    if options.max_rows is not None:  # the splits are already shuffled: their first rows are a random subset
+        total = sum(len(split) for split in splits.values())
+        splits = splits.__class__({name: split.select(range(min(len(split), max(1, round(
+            options.max_rows * len(split) / total))))) for name, split in splits.items()})
     print({name: len(split) for name, split in splits.items()})
 
     print(f"2/4 Embedding tweets with {options.encoder} (cached after the first run)")
@@ -79,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         id2label=dict(enumerate(class_names)), expert_names=["random_annotator"],
     )
     model = hf_defer.EncoderForDeferral(config)
+    scratch = tempfile.TemporaryDirectory(prefix="hf_defer_demo_")  # the Trainer's output_dir; nothing is kept
     args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="hf_defer_demo_"), num_train_epochs=options.epochs, learning_rate=0.1,
+        output_dir=scratch.name, num_train_epochs=options.epochs, learning_rate=0.1,
         optim="sgd", optim_args="momentum=0.9", lr_scheduler_type="cosine", weight_decay=0.0,
         per_device_train_batch_size=128, per_device_eval_batch_size=1024, save_strategy="no",
         eval_strategy="no", logging_steps=500, report_to=[], use_cpu=True, seed=options.seed,
@@ -91,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     trainer.train()
     metrics = trainer.evaluate(splits["test"], metric_key_prefix="test")
+    scratch.cleanup()
 
     print("\nTest metrics (fractions; lower is better except coverage)")
     width = max(len(label) for _, label in ROWS)
@@ -106,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     text_model.head.load_state_dict(model.head.state_dict())
     card = trainer.model_card_data(
         model_name="hatespeech-defer", base_model=options.encoder, input_kind="text",
-        dataset_name="HateSpeech (Davidson et al., 2017)",
+        dataset_name="HateSpeech (Davidson et al., 2017)", dataset_citation=HATESPEECH_CITATION,
+        dataset_id=HATESPEECH_HUB_ID,
         expert_description="One random CrowdFlower annotator per tweet, drawn from the tweet's annotator counts "
         "(the human expert of Mozannar et al. 2023 and Cao et al. 2023).",
         training_description=f"Linear A-SM head over frozen, L2-normalised mean-pooled {options.encoder} embeddings.",

@@ -166,7 +166,7 @@ def load_splits(
 
     Args:
         seed (`int`): seed of the 70/10/20 split and of the expert draw.
-        data (`str`, *optional*): the Davidson CSV or a folder holding it; defaults to the shared offline copy.
+        data (`str`, *optional*): the Davidson CSV or a folder holding it; defaults to the copy shipped in hf_defer.
         encoder (`str`, *optional*): sentence encoder (name or folder).
         cache_dir (`str`, *optional*): embedding cache folder (default: `~/.cache/hf_defer/embeddings`).
         show_progress (`bool`, *optional*, defaults to True): progress bar while embedding (first run only).
@@ -591,7 +591,7 @@ def estimate_errors(estimate: np.ndarray, true: np.ndarray) -> dict[str, float]:
 def _settings(args: argparse.Namespace, protocol: Protocol) -> dict[str, Any]:
     return {
         "seeds": list(args.seeds), "surrogates": list(args.surrogates), "encoder": args.encoder,
-        "data": args.data or default_hatespeech_source(), "epochs": protocol.epochs,
+        "data": args.data or default_hatespeech_source() or "the copy shipped in hf_defer", "epochs": protocol.epochs,
         "batch_size": protocol.batch_size, "learning_rate": protocol.learning_rate, "momentum": protocol.momentum,
         "optimizer": "SGD", "schedule": "cosine, no warm-up", "weight_decay": 0.0, "max_train": protocol.max_train,
         "quick": args.quick, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -812,8 +812,8 @@ def run_multi_expert(args: argparse.Namespace, protocol: Protocol, output: Path)
     """Three experts vs the best single expert, A-SM, every seed. Writes hatespeech_multi_expert.md/.json."""
     from hf_defer.aae import TwitterAAE
 
-    twitteraae = args.twitteraae or str(Path(_csv_path(args.data)).parent / "twitteraae")
-    dialect = TwitterAAE(twitteraae)
+    twitteraae = args.twitteraae or os.environ.get("HF_DEFER_TWITTERAAE") or "the copy shipped in hf_defer"
+    dialect = TwitterAAE(args.twitteraae)
     aae_of: dict[str, bool] = {}  # dialect flag of every tweet text seen so far
     records = []
     progress = tqdm(total=len(args.seeds) * (1 + len(EXPERT_COLUMNS)), desc="multi-expert runs", unit="run")
@@ -854,12 +854,6 @@ def run_multi_expert(args: argparse.Namespace, protocol: Protocol, output: Path)
     (output / "hatespeech_multi_expert.md").write_text(text)
     print(text)
     return payload
-
-
-def _csv_path(data: str | None) -> str:
-    source = data or default_hatespeech_source()
-    path = Path(source)
-    return str(path / "labeled_data.csv") if path.is_dir() else source
 
 
 def multi_expert_markdown(records: list[dict[str, Any]], args: argparse.Namespace, aae_share: float,
@@ -1101,13 +1095,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=float, default=50.0, help="training epochs of the linear head")
     parser.add_argument("--surrogates", nargs="+", default=list(SURROGATE_ORDER), choices=list(SURROGATE_ORDER))
     parser.add_argument("--output-dir", default=str(REPO_ROOT / "results"), help="where results are written")
-    parser.add_argument("--data", default=None, help="labeled_data.csv or its folder (default: shared offline copy)")
+    parser.add_argument("--data", default=None, help="labeled_data.csv or its folder (default: the copy shipped in hf_defer)")
     parser.add_argument("--encoder", default="sentence-transformers/all-MiniLM-L6-v2", help="sentence encoder")
     parser.add_argument("--cache-dir", default=None, help="embedding cache (default ~/.cache/hf_defer/embeddings)")
     parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke run")
     parser.add_argument("--skip-main", action="store_true", help="skip the Table 2 runs")
     parser.add_argument("--multi-expert", action="store_true", help="also run the three-expert experiment")
-    parser.add_argument("--twitteraae", default=None, help="TwitterAAE model folder (default: next to the data)")
+    parser.add_argument("--twitteraae", default=None, help="TwitterAAE model folder (default: the copy shipped in hf_defer)")
     parser.add_argument("--p-aae", type=float, default=0.6, help="dialect-biased expert: accuracy parameter on AAE")
     parser.add_argument("--p-other", type=float, default=0.9, help="dialect-biased expert: elsewhere")
     parser.add_argument("--specialist-p", type=float, default=0.9, help="hate-speech specialist: on class 0")
