@@ -14,13 +14,17 @@ The flags feed [`~hf_defer.experts.dialect_biased_expert`], the "synthetic" Hate
 
 from __future__ import annotations
 
+import gzip
 import html
+import io
 import numbers
 import os
 import re
 from collections.abc import Sequence
 
 import numpy as np
+
+from .bundled_data import bundled_bytes
 
 __all__ = ["TOPICS", "TwitterAAE", "cvb0_proportions", "tokenize_tweet"]
 
@@ -116,13 +120,31 @@ def cvb0_proportions(likelihoods: np.ndarray, alpha: float = 1.0, num_passes: in
     return total / total.sum(), q
 
 
+_TABLES = ("model_count_table.txt", "model_vocab.txt")
+
+
+def _read_table(model_dir: str | os.PathLike, name: str) -> bytes:
+    """The bytes of ``model_dir/name``, or of ``model_dir/name.gz`` decompressed."""
+    path = os.path.join(model_dir, name)
+    if os.path.isfile(path):
+        with open(path, "rb") as handle:
+            return handle.read()
+    if os.path.isfile(path + ".gz"):
+        with gzip.open(path + ".gz", "rb") as handle:
+            return handle.read()
+    raise ValueError(
+        f"model_dir must contain model_count_table.txt and model_vocab.txt (or their .gz); {path} is missing."
+    )
+
+
 class TwitterAAE:
     """The TwitterAAE demographic dialect model (Blodgett et al., 2016).
 
     Args:
-        model_dir (`str` or `os.PathLike`):
-            Folder holding `model_count_table.txt` and `model_vocab.txt` (e.g. the copy in
-            `shared/data/hatespeech/twitteraae/`).
+        model_dir (`str` or `os.PathLike`, *optional*):
+            Folder holding `model_count_table.txt` and `model_vocab.txt` (each may be gzip-compressed, `.txt.gz`).
+            Defaults to `$HF_DEFER_TWITTERAAE` when set, else the copy shipped in the package (MIT license, upstream
+            commit db4d6d1, checked against its SHA-256 when read).
         alpha (`float`, *optional*, defaults to 1.0): CVB0 Dirichlet prior.
         num_passes (`int`, *optional*, defaults to 5): CVB0 passes.
         min_tokens (`int`, *optional*, defaults to 1): fewest in-vocabulary tokens needed for an estimate.
@@ -132,8 +154,8 @@ class TwitterAAE:
 
     ```python
     >>> from hf_defer.aae import TwitterAAE
-    >>> model = TwitterAAE("../shared/data/hatespeech/twitteraae")  # doctest: +SKIP
-    >>> model.is_aae(["he finna go to the sto lol", "I am going to the store tomorrow."]).tolist()  # doctest: +SKIP
+    >>> model = TwitterAAE()  # the tables shipped in the package
+    >>> model.is_aae(["he finna go to the sto lol", "I am going to the store tomorrow."]).tolist()
     [True, False]
 
     ```
@@ -141,22 +163,24 @@ class TwitterAAE:
 
     def __init__(
         self,
-        model_dir: str | os.PathLike,
+        model_dir: str | os.PathLike | None = None,
         alpha: float = 1.0,
         num_passes: int = 5,
         min_tokens: int = 1,
         min_in_vocab: float = 0.2,
     ) -> None:
-        if not isinstance(model_dir, (str, os.PathLike)):
-            raise TypeError(f"model_dir must be a str or a path, got {type(model_dir).__name__}.")
-        counts_path = os.path.join(model_dir, "model_count_table.txt")
-        vocab_path = os.path.join(model_dir, "model_vocab.txt")
-        for path in (counts_path, vocab_path):
-            if not os.path.isfile(path):
-                raise ValueError(f"model_dir must contain model_count_table.txt and model_vocab.txt; {path} is missing.")
-        counts = np.loadtxt(counts_path, dtype=np.float64, ndmin=2)
-        with open(vocab_path, encoding="utf-8") as handle:
-            vocab = [line.rstrip("\n").split("\t")[-1].strip() for line in handle]
+        if model_dir is None:
+            model_dir = os.environ.get("HF_DEFER_TWITTERAAE") or None
+        if model_dir is None:
+            tables = [bundled_bytes(f"twitteraae/{name}") for name in _TABLES]
+        elif isinstance(model_dir, (str, os.PathLike)):
+            tables = [_read_table(model_dir, name) for name in _TABLES]
+        else:
+            raise TypeError(f"model_dir must be a str, a path or None, got {type(model_dir).__name__}.")
+        counts = np.loadtxt(io.BytesIO(tables[0]), dtype=np.float64, ndmin=2)
+        vocab = [line.split("\t")[-1].strip() for line in tables[1].decode("utf-8").split("\n")]
+        if vocab and vocab[-1] == "":  # the final newline
+            vocab.pop()
         if counts.shape != (len(vocab), len(TOPICS)):
             raise ValueError(
                 f"model_count_table.txt must have one row of {len(TOPICS)} counts per vocabulary word "

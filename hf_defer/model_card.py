@@ -67,6 +67,7 @@ class DeferralModelCardData:
         input_kind (`str`, *optional*, defaults to `"text"`): `"text"`, `"image"` or `"features"`.
         defer_threshold (`float`, *optional*, defaults to 0.0): the pipeline's deferral margin.
         dataset_id / dataset_name / dataset_split (`str`, *optional*): the evaluation data.
+        dataset_citation (`str`, *optional*): BibTeX of the data set, cited on the card next to the method.
         training_description (`str`, *optional*): free text on the training data.
         num_train_examples / num_eval_examples (`int`, *optional*): data sizes.
         hyperparameters (`dict`, *optional*): training hyperparameters for the card's table.
@@ -101,6 +102,7 @@ class DeferralModelCardData:
     dataset_id: str | None = None
     dataset_name: str | None = None
     dataset_split: str | None = "validation"
+    dataset_citation: str | None = None
     training_description: str | None = None
     num_train_examples: int | None = None
     num_eval_examples: int | None = None
@@ -328,6 +330,7 @@ def render_model_card(
             "used with the same experts it was trained with and on data like its training data."
         ),
         extra_limitations=data.extra_limitations,
+        dataset_citation=data.dataset_citation,
     )
     card.save(readme)
     return card

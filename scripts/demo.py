@@ -10,7 +10,9 @@
    Hub-ready folder (weights, tokenizer, remote code, deferral model card with its reliability diagram), and
    run `pipeline("deferral")` on raw tweets.
 
-Usage: python scripts/demo.py [--output-dir demo_model] [--epochs 50] [--overwrite]
+The data is the copy of HateSpeech shipped inside hf_defer (MIT license; the tweets contain offensive language).
+
+Usage: python scripts/demo.py [--output-dir demo_model] [--epochs 50] [--max-rows N] [--overwrite]
 A folder the demo wrote before is replaced; any other existing folder needs --overwrite.
 """
 
@@ -27,7 +29,7 @@ import torch
 from transformers import AutoTokenizer, pipeline
 
 import hf_defer
-from hf_defer.data import load_hatespeech
+from hf_defer.data import HATESPEECH_CITATION, HATESPEECH_HUB_ID, load_hatespeech
 from hf_defer.embeddings import add_embeddings, resolve_sentence_encoder
 from hf_defer.experiments.hatespeech import DEFAULT_ENCODER, Protocol, training_arguments
 from hf_defer.metrics import metric_name_and_meaning
@@ -40,7 +42,10 @@ METRICS = ("system_error", "coverage", "classifier_error", "expert_ece", "budget
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=None, help="Davidson CSV, a folder with it, or a Hub dataset id")
+    parser.add_argument("--data", default=None,
+                        help="Davidson CSV, a folder with it, or a Hub dataset id (default: the copy shipped in hf_defer)")
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="use a random subset of this many tweets (a quick run; the splits keep their shares)")
     parser.add_argument("--encoder", default=DEFAULT_ENCODER)
     parser.add_argument("--output-dir", default="demo_model")
     parser.add_argument("--epochs", type=float, default=50.0)
@@ -59,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print("1/4 Loading HateSpeech (expert = one random annotator per tweet)")
     splits = load_hatespeech(options.data, seed=options.seed)
+    if options.max_rows is not None:  # the splits are already shuffled: their first rows are a random subset
+        total = sum(len(split) for split in splits.values())
+        splits = splits.__class__({name: split.select(range(min(len(split), max(1, round(
+            options.max_rows * len(split) / total))))) for name, split in splits.items()})
     print({name: len(split) for name, split in splits.items()})
 
     print(f"2/4 Embedding tweets with {options.encoder} (cached after the first run)")
@@ -75,14 +84,16 @@ def main(argv: list[str] | None = None) -> int:
         id2label=dict(enumerate(class_names)), expert_names=["random_annotator"],
     )
     model = hf_defer.EncoderForDeferral(config)
+    scratch = tempfile.TemporaryDirectory(prefix="hf_defer_demo_")  # the Trainer's output_dir; nothing is kept
     args = training_arguments(  # the paper's protocol, as in scripts/reproduce_hatespeech.py
-        tempfile.mkdtemp(prefix="hf_defer_demo_"), options.seed, Protocol(epochs=options.epochs),
-        logging_strategy="steps", logging_steps=500, disable_tqdm=not sys.stdout.isatty())
+        scratch.name, options.seed, Protocol(epochs=options.epochs), logging_strategy="steps", logging_steps=500,
+        disable_tqdm=not sys.stdout.isatty())
     trainer = hf_defer.DeferralTrainer(
         model=model, args=args, train_dataset=splits["train"], eval_dataset=splits["validation"]
     )
     trainer.train()
     metrics = trainer.evaluate(splits["test"], metric_key_prefix="test")
+    scratch.cleanup()
 
     print("\nTest metrics (fractions; lower is better except coverage)")
     width = max(len(metric_name_and_meaning(key)[0]) for key in METRICS)
@@ -99,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     text_model.head.load_state_dict(model.head.state_dict())
     card = trainer.model_card_data(
         model_name="hatespeech-defer", base_model=options.encoder, input_kind="text",
-        dataset_name="HateSpeech (Davidson et al., 2017)",
+        dataset_name="HateSpeech (Davidson et al., 2017)", dataset_citation=HATESPEECH_CITATION,
+        dataset_id=HATESPEECH_HUB_ID,
         expert_description="One random CrowdFlower annotator per tweet, drawn from the tweet's annotator counts "
         "(the human expert of Mozannar et al. 2023 and Cao et al. 2023).",
         training_description=f"Linear {display_name} head over frozen, L2-normalised mean-pooled {options.encoder} "

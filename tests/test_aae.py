@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pytest
 
 from hf_defer.aae import TwitterAAE, cvb0_proportions, tokenize_tweet
 
-TWITTERAAE_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "hatespeech" / "twitteraae"
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -126,9 +124,8 @@ def test_predict_rejects_single_string(tiny_model_dir):
 
 
 # ----------------------------------------------------------------------------- the real TwitterAAE tables
-@pytest.mark.skipif(not TWITTERAAE_DIR.is_dir(), reason="shared/data/hatespeech/twitteraae not present")
 def test_real_model_on_hand_made_tweets():
-    model = TwitterAAE(TWITTERAAE_DIR)
+    model = TwitterAAE()  # the tables shipped in the package
     aae = ["bruh dat shit ain't it smh", "he finna go to the sto lol", "yo ion even kno wassup wit chu"]
     standard = ["I am going to the store tomorrow.", "Wonderful weather in the park with my family today",
                 "The meeting has been moved to Thursday afternoon."]
@@ -137,3 +134,30 @@ def test_real_model_on_hand_made_tweets():
     proportions = model.predict(aae + standard)
     np.testing.assert_allclose(proportions.sum(axis=1), 1.0)
     assert (proportions >= 0).all()
+
+
+def test_gzip_tables_and_environment_variable(tiny_model_dir, tmp_path, monkeypatch):
+    import gzip
+
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    for name in ("model_count_table.txt", "model_vocab.txt"):
+        (packed / f"{name}.gz").write_bytes(gzip.compress((tiny_model_dir / name).read_bytes()))
+    np.testing.assert_allclose(TwitterAAE(packed).proportions("Finna"), np.array([80, 2, 2, 2]) / 86)
+    monkeypatch.setenv("HF_DEFER_TWITTERAAE", str(packed))  # the default folder, before the shipped copy
+    assert sorted(TwitterAAE().word_index) == ["finna", "lol", "store", "the"]
+
+
+def test_shipped_tables_have_the_upstream_size():
+    # Blodgett et al.'s model: 191,874 words x 4 topics (shared/data/README.md)
+    model = TwitterAAE()
+    assert model.word_likelihoods.shape == (191_874, 4)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import hf_defer.aae as aae_module
+
+    result = doctest.testmod(aae_module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0

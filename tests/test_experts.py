@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import io
 import math
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from scipy import stats
 
 import hf_defer.experts as experts_module
+from hf_defer.bundled_data import bundled_bytes
 from hf_defer.experts import (
     annotator_accuracy,
     annotator_expert,
@@ -21,7 +23,6 @@ from hf_defer.experts import (
     stack_experts,
 )
 
-HATESPEECH_CSV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "hatespeech" / "labeled_data.csv"
 
 
 def binomial_tolerance(p: float, n: int, z: float = 5.0) -> float:
@@ -90,9 +91,7 @@ def test_annotator_expert_respects_row_selection_and_replaces_column():
 
 
 def test_hatespeech_random_annotator_accuracy_matches_readme():
-    if not HATESPEECH_CSV.is_file():
-        pytest.skip(f"shared HateSpeech copy not found at {HATESPEECH_CSV}")
-    frame = pd.read_csv(HATESPEECH_CSV, index_col=0)
+    frame = pd.read_csv(io.BytesIO(bundled_bytes("hatespeech/labeled_data.csv")), index_col=0)
     counts = frame[["hate_speech", "offensive_language", "neither"]].to_numpy()
     classes = frame["class"].to_numpy()
     per_row = counts[np.arange(len(frame)), classes] / frame["count"].to_numpy()

@@ -143,3 +143,13 @@ def test_the_template_is_shipped_in_the_package_and_linked_from_model_cards():
     assert "{{ card_data }}" in path.read_text()
     link = Path(__file__).resolve().parent.parent / "model_cards" / "deferral_model_card_template.md"
     assert link.resolve() == path
+
+
+def test_card_cites_the_dataset_when_given(tmp_path):
+    from hf_defer.data import HATESPEECH_CITATION
+
+    data = DeferralModelCardData(class_names=["a", "b"], expert_names=["human"], dataset_citation=HATESPEECH_CITATION)
+    text = render_model_card(data, tmp_path).content
+    assert "davidson2017automated" in text and "Automated Hate Speech Detection" in text
+    plain = render_model_card(DeferralModelCardData(class_names=["a", "b"], expert_names=["h"]), tmp_path / "b").content
+    assert "The data set:" not in plain

@@ -126,7 +126,7 @@ def load_splits(
 
     Args:
         seed (`int`): seed of the 70/10/20 split and of the expert draw.
-        data (`str`, *optional*): the Davidson CSV or a folder holding it; defaults to [`load_hatespeech`]'s.
+        data (`str`, *optional*): the Davidson CSV or a folder holding it; defaults to the copy shipped in hf_defer.
         encoder (`str`, *optional*): sentence encoder (name or folder).
         cache_dir (`str`, *optional*): embedding cache folder (default: `~/.cache/hf_defer/embeddings`).
         show_progress (`bool`, *optional*, defaults to True): progress bar while embedding (first run only).

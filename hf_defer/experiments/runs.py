@@ -55,13 +55,13 @@ class ReproductionArguments:
     surrogates: list[str] = field(default_factory=lambda: list(TABLE2_SURROGATES),
                                   metadata={"choices": list(SURROGATES), "help": "surrogates of the Table 2 runs"})
     output_dir: str = field(default="results", metadata={"help": "where results are written"})
-    data: str | None = field(default=None, metadata={"help": "labeled_data.csv or its folder (default: shared copy)"})
+    data: str | None = field(default=None, metadata={"help": "labeled_data.csv or its folder (default: shipped)"})
     encoder: str = field(default=DEFAULT_ENCODER, metadata={"help": "sentence encoder"})
     cache_dir: str | None = field(default=None, metadata={"help": "embedding cache (default ~/.cache/hf_defer)"})
     quick: bool = field(default=False, metadata={"help": "tiny settings for a smoke run"})
     skip_main: bool = field(default=False, metadata={"help": "skip the Table 2 runs"})
     multi_expert: bool = field(default=False, metadata={"help": "also run the three-expert experiment"})
-    twitteraae: str | None = field(default=None, metadata={"help": "TwitterAAE model folder (default: by the data)"})
+    twitteraae: str | None = field(default=None, metadata={"help": "TwitterAAE model folder (default: shipped)"})
     p_aae: float = field(default=0.6, metadata={"help": "dialect-biased expert: accuracy parameter on AAE"})
     p_other: float = field(default=0.9, metadata={"help": "dialect-biased expert: elsewhere"})
     specialist_p: float = field(default=0.9, metadata={"help": "hate-speech specialist: on class 0"})
@@ -133,7 +133,8 @@ def settings(arguments: ReproductionArguments, protocol: Protocol) -> dict[str, 
     """What a JSON record says about how it was made."""
     return {
         "seeds": list(arguments.seeds), "surrogates": list(arguments.surrogates), "encoder": arguments.encoder,
-        "data": arguments.data or default_hatespeech_source(), "epochs": protocol.epochs,
+        "data": arguments.data or default_hatespeech_source() or "the copy shipped in hf_defer",
+        "epochs": protocol.epochs,
         "batch_size": protocol.batch_size, "learning_rate": protocol.learning_rate, "momentum": protocol.momentum,
         "optimizer": "SGD", "schedule": "cosine, no warm-up", "weight_decay": 0.0, "max_train": protocol.max_train,
         "quick": arguments.quick, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -203,9 +204,8 @@ def run_multi_expert(arguments: ReproductionArguments, output: Path) -> dict[str
     from ..aae import TwitterAAE
 
     protocol = arguments.protocol()
-    source = Path(arguments.data or default_hatespeech_source())
-    twitteraae = arguments.twitteraae or str((source if source.is_dir() else source.parent) / "twitteraae")
-    dialect, aae_of, records = TwitterAAE(twitteraae), {}, []
+    twitteraae = arguments.twitteraae or os.environ.get("HF_DEFER_TWITTERAAE") or "the copy shipped in hf_defer"
+    dialect, aae_of, records = TwitterAAE(arguments.twitteraae), {}, []
     progress = tqdm(total=len(arguments.seeds) * (1 + len(EXPERT_COLUMNS)), desc="multi-expert runs", unit="run")
     for seed in arguments.seeds:
         splits = load_splits(seed, arguments.data, arguments.encoder, arguments.cache_dir)
