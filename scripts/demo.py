@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     feature_size = len(splits["train"][0]["features"])
 
     display_name = surrogate_class(options.surrogate).display_name
-    print(f"3/4 Training a {display_name} deferral head with DeferralTrainer")
+    print(f"3/4 Training an {display_name} deferral head with DeferralTrainer")
     # A linear head over 384-d inputs gains nothing from intra-op threads; one thread avoids their contention.
     torch.set_num_threads(1)
     class_names = splits["train"].features["labels"].names

@@ -344,3 +344,14 @@ def test_script_refuses_to_overwrite_and_reports_bad_options(tmp_path):
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0
+
+
+def test_markdown_table_checks_its_rows():
+    assert reporting.markdown_table(["a", "b"], [[1, "x"]]) == "| a | b |\n|---|---|\n| 1 | x |"
+    with pytest.raises(ValueError, match="every row must have 2 cells"):
+        reporting.markdown_table(["a", "b"], [[1]])
+
+
+def test_display_names_come_from_the_surrogate_classes():
+    assert [reporting.display_name(s) for s in hatespeech.TABLE2_SURROGATES] == ["S-SM", "S-OvA", "A-OvA", "A-SM"]
+
