@@ -6,4 +6,5 @@ and the benchmarks share it.
 - [`runs`]: the three experiments (Table 2, three experts, fine-tuning), each writing its JSON and report.
 - [`statistics`]: mean and standard error over seeds, the paired t-test behind the bold cells.
 - [`reporting`]: the markdown reports, rendered from the saved JSON through the templates in `hf_defer/templates/`.
+- [`overhead`]: the data and the report of `benchmarks/bench_finetune_overhead.py`.
 """

@@ -17,7 +17,6 @@ import datasets
 import numpy as np
 import torch
 import transformers
-from scipy import stats
 from transformers import PrinterCallback, TrainingArguments
 
 from ..configuration_deferral import DeferralConfig
@@ -284,6 +283,8 @@ def estimate_errors(estimate: np.ndarray, true: np.ndarray) -> dict[str, float]:
 
     ```
     """
+    from scipy import stats
+
     estimate = np.clip(np.asarray(estimate, dtype=np.float64), 0.0, 1.0)
     true = np.asarray(true, dtype=np.float64)
     if estimate.shape != true.shape or estimate.ndim != 1 or estimate.size == 0:

@@ -68,6 +68,7 @@ def render_template(name: str, **context: Any) -> str:
 
 
 def display_name(surrogate: str) -> str:
+    """How reports write a surrogate ("A-SM", ...), from its class in `hf_defer.surrogates`."""
     return surrogate_class(surrogate).display_name
 
 

@@ -145,6 +145,7 @@ def settings(arguments: ReproductionArguments, protocol: Protocol) -> dict[str, 
 
 
 def write_json(path: Path, record: dict[str, Any]) -> None:
+    """Writes a record as indented JSON (numpy values as lists)."""
     path.write_text(json.dumps(record, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
 
