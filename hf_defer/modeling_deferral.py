@@ -63,6 +63,7 @@ class DeferralPreTrainedModel(PreTrainedModel):
     base_model_prefix = "deferral"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
+    _keep_in_fp32_modules_strict = ["head"]  # loading in bf16/fp16 keeps the small head, and so the logits, in fp32
 
 
 class EncoderForDeferral(DeferralPreTrainedModel):
@@ -344,6 +345,8 @@ class EncoderForDeferral(DeferralPreTrainedModel):
                 kwargs[name] = value
             elif name != "token_type_ids":  # tokenizers add token_type_ids for encoders that ignore them
                 raise ValueError(f"{name} was given but {type(self.encoder).__name__} does not accept it.")
+        if "use_cache" in self._encoder_args:  # a decoder used as an encoder never generates: no key/value cache
+            kwargs["use_cache"] = False
         for name, value in (("output_hidden_states", output_hidden_states), ("output_attentions", output_attentions)):
             if value is not None and (name in self._encoder_args or self._encoder_var_kwargs):
                 kwargs[name] = value
@@ -437,8 +440,9 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             id2label=id2label,
             expert_names=expert_names,
         )
-        model = cls(config, encoder=encoder)
-        return model.to(encoder.dtype)
+        model = cls(config, encoder=encoder).to(encoder.dtype)
+        model.head.float()  # as `_keep_in_fp32_modules_strict` does on loading: logits and loss in float32
+        return model
 
 
 class AutoModelForDeferral(_BaseAutoModelClass):

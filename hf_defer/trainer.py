@@ -11,10 +11,12 @@ from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.utils import logging
 from transformers.trainer_utils import EvalLoopOutput
 
+from .adapters import adapter_base_model, check_head_trainable, has_adapters
 from .data import DataCollatorForDeferral
 from .hub import copy_pipeline_code, custom_pipelines_in_config
 from .metrics import DeferralMetrics, deferral_metrics
 from .model_card import DeferralModelCardData, render_model_card
+from .tokenization import ensure_pad_token
 
 logger = logging.get_logger(__name__)
 
@@ -73,9 +75,12 @@ class DeferralTrainer(Trainer):
             raise ValueError(
                 f"model must be a deferral model (config.model_type == 'deferral'), got {type(model).__name__}."
             )
+        check_head_trainable(model)
+        processing_class = arguments.get("processing_class")
+        tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
+        if tokenizer is not None:
+            ensure_pad_token(tokenizer, model)
         if arguments.get("data_collator") is None:
-            processing_class = arguments.get("processing_class")
-            tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
             arguments["data_collator"] = DataCollatorForDeferral(tokenizer=tokenizer)
         if arguments.get("compute_metrics") is None:
             arguments["compute_metrics"] = DeferralMetrics(config.surrogate, config.num_experts)
@@ -108,6 +113,8 @@ class DeferralTrainer(Trainer):
         """Saves like the Trainer, plus what remote-code loading needs (see [`save_for_hub`]): `auto_map` and
         `custom_pipelines` in `config.json`, and the model, config, surrogate and pipeline modules."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if has_adapters(self.accelerator.unwrap_model(self.model)):  # the adapter and the head only (peft's format)
+            return super()._save(output_dir, state_dict)
         with custom_pipelines_in_config(self.accelerator.unwrap_model(self.model)):
             super()._save(output_dir, state_dict)
         if self.args.should_save:
@@ -116,8 +123,9 @@ class DeferralTrainer(Trainer):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Saves the model like the Trainer and, when called by the user, writes the deferral model card next to it."""
         super().save_model(output_dir, _internal_call)
-        if not _internal_call:
-            self.create_model_card(save_directory=output_dir)
+        if not _internal_call:  # replaces the generic card peft's save_pretrained writes next to an adapter
+            adapters = has_adapters(self.accelerator.unwrap_model(self.model))
+            self.create_model_card(save_directory=output_dir, overwrite_model_card=adapters)
 
     def model_card_data(self, **fields: Any) -> DeferralModelCardData:
         """The [`DeferralModelCardData`] of the trained model: its configuration, the metrics and reliability data
@@ -155,6 +163,8 @@ class DeferralTrainer(Trainer):
         if repo_id:
             values["repo_id"] = repo_id
             values["model_name"] = repo_id.split("/")[-1]
+        if adapter_base_model(model) is not None:  # an adapter's card names the deferral model it was added to
+            values["base_model"] = adapter_base_model(model)
         values.update(fields)
         return DeferralModelCardData.from_model(model, **values)
 
