@@ -123,9 +123,8 @@ class DeferralTrainer(Trainer):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Saves the model like the Trainer and, when called by the user, writes the deferral model card next to it."""
         super().save_model(output_dir, _internal_call)
-        if not _internal_call:  # replaces the generic card peft's save_pretrained writes next to an adapter
-            adapters = has_adapters(self.accelerator.unwrap_model(self.model))
-            self.create_model_card(save_directory=output_dir, overwrite_model_card=adapters)
+        if not _internal_call:
+            self.create_model_card(save_directory=output_dir)
 
     def model_card_data(self, **fields: Any) -> DeferralModelCardData:
         """The [`DeferralModelCardData`] of the trained model: its configuration, the metrics and reliability data
@@ -181,7 +180,7 @@ class DeferralTrainer(Trainer):
         dataset_args: str | list[str] | None = None,
         *,
         save_directory: str | None = None,
-        overwrite_model_card: bool = False,
+        overwrite_model_card: bool | None = None,
         **card_fields: Any,
     ) -> None:
         """Writes the deferral model card (`README.md` and `reliability_diagram.png`) instead of the generic Trainer
@@ -192,8 +191,9 @@ class DeferralTrainer(Trainer):
                 (`finetuned_from` is the base encoder, `dataset` a Hub dataset id or a name). `tasks`,
                 `dataset_tags` and `dataset_args` are accepted for compatibility and not used.
             save_directory (`str`, *optional*): where to write; defaults to `args.output_dir`.
-            overwrite_model_card (`bool`, *optional*, defaults to `False`): replace a `README.md` that hf_defer did
-                not write (otherwise it is kept, with a warning).
+            overwrite_model_card (`bool`, *optional*): replace a `README.md` that hf_defer did not write (otherwise
+                it is kept, with a warning); defaults to `True` for a model with adapters, whose save writes peft's
+                generic card, and `False` otherwise.
             card_fields: any [`DeferralModelCardData`] field, e.g. `expert_description="..."`.
         """
         if not self.is_world_process_zero():
@@ -208,6 +208,8 @@ class DeferralTrainer(Trainer):
         if dataset is not None:
             fields["dataset_id"] = dataset
         fields = {key: value for key, value in fields.items() if value is not None}
+        if overwrite_model_card is None:
+            overwrite_model_card = has_adapters(self.accelerator.unwrap_model(self.model))
         data = self.model_card_data(**{**fields, **card_fields})
         try:
             render_model_card(data, save_directory or self.args.output_dir, overwrite=overwrite_model_card)
