@@ -35,6 +35,7 @@ True
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -54,13 +55,9 @@ def has_adapters(model: Any) -> bool:
 
 
 def _active_peft_config(model: Any) -> Any:
-    configs = getattr(model, "peft_config", None) or {}
-    active = getattr(model, "active_adapter", None)
-    if callable(active):  # transformers' PeftAdapterMixin: a method (deprecated), active_adapters() is the list
-        active = model.active_adapters()[0]
-    elif isinstance(active, (list, tuple)):
-        active = active[0]
-    return configs.get(active)
+    active = model.active_adapters  # a property of PeftModel, a method of transformers' PeftAdapterMixin
+    active = active() if callable(active) else active
+    return model.peft_config[active[0]]
 
 
 def adapter_base_model(model: Any) -> str | None:
@@ -70,6 +67,32 @@ def adapter_base_model(model: Any) -> str | None:
         return None
     config = _active_peft_config(model)
     return getattr(config, "base_model_name_or_path", None) or None
+
+
+def load_adapter_checkpoint(model: Any, checkpoint: str | os.PathLike) -> None:
+    """Loads the adapter and head weights of a checkpoint folder into the active adapter of `model`, in place.
+
+    [`DeferralTrainer`] resumes with it for models given their adapter by `add_adapter`: `Trainer` resumes the
+    adapter of a `PeftModel` only, and looks for full model weights otherwise.
+
+    Raises:
+        `ValueError`: the checkpoint has no `adapter_model.safetensors`, or weights the model's adapter does not have.
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = os.path.join(checkpoint, "adapter_model.safetensors")
+    if not os.path.isfile(path):
+        raise ValueError(f"checkpoint must hold adapter_model.safetensors, got the files {sorted(os.listdir(checkpoint))}.")
+    state_dict = load_file(path)
+    if not is_peft_model(model):  # saved in peft's format, with the keys of a PeftModel around the model
+        state_dict = {key.removeprefix("base_model.model."): value for key, value in state_dict.items()}
+    active = model.active_adapters
+    active = (active() if callable(active) else active)[0]
+    result = set_peft_model_state_dict(model, state_dict, adapter_name=active)
+    unexpected = getattr(result, "unexpected_keys", None) or []
+    if unexpected:
+        raise ValueError(f"the adapter in {str(checkpoint)!r} has weights this model lacks: {unexpected[:5]}.")
 
 
 def check_head_trainable(model: Any) -> None:
@@ -90,4 +113,4 @@ def check_head_trainable(model: Any) -> None:
         )
 
 
-__all__ = ["adapter_base_model", "check_head_trainable", "has_adapters", "is_peft_model"]
+__all__ = ["adapter_base_model", "check_head_trainable", "has_adapters", "is_peft_model", "load_adapter_checkpoint"]

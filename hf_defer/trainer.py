@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.utils import logging
 from transformers.trainer_utils import EvalLoopOutput
 
-from .adapters import adapter_base_model, check_head_trainable, has_adapters
+from .adapters import adapter_base_model, check_head_trainable, has_adapters, is_peft_model, load_adapter_checkpoint
 from .data import DataCollatorForDeferral
 from .hub import copy_pipeline_code, custom_pipelines_in_config
 from .metrics import DeferralMetrics, deferral_metrics
@@ -107,6 +107,14 @@ class DeferralTrainer(Trainer):
             # Kept for the model card (metrics with reliability-diagram data): see `model_card_data`.
             self._last_deferral_eval = (metric_key_prefix, logits, label_ids[0], label_ids[1])
         return output
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        """Resumes like the Trainer, plus the adapters that `add_adapter` gave the model (the Trainer resumes the
+        adapters of a `PeftModel` only)."""
+        unwrapped = self.accelerator.unwrap_model(model if model is not None else self.model)
+        if has_adapters(unwrapped) and not is_peft_model(unwrapped):
+            return load_adapter_checkpoint(unwrapped, resume_from_checkpoint)
+        return super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     # ------------------------------------------------------------------ saving, Hub and model card
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:

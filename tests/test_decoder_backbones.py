@@ -192,6 +192,7 @@ def test_bf16_training_keeps_the_head_in_float32_and_the_loss_finite(tmp_path, l
     trainer = DeferralTrainer(model=model, args=args, train_dataset=text_dataset(tokenizer, 24),
                               eval_dataset=text_dataset(tokenizer, 8, seed=1), processing_class=tokenizer)
     trainer.train()
+    assert model.is_activation_checkpointing  # TrainingArguments(activation_checkpointing=True) turned it on
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses)
     assert math.isfinite(trainer.evaluate()["eval_loss"])
