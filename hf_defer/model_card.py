@@ -17,6 +17,8 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .adapters import adapter_base_model
+
 logger = logging.getLogger(__name__)
 
 TEMPLATE_NAME = "deferral_model_card_template.md"
@@ -184,7 +186,8 @@ class DeferralModelCardData:
             "expert_names": list(config.expert_names),
             "input_kind": input_kind,
             "defer_threshold": float(config.defer_threshold),
-            "base_model": (getattr(encoder, "name_or_path", None) or None) if encoder is not None else None,
+            "base_model": adapter_base_model(model)  # an adapter names the deferral model it was added to
+            or ((getattr(encoder, "name_or_path", None) or None) if encoder is not None else None),
         }
         values.update(kwargs)
         return cls(**values)

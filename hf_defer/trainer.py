@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.utils import logging
 from transformers.trainer_utils import EvalLoopOutput
 
-from .adapters import adapter_base_model, check_head_trainable, has_adapters, is_peft_model, load_adapter_checkpoint
+from .adapters import check_head_trainable, has_adapters, is_peft_model, load_adapter_checkpoint
 from .data import DataCollatorForDeferral
 from .hub import copy_pipeline_code, custom_pipelines_in_config
 from .metrics import DeferralMetrics, deferral_metrics
@@ -170,8 +170,6 @@ class DeferralTrainer(Trainer):
         if repo_id:
             values["repo_id"] = repo_id
             values["model_name"] = repo_id.split("/")[-1]
-        if adapter_base_model(model) is not None:  # an adapter's card names the deferral model it was added to
-            values["base_model"] = adapter_base_model(model)
         values.update(fields)
         return DeferralModelCardData.from_model(model, **values)
 

@@ -19,6 +19,7 @@ from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from test_decoder_backbones import decoder_model, decoder_tokenizer, padded, text_dataset  # noqa: E402
 from test_hub import fake_hub  # noqa: E402, F401  (the patched HfApi fixture)
 
+import hf_defer  # noqa: E402
 from hf_defer import AutoModelForDeferral, DeferralTrainer  # noqa: E402
 from hf_defer.adapters import adapter_base_model, check_head_trainable, has_adapters  # noqa: E402
 
@@ -149,6 +150,17 @@ def test_trainer_push_to_hub_uploads_adapter_head_and_deferral_card(base, tmp_pa
         (download / name).write_bytes(content)
     torch.testing.assert_close(logits(AutoModelForDeferral.from_pretrained(download)), logits(model),
                                atol=1e-6, rtol=1e-6)
+
+    # hf_defer.push_to_hub (what model.push_to_hub of a deferral model calls) uploads the adapter and the deferral card,
+    # and, as for any model, keeps a card that the repository already has.
+    hf_defer.push_to_hub(model, f"someone/helper-{way}")
+    files = fake_hub[f"someone/helper-{way}"]
+    assert {"adapter_config.json", "adapter_model.safetensors", "README.md"} <= set(files)
+    assert not {"config.json", "model.safetensors"} & set(files)  # (add_adapter models also copy their .py modules)
+    assert f"`{base}`" in files["README.md"].decode() and b"learning-to-defer" in files["README.md"]
+    files["README.md"] = b"# written on the Hub\n"
+    hf_defer.push_to_hub(model, f"someone/helper-{way}")
+    assert fake_hub[f"someone/helper-{way}"]["README.md"] == b"# written on the Hub\n"
 
 
 def test_lora_with_activation_checkpointing_trains_the_adapter(base, tmp_path):
