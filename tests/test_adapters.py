@@ -163,12 +163,13 @@ def test_trainer_push_to_hub_uploads_adapter_head_and_deferral_card(base, tmp_pa
     assert fake_hub[f"someone/helper-{way}"]["README.md"] == b"# written on the Hub\n"
 
 
-def test_lora_with_activation_checkpointing_trains_the_adapter(base, tmp_path):
-    model = with_lora(base, "peft")
+@pytest.mark.parametrize("way", WAYS)
+def test_lora_with_activation_checkpointing_trains_the_adapter(base, tmp_path, way):
+    model = with_lora(base, way)
     before = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
     trainer = trainer_for(model, tmp_path / "out", activation_checkpointing=True, save_strategy="no", max_steps=2)
     trainer.train()
-    assert model.get_base_model().is_activation_checkpointing
+    assert (model.get_base_model() if way == "peft" else model).is_activation_checkpointing
     moved = {name for name, p in model.named_parameters() if name in before and not torch.equal(p, before[name])}
     assert any("lora_B" in name for name in moved) and any("head" in name for name in moved)
 
