@@ -97,8 +97,9 @@ def main() -> None:
     print("| variant | parameters trained | weights + grads + AdamW (MiB) | peak RSS added (MiB) | ms/step |")
     print("|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['variant']} | {row['trained']:,} of {row['parameters']:,} ({100 * row['trained_fraction']:.2f} %)"
-              f" | {row['weights_grads_adam_mib']:.1f} | {row['peak_rss_added_mib']:.1f} | {row['median_step_ms']:.0f} |")
+        trained = f"{row['trained']:,} of {row['parameters']:,} ({100 * row['trained_fraction']:.2f} %)"
+        print(f"| {row['variant']} | {trained} | {row['weights_grads_adam_mib']:.1f} | "
+              f"{row['peak_rss_added_mib']:.1f} | {row['median_step_ms']:.0f} |")
     if args.output:
         setup = {"decoder": DECODER, "batch_size": args.batch_size, "length": args.length, "steps": args.steps,
                  "torch": torch.__version__, "threads": torch.get_num_threads()}

@@ -83,7 +83,9 @@ def load_adapter_checkpoint(model: Any, checkpoint: str | os.PathLike) -> None:
 
     path = os.path.join(checkpoint, "adapter_model.safetensors")
     if not os.path.isfile(path):
-        raise ValueError(f"checkpoint must hold adapter_model.safetensors, got the files {sorted(os.listdir(checkpoint))}.")
+        raise ValueError(
+            f"checkpoint must hold adapter_model.safetensors, got the files {sorted(os.listdir(checkpoint))}."
+        )
     state_dict = load_file(path)
     if not is_peft_model(model):  # saved in peft's format, with the keys of a PeftModel around the model
         state_dict = {key.removeprefix("base_model.model."): value for key, value in state_dict.items()}

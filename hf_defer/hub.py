@@ -54,7 +54,8 @@ def save_for_hub(
 
     Writes the weights (safetensors), ``config.json`` with ``auto_map`` and ``custom_pipelines``, the model, config,
     surrogate and pipeline modules, the tokenizer/image processor if given, and the model card if ``card_data``
-    is given. A model with PEFT adapters ([`hf_defer.adapters`]) writes its adapter and head only, in peft's format. [`push_to_hub`] uploads such a folder; [`DeferralTrainer.push_to_hub`] does all of this by itself.
+    is given. A model with PEFT adapters ([`hf_defer.adapters`]) writes its adapter and head only, in peft's format.
+    [`push_to_hub`] uploads such a folder; [`DeferralTrainer.push_to_hub`] does all of this by itself.
 
     Args:
         model ([`EncoderForDeferral`]): the model.

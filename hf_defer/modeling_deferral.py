@@ -352,8 +352,9 @@ class EncoderForDeferral(DeferralPreTrainedModel):
                 kwargs[name] = value
         outputs = self.encoder(**kwargs)
         last = outputs[0]
-        mask = torch.ones(last.shape[:2], dtype=torch.bool) if mask is None else mask
-        mask = mask.to(device=last.device)
+        if mask is None:
+            mask = torch.ones(last.shape[:2], dtype=torch.bool, device=last.device)
+        mask = mask.to(last.device)
         if pooling == "cls":
             pooled = last[:, 0]
         elif pooling == "last":  # the largest position the mask keeps (position 0 for an all-padding row)
