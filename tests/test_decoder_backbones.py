@@ -203,3 +203,15 @@ def test_bf16_training_keeps_the_head_in_float32_and_the_loss_finite(tmp_path, l
         batch = padded(tokenizer, "right")
         out = model(**batch, labels=torch.tensor([0, 1, 2, 0]), expert_labels=torch.tensor([0, 1, 1, 0]))
     assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
+
+
+def test_from_encoder_pretrained_on_a_decoder_pools_the_last_token_with_a_float32_head(tmp_path):
+    from transformers import AutoModel
+
+    AutoModel.from_config(decoder_config("llama")).save_pretrained(tmp_path)
+    model = EncoderForDeferral.from_encoder_pretrained(str(tmp_path), num_labels=3, dtype=torch.bfloat16)
+    assert model.config.pooling == "last"
+    assert {p.dtype for p in model.encoder.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.head.parameters()} == {torch.float32}
+    with pytest.raises(ValueError, match="pooling='cls'"):
+        EncoderForDeferral.from_encoder_pretrained(str(tmp_path), num_labels=3, pooling="cls")
