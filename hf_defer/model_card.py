@@ -16,6 +16,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .adapters import adapter_base_model
 from .metrics import metric_name_and_meaning
 from .plotting import plot_reliability_diagram
 from .surrogates import SURROGATES, surrogate_class
@@ -172,7 +173,8 @@ class DeferralModelCardData:
             "expert_names": list(config.expert_names),
             "input_kind": input_kind,
             "defer_threshold": float(config.defer_threshold),
-            "base_model": (getattr(encoder, "name_or_path", None) or None) if encoder is not None else None,
+            "base_model": adapter_base_model(model)  # an adapter names the deferral model it was added to
+            or ((getattr(encoder, "name_or_path", None) or None) if encoder is not None else None),
         }
         values.update(kwargs)
         return cls(**values)
