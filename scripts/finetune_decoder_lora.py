@@ -6,7 +6,7 @@ numbers it writes are evidence about the training path (memory, speed, trainable
 down and the deferral metrics come out), not about what a pretrained 0.5B model would reach.
 
     # one H100, about 4 minutes in all:
-    python scripts/finetune_decoder_lora.py --data labeled_data.csv.gz --output results/decoder_lora_h100.json
+    python scripts/finetune_decoder_lora.py --output results/decoder_lora_h100.json
     # CPU smoke run with a tiny Qwen2 (what tests/test_finetune_script.py runs):
     python scripts/finetune_decoder_lora.py --data labeled_data.csv --tiny --max-steps 2 --output /tmp/tiny.json
 
@@ -39,7 +39,8 @@ EOS = "<|endoftext|>"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="labeled_data.csv (or .csv.gz) of Davidson et al. (2017)")
+    parser.add_argument("--data", default=None,
+                        help="labeled_data.csv (or .csv.gz) of Davidson et al. (2017); default: the copy shipped in hf_defer")
     parser.add_argument("--output", default="decoder_lora.json", help="where to write the JSON of results")
     parser.add_argument("--tiny", action="store_true", help="a tiny Qwen2 (2 layers, width 64) for a CPU run")
     parser.add_argument("--max-steps", type=int, default=1200, help="training steps (default fits ~4 min, H100)")

@@ -14,7 +14,7 @@ from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from transformers import TrainingArguments, pipeline
 
-peft = pytest.importorskip("peft")
+import peft  # a test dependency (pyproject [test])
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from test_decoder_backbones import decoder_model, decoder_tokenizer, padded, text_dataset  # noqa: E402
 from test_hub import fake_hub  # noqa: E402, F401  (the patched HfApi fixture)

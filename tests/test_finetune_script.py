@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("peft")
+import peft  # noqa: F401  (a test dependency, pyproject [test])
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "finetune_decoder_lora.py"
 WORDS = "you are so bad good the a hate love this that what is not very big small dog cat day night".split()
