@@ -12,7 +12,6 @@ from transformers.utils import logging
 from transformers.trainer_utils import EvalLoopOutput
 
 from .data import DataCollatorForDeferral
-from .hub import copy_pipeline_code, custom_pipelines_in_config
 from .metrics import DeferralMetrics, deferral_metrics
 from .model_card import DeferralModelCardData, render_model_card
 
@@ -78,7 +77,7 @@ class DeferralTrainer(Trainer):
             tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
             arguments["data_collator"] = DataCollatorForDeferral(tokenizer=tokenizer)
         if arguments.get("compute_metrics") is None:
-            arguments["compute_metrics"] = DeferralMetrics(config.surrogate, config.num_experts)
+            arguments["compute_metrics"] = DeferralMetrics(config)  # the config's costs and threshold decide
         for name in ("train_dataset", "eval_dataset"):
             dataset = arguments.get(name)
             if isinstance(dataset, dict):
@@ -104,15 +103,6 @@ class DeferralTrainer(Trainer):
         return output
 
     # ------------------------------------------------------------------ saving, Hub and model card
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Saves like the Trainer, plus what remote-code loading needs (see [`save_for_hub`]): `auto_map` and
-        `custom_pipelines` in `config.json`, and the model, config, surrogate and pipeline modules."""
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        with custom_pipelines_in_config(self.accelerator.unwrap_model(self.model)):
-            super()._save(output_dir, state_dict)
-        if self.args.should_save:
-            copy_pipeline_code(output_dir)
-
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Saves the model like the Trainer and, when called by the user, writes the deferral model card next to it."""
         super().save_model(output_dir, _internal_call)
@@ -127,8 +117,7 @@ class DeferralTrainer(Trainer):
         last = getattr(self, "_last_deferral_eval", None)
         if last is not None:
             prefix, logits, labels, expert_labels = last
-            metrics = deferral_metrics(logits, labels, expert_labels, model.config.surrogate, model.config.num_experts,
-                                       return_reliability=True)
+            metrics = deferral_metrics(logits, labels, expert_labels, model.config, return_reliability=True)
             values["reliability"] = metrics.pop("reliability")
             values["metrics"] = metrics
             values["num_eval_examples"] = int(np.sum(np.asarray(labels) != -100))
