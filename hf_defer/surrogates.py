@@ -227,10 +227,10 @@ class DeferralSurrogate:
         return log_classes.exp(), log_experts.exp()
 
     def _margin(self, u: torch.Tensor, costs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        log_classes, log_experts = self._log_estimates(u)  # float64; e^700 keeps raw ssm/sova estimates finite
-        gains = log_experts.double().clamp(max=700.0).exp()
+        log_classes, log_experts = self._log_estimates(u.double())  # float64; e^700 keeps raw ssm/sova estimates finite
+        gains = log_experts.clamp(max=700.0).exp()
         best, expert = (gains if costs is None else gains - costs.to(gains.device)).max(dim=1)
-        return best - log_classes.double().clamp(max=700.0).exp().amax(dim=1), expert
+        return best - log_classes.clamp(max=700.0).exp().amax(dim=1), expert
 
     def _decide(self, u: torch.Tensor, expert_costs: Any = None, defer_threshold: float = 0.0) -> tuple[torch.Tensor, ...]:
         if not _is_finite_number(defer_threshold):
