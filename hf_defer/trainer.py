@@ -110,14 +110,18 @@ class DeferralTrainer(Trainer):
             self.create_model_card(save_directory=output_dir)
 
     def model_card_data(self, **fields: Any) -> DeferralModelCardData:
-        """The [`DeferralModelCardData`] of the trained model: its configuration, the metrics and reliability data
-        of the last evaluation, the training data size and the main hyperparameters; `fields` override them."""
+        """The [`DeferralModelCardData`] of the trained model: its configuration, the metrics (with the config's
+        costs and threshold, budgets ranked by margin) and reliability data of the last evaluation, the training data size and the main hyperparameters; `fields` override them."""
         model = self.accelerator.unwrap_model(self.model)
         values: dict[str, Any] = {}
         last = getattr(self, "_last_deferral_eval", None)
         if last is not None:
             prefix, logits, labels, expert_labels = last
-            metrics = deferral_metrics(logits, labels, expert_labels, model.config, return_reliability=True)
+            # The card's numbers are those of the saved model's pipeline: its costs and threshold decide, and the
+            # budgets keep the highest margins, as calibrate_deferral does.
+            metrics = deferral_metrics(logits, labels, expert_labels, model.config, return_reliability=True,
+                                       budget_ranking="margin")
+            values["budget_ranking"] = "margin"
             values["reliability"] = metrics.pop("reliability")
             values["metrics"] = metrics
             values["num_eval_examples"] = int(np.sum(np.asarray(labels) != -100))
