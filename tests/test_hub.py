@@ -321,3 +321,11 @@ def test_trainer_push_to_hub_uploads_a_complete_deferral_repo(tmp_path, fake_hub
     (out / "README.md").write_text("# mine\n")
     trainer.push_to_hub()
     assert uploads["someone/tiny-defer"]["README.md"] == b"# mine\n"
+
+
+def test_push_to_hub_checks_the_repo_id_with_huggingface_hub_before_any_call(fake_hub):
+    model, _ = text_model()
+    for bad in ("a/b/c", "bad id", "-starts-with-dash/x"):
+        with pytest.raises(ValueError, match="repo_id must be a Hub repository id"):
+            push_to_hub(model, bad)
+    assert fake_hub == {}
