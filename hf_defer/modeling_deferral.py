@@ -23,7 +23,7 @@ from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .configuration_deferral import DeferralConfig
-from .pipeline_deferral import CUSTOM_PIPELINES
+from .pipeline_deferral import CUSTOM_PIPELINES, REMOTE_TASK
 from .surrogates import get_surrogate
 
 _ENCODER_INPUTS = ("input_ids", "pixel_values")
@@ -208,7 +208,9 @@ class EncoderForDeferral(DeferralPreTrainedModel):
         is_main_process = args[0] if args else kwargs.get("is_main_process", True)
         config = self.config
         previous = config.__dict__.get("custom_pipelines")
-        config.custom_pipelines = {**(previous or {}), **CUSTOM_PIPELINES}
+        others = {task: spec for task, spec in (previous or {}).items()  # an older entry of ours goes
+                  if spec.get("impl") != CUSTOM_PIPELINES[REMOTE_TASK]["impl"]}
+        config.custom_pipelines = {**others, **CUSTOM_PIPELINES}
         try:
             with tempfile.TemporaryDirectory(prefix=".hf_defer_save_", dir=folder) as stage:
                 super().save_pretrained(stage, *args, **kwargs)

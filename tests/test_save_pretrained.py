@@ -170,3 +170,13 @@ def test_saving_again_replaces_only_its_own_files(tmp_path):
         model.save_pretrained(tmp_path)
     model.save_pretrained(tmp_path, overwrite=True)
     assert "DeferralPipeline" in (tmp_path / "pipeline_deferral.py").read_text()
+
+
+def test_a_folder_saved_with_the_old_task_name_is_rewritten_for_library_mode(tmp_path):
+    model = head_only_model()
+    model.config.custom_pipelines = {"deferral": {"impl": "pipeline_deferral.DeferralPipeline", "pt": ["AutoModel"]},
+                                     "other": {"impl": "mine.Pipeline", "pt": ["AutoModel"]}}
+    model.save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())["custom_pipelines"]
+    assert set(written) == {"other", hf_defer.pipeline_deferral.REMOTE_TASK}
+    assert set(model.config.custom_pipelines) == {"deferral", "other"}  # the in-memory config is left as it was
