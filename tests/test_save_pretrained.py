@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from datasets import Dataset
-from transformers import BertConfig, BertTokenizer, TrainingArguments, pipeline
+from transformers import BertTokenizer, TrainingArguments, pipeline
 
 import hf_defer
 from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral, save_for_hub
