@@ -41,7 +41,7 @@ def _is_finite_number(value: Any) -> bool:
 class DeferralSurrogate:
     """Base class of the deferral surrogates. Use :func:`get_surrogate` to build one.
 
-    Subclasses implement ``_per_example_loss`` and ``_log_estimates`` in float32; the base class does
+    Subclasses implement ``_per_example_loss`` and ``_log_estimates`` (float32; float64 for the margin); the base class does
     the validation, the ``-100`` masking, the reduction and the decision rule (:meth:`decide`).
 
     Args:
