@@ -35,7 +35,8 @@ class AutoModelForDeferral:
     _model_mapping: ClassVar[dict[type, type]] = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise OSError("AutoModelForDeferral is built with AutoModelForDeferral.from_pretrained(path) or .from_config(config).")
+        raise OSError("AutoModelForDeferral is built with AutoModelForDeferral.from_pretrained(path) or "
+                      ".from_config(config).")
 
     @classmethod
     def register(cls, config_class: type, model_class: type, exist_ok: bool = False) -> None:

@@ -1,9 +1,10 @@
 """Sharing deferral models on the Hugging Face Hub, for library mode and remote-code mode alike.
 
-[`EncoderForDeferral.save_pretrained`] alone writes what a folder needs: ``model.safetensors`` (never a pickle) and
+[`EncoderForDeferral.save_pretrained`] alone writes what a folder needs: ``model.safetensors`` (never a pickle),
 ``config.json`` with ``auto_map`` and ``custom_pipelines``, and the code that remote loading runs
-(``configuration_deferral.py``, ``modeling_deferral.py``, ``surrogates.py`` and ``pipeline_deferral.py``), so that without hf_defer installed ``pipeline(model=folder, trust_remote_code=True)`` and
-``AutoModel.from_pretrained(folder, trust_remote_code=True)`` work; with hf_defer imported,
+(``configuration_deferral.py``, ``modeling_deferral.py``, ``surrogates.py`` and ``pipeline_deferral.py``), so that
+``pipeline(model=folder, trust_remote_code=True)`` and ``AutoModel.from_pretrained(folder, trust_remote_code=True)``
+work without hf_defer; with hf_defer imported,
 ``pipeline("deferral", model=folder)`` uses the installed library. [`save_for_hub`] adds the tokenizer or image
 processor and the deferral model card; [`push_to_hub`] uploads such a folder.
 """
@@ -98,10 +99,10 @@ def push_to_hub(
 ) -> Any:
     """Uploads a deferral model with its code and deferral model card to the Hub (outside [`DeferralTrainer`]).
 
-    Everything [`save_for_hub`] writes goes up in one commit (from a temporary folder, removed afterwards). `model.push_to_hub(...)` and
-    `pipeline("deferral", ...).push_to_hub(...)` call this function. Without ``card_data`` a model card that is
-    already in the repository is kept, as `transformers` does; a new repository gets the card built from the
-    model's configuration ([`DeferralModelCardData.from_model`]). Pass card data with metrics for a full card.
+    Everything [`save_for_hub`] writes goes up in one commit (from a temporary folder, removed afterwards).
+    `model.push_to_hub(...)` and `pipeline("deferral", ...).push_to_hub(...)` call this function. Without
+    ``card_data`` a model card that is already in the repository is kept, as `transformers` does; a new repository
+    gets the card built from the model's configuration ([`DeferralModelCardData.from_model`]). Pass card data with metrics for a full card.
 
     Args:
         model ([`EncoderForDeferral`]): the model.

@@ -12,7 +12,6 @@ import inspect
 import os
 import re
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -28,24 +27,22 @@ from .surrogates import get_surrogate
 
 _ENCODER_INPUTS = ("input_ids", "pixel_values")
 WEIGHTS_FILE = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json")
-"""The weight files that `PreTrainedModel.save_pretrained` always replaces (with ``config.json``)."""
 
 
 def move_saved_files(stage: str | os.PathLike, folder: str | os.PathLike, overwrite: bool = False,
-                     replaceable: Callable[[str], bool] = lambda name: False) -> list[str]:
+                     replace_standard: bool = False) -> list[str]:
     """Moves the files saved into ``stage`` into ``folder``, never losing a file the caller did not mean to replace.
 
-    A file of ``folder`` is replaced only when ``replaceable(name)``, when it is a code file (``.py``) with the same
-    content (hf_defer's own), or with ``overwrite=True``; weight shards (``model-00001-of-00002.safetensors``) and a weights index that the new save does
-    not include would be stale, and are deleted only with ``overwrite=True``. Otherwise nothing moves and a
-    `FileExistsError` lists the files.
-
-    Returns:
-        `list[str]`: the names of the files moved.
+    A file of ``folder`` is replaced only when it is a code file (``.py``) with the same content (hf_defer's own),
+    ``config.json`` or a weight file with ``replace_standard=True`` (what `PreTrainedModel.save_pretrained` always
+    replaces), or with ``overwrite=True``; weight files (``model-00001-of-00002.safetensors``, the index) that the new
+    save lacks would be stale: they are deleted with ``overwrite=True`` only. Otherwise a `FileExistsError` lists the
+    files and nothing moves. Returns the names of the files moved.
     """
     stage, folder = Path(stage), Path(folder)
     staged = sorted(path.name for path in stage.iterdir())
-    clash = [name for name in staged if (folder / name).exists() and not replaceable(name)
+    standard = {name for name in staged if replace_standard and (name == "config.json" or WEIGHTS_FILE.fullmatch(name))}
+    clash = [name for name in staged if (folder / name).exists() and name not in standard
              and not (name.endswith(".py") and filecmp.cmp(stage / name, folder / name, shallow=False))]
     stale = [name for name in sorted(os.listdir(folder)) if name not in staged and WEIGHTS_FILE.fullmatch(name)]
     if (clash or stale) and not overwrite:
@@ -186,7 +183,7 @@ class EncoderForDeferral(DeferralPreTrainedModel):
         """Writes everything a folder needs, for library mode and remote-code mode alike: the weights (safetensors),
         `config.json` with `auto_map` and `custom_pipelines`, and the code files `configuration_deferral.py`,
         `modeling_deferral.py`, `surrogates.py` and `pipeline_deferral.py`. The Trainer, the pipeline,
-        `save_for_hub` and `push_to_hub` all save through it. The files are written to a temporary folder first and then moved in.
+        `save_for_hub` and `push_to_hub` all save through it. The files go to a temporary folder first, then move in.
 
         A file of the folder is never lost silently: `config.json` and the weights are replaced (as transformers
         always does), a code file only when it is the same as hf_defer's; stale weight shards are deleted and other
@@ -215,8 +212,7 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             with tempfile.TemporaryDirectory(prefix=".hf_defer_save_", dir=folder) as stage:
                 super().save_pretrained(stage, *args, **kwargs)
                 if is_main_process:
-                    replaceable = lambda name: name == "config.json" or WEIGHTS_FILE.fullmatch(name) is not None  # noqa: E731
-                    move_saved_files(stage, folder, overwrite, replaceable)
+                    move_saved_files(stage, folder, overwrite, replace_standard=True)
         finally:
             if previous is None:
                 del config.custom_pipelines

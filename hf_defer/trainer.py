@@ -111,7 +111,8 @@ class DeferralTrainer(Trainer):
 
     def model_card_data(self, **fields: Any) -> DeferralModelCardData:
         """The [`DeferralModelCardData`] of the trained model: its configuration, the metrics (with the config's
-        costs and threshold, budgets ranked by margin) and reliability data of the last evaluation, the training data size and the main hyperparameters; `fields` override them."""
+        costs and threshold, budgets ranked by margin) and reliability data of the last evaluation, the training
+        data size and the main hyperparameters; `fields` override them."""
         model = self.accelerator.unwrap_model(self.model)
         values: dict[str, Any] = {}
         last = getattr(self, "_last_deferral_eval", None)
