@@ -294,6 +294,7 @@ class DeferralMetrics:
         num_experts (`int`, *optional*, defaults to 1): number of experts ``M`` (with a surrogate name).
         n_bins (`int`, *optional*, defaults to 15): ECE bins.
         budgets (sequence of `float`, *optional*): deferral budgets for the budgeted errors.
+        budget_ranking (`str`, *optional*, defaults to `"expert_accuracy"`): see [`deferral_metrics`].
 
     Example:
 
@@ -314,8 +315,10 @@ class DeferralMetrics:
         num_experts: int = 1,
         n_bins: int = 15,
         budgets: Sequence[float] = (0.1, 0.2, 0.3),
+        budget_ranking: str = "expert_accuracy",
     ) -> None:
         self.surrogate, self.num_experts, self.n_bins, self.budgets = surrogate, num_experts, n_bins, tuple(budgets)
+        self.budget_ranking = budget_ranking
 
     def __call__(self, eval_prediction: Any) -> dict[str, float]:
         logits = eval_prediction.predictions
@@ -328,6 +331,5 @@ class DeferralMetrics:
                 f"'expert_labels']) or use DeferralTrainer. Got {type(label_ids).__name__}."
             )
         labels, expert_labels = label_ids
-        return deferral_metrics(
-            logits, labels, expert_labels, self.surrogate, self.num_experts, self.n_bins, self.budgets
-        )
+        return deferral_metrics(logits, labels, expert_labels, self.surrogate, self.num_experts, self.n_bins,
+                                self.budgets, budget_ranking=self.budget_ranking)

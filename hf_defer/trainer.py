@@ -26,7 +26,9 @@ class DeferralTrainer(Trainer):
     * the loss comes from the model (the configured surrogate); the Trainer scales it for gradient
       accumulation, so accumulating ``n`` batches of ``b`` gives the loss scale of one batch of ``n * b``;
     * ``compute_metrics`` defaults to [`DeferralMetrics`], so ``evaluate()`` reports ``eval_system_error``,
-      ``eval_coverage``, ``eval_classifier_error``, ``eval_expert_ece`` and the budgeted errors;
+      ``eval_coverage``, ``eval_classifier_error``, ``eval_expert_ece`` and the budgeted errors, all of the
+      saved model's pipeline (the decision with the config's ``expert_costs`` and ``defer_threshold``; budgets ranked
+      by margin, as [`calibrate_deferral`] meets them: ``deferral_metrics(..., budget_ranking="margin")``);
     * ``eval_loss`` is recomputed from the gathered logits of the whole evaluation set, so it is the mean
       surrogate loss over every example exactly once, however many processes evaluated it;
     * ``train_dataset`` and ``eval_dataset`` are checked before anything runs: a missing ``expert_labels``
@@ -77,7 +79,8 @@ class DeferralTrainer(Trainer):
             tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
             arguments["data_collator"] = DataCollatorForDeferral(tokenizer=tokenizer)
         if arguments.get("compute_metrics") is None:
-            arguments["compute_metrics"] = DeferralMetrics(config)  # the config's costs and threshold decide
+            # The numbers of the saved model's pipeline: its costs and threshold decide, budgets as calibration's.
+            arguments["compute_metrics"] = DeferralMetrics(config, budget_ranking="margin")
         for name in ("train_dataset", "eval_dataset"):
             dataset = arguments.get(name)
             if isinstance(dataset, dict):
@@ -118,8 +121,7 @@ class DeferralTrainer(Trainer):
         last = getattr(self, "_last_deferral_eval", None)
         if last is not None:
             prefix, logits, labels, expert_labels = last
-            # The card's numbers are those of the saved model's pipeline: its costs and threshold decide, and the
-            # budgets keep the highest margins, as calibrate_deferral does.
+            # The same numbers as evaluate()'s (see __init__): those of the saved model's pipeline.
             metrics = deferral_metrics(logits, labels, expert_labels, model.config, return_reliability=True,
                                        budget_ranking="margin")
             values["budget_ranking"] = "margin"
@@ -131,6 +133,7 @@ class DeferralTrainer(Trainer):
             logged = [entry for entry in self.state.log_history if any(k.endswith("_system_error") for k in entry)]
             if logged:
                 values["metrics"] = {k: v for k, v in logged[-1].items() if isinstance(v, (int, float))}
+                values["budget_ranking"] = getattr(self.compute_metrics, "budget_ranking", "expert_accuracy")
         train_dataset = self.train_dataset
         if train_dataset is not None and hasattr(train_dataset, "__len__"):
             values["num_train_examples"] = len(train_dataset)
