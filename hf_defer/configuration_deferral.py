@@ -36,7 +36,8 @@ class DeferralConfig(PretrainedConfig):
     The features come either from a nested `encoder` (any model `AutoModel` can build: BERT, RoBERTa, ViT, ...),
     serialized inside `config.json` the way `VisionTextDualEncoderConfig` nests its sub-models, or, for a
     head-only model, from precomputed feature vectors of width `feature_size` (e.g. 384-d sentence embeddings).
-    Exactly one of `encoder` and `feature_size` must be given.
+    Exactly one of `encoder` and `feature_size` must be given. Each field is checked by one `validate_*` method
+    (raising `ValueError`), at construction and again by `save_pretrained`.
 
     Args:
         encoder (`PretrainedConfig` or `dict`, *optional*):
@@ -109,7 +110,6 @@ class DeferralConfig(PretrainedConfig):
     freeze_encoder: bool = False
     expert_names: list[str] | None = None
     defer_threshold: int | float = 0.0
-
     expert_costs: list[int | float] | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
