@@ -6,6 +6,7 @@ from .configuration_deferral import DeferralConfig
 from .modeling_deferral import AutoModelForDeferral, DeferralOutput, EncoderForDeferral
 from .trainer import DeferralTrainer
 from .data import DataCollatorForDeferral, load_hatespeech
+from .preparation import PreparedDeferralData, prepare_deferral_dataset
 from .embeddings import add_embeddings, embed_texts
 from .experts import annotator_expert, class_subset_expert, stack_experts
 from .calibration import calibrate_deferral
@@ -55,6 +56,7 @@ __all__ = [
     "DeferralTrainer",
     "DataCollatorForDeferral",
     "DeferralModelCardData",
+    "PreparedDeferralData",
     "calibrate_deferral",
     "push_to_hub",
     "render_model_card",
@@ -65,6 +67,7 @@ __all__ = [
     "deferral_metrics",
     "embed_texts",
     "load_hatespeech",
+    "prepare_deferral_dataset",
     "stack_experts",
     "expected_calibration_error",
     "get_surrogate",
