@@ -10,6 +10,7 @@ from .preparation import PreparedDeferralData, prepare_deferral_dataset
 from .embeddings import add_embeddings, embed_texts
 from .experts import annotator_expert, class_subset_expert, stack_experts
 from .calibration import calibrate_deferral
+from .evaluate_metric import load_metric
 from .hub import push_to_hub, save_for_hub
 from .model_card import DeferralModelCardData, render_model_card
 
@@ -71,5 +72,6 @@ __all__ = [
     "stack_experts",
     "expected_calibration_error",
     "get_surrogate",
+    "load_metric",
     "reliability_bins",
 ]

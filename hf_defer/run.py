@@ -116,14 +116,15 @@ def sentence_encoder_pooling(path: str) -> tuple[str, bool]:
     return pooling, normalize
 
 
-def pipeline_inputs(dataset: datasets.Dataset) -> list[Any]:
-    """The raw inputs of a prepared split, as the deferral pipeline takes them (texts, text pairs or images)."""
+def pipeline_inputs(dataset: datasets.Dataset, text_column: str | None = None, text_pair_column: str | None = None,
+                    image_column: str | None = None) -> list[Any]:
+    """The raw inputs of a split, as the deferral pipeline takes them: texts, text pairs or images."""
     dataset = dataset.with_format(None)
-    if "image" in dataset.column_names:
-        return list(dataset["image"])
-    if "text_pair" in dataset.column_names:
-        return [{"text": t, "text_pair": p} for t, p in zip(dataset["text"], dataset["text_pair"])]
-    return list(dataset["text"])
+    if image_column is not None:
+        return list(dataset[image_column])
+    if text_pair_column is not None:
+        return [{"text": t, "text_pair": p} for t, p in zip(dataset[text_column], dataset[text_pair_column])]
+    return list(dataset[text_column])
 
 
 def write_predictions(outputs: Iterable[dict[str, Any]], path: str | os.PathLike, expert_names: list[str],
@@ -221,8 +222,9 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     if hasattr(processor, "model_max_length"):  # pipelines called with truncation=True cut where training did
         processor.model_max_length = min(processor.model_max_length, data_args.max_seq_length)
     call_kwargs = {"truncation": True} if not image_column else {}
+    columns = (text_column, data_args.text_pair_column_name, image_column)
     if data_args.max_deferral_rate is not None:
-        threshold = calibrate_deferral(final, pipeline_inputs(splits["validation"]), data_args.max_deferral_rate,
+        threshold = calibrate_deferral(final, pipeline_inputs(raw["validation"], *columns), data_args.max_deferral_rate,
                                        batch_size=training_args.per_device_eval_batch_size,
                                        tokenizer=None if image_column else processor,
                                        image_processor=processor if image_column else None, **call_kwargs)
@@ -244,7 +246,7 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
 
             pipe = pipeline("deferral", model=final, tokenizer=None if image_column else processor,
                             image_processor=processor if image_column else None, device=final.device)
-            inputs = pipeline_inputs(splits["test"])
+            inputs = pipeline_inputs(raw["test"], *columns)  # every row, also those without an annotation
             outputs = pipe(inputs, batch_size=training_args.per_device_eval_batch_size, **call_kwargs)
             write_predictions(outputs, os.path.join(training_args.output_dir, "predictions.csv"),
                               final.config.expert_names)
