@@ -122,13 +122,15 @@ class _LabelMap:
 
     def __init__(self, names: list[str], label_feature: Any) -> None:
         self.names, self.label2id = names, {name: index for index, name in enumerate(names)}
-        self.integer_labels = not isinstance(label_feature, datasets.ClassLabel) and names == [
-            str(index) for index in range(len(names))]
+        # Plain integer answers are class ids of the label column: of its ClassLabel, or of integer labels.
+        self.label_classes = label_feature.names if isinstance(label_feature, datasets.ClassLabel) else None
+        self.integer_labels = names == [str(index) for index in range(len(names))] or (
+            isinstance(label_feature, datasets.Value) and label_feature.dtype.startswith(("int", "uint")))
 
     def ids(self, values: list[Any], feature: Any, column: str, split: Any, allow_ignore: bool) -> np.ndarray:
         """Class ids of a column; -100 for an ignored label, -1 for a missing annotation."""
         where = "" if split is None else f" of split {split!r}"
-        class_names = feature.names if isinstance(feature, datasets.ClassLabel) else None
+        class_names = feature.names if isinstance(feature, datasets.ClassLabel) else self.label_classes
         out = np.empty(len(values), dtype=np.int64)
         for row, value in enumerate(values):
             if isinstance(value, float) and value.is_integer():
@@ -322,7 +324,8 @@ def prepare_deferral_dataset(
                 f"expert column {column!r}{where}, row {row}: the annotation is missing (None, -1 or NaN) in "
                 f"{int(missing.sum())} row(s); pass missing_expert='drop' to drop them."
             )
-        out = split.select_columns(list(inputs)).rename_columns(inputs) if inputs else split.select_columns([])
+        # The label column is kept until the new columns are in: a table without columns has no rows.
+        out = split.select_columns([*inputs, label_column]).rename_columns({**inputs, label_column: "_raw_label"})
         ignored = (labels == IGNORE_INDEX).any()
         out = out.add_column("labels", labels.tolist(),
                              feature=datasets.Value("int64") if ignored else datasets.ClassLabel(names=names))
@@ -331,6 +334,7 @@ def prepare_deferral_dataset(
         else:
             out = out.add_column("expert_labels", expert_ids.tolist(),
                                  feature=datasets.List(datasets.Value("int64"), length=expert_ids.shape[1]))
+        out = out.remove_columns("_raw_label")
         if missing.any():
             logger.warning(f"prepare_deferral_dataset: dropped {int(missing.sum())} of {len(out)} rows{where} with a "
                            f"missing expert annotation.")
