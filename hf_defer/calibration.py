@@ -116,7 +116,8 @@ def calibrate_deferral(
             image_processor = _saved_processor(model, "image_processor")
         elif model.config.encoder is not None and model.main_input_name != "pixel_values" and tokenizer is None:
             tokenizer = _saved_processor(model, "tokenizer")
-        pipe = DeferralPipeline(model=model, tokenizer=tokenizer, image_processor=image_processor, device=model.device)
+        pipe = DeferralPipeline(model=model.eval(), tokenizer=tokenizer, image_processor=image_processor,
+                                device=model.device)  # eval(): no dropout in the margins, as in a loaded model
     else:
         raise ValueError(
             "model_or_pipeline must be a deferral model (config.model_type == 'deferral') or a DeferralPipeline, got "

@@ -138,8 +138,8 @@ class _LabelMap:
             if allow_ignore and value == IGNORE_INDEX:
                 out[row] = IGNORE_INDEX
                 continue
-            if _is_missing(value):
-                out[row] = -1
+            if _is_missing(value) or (isinstance(value, str) and value.strip() == "-1" and value not in self.label2id):
+                out[row] = -1  # "-1" too: a CSV column of names writes a missing -1 as text
                 continue
             index = _MISSING
             if isinstance(value, str):
@@ -189,7 +189,8 @@ def prepare_deferral_dataset(
       `0..K-1` are named `"0"..."K-1"`; `label_names` fixes the class order instead. `-100` marks an ignored row.
     * Experts: every expert column is mapped through the same `label2id` (names, `ClassLabel` ids or class ids);
       a value outside the class set is an error naming the column, the row and the value. A list-valued column
-      holds several experts (the same number in every row). A missing annotation (`None`, `-1`, NaN) is an error
+      holds several experts (the same number in every row). A missing annotation (`None`, `-1` or `"-1"`, NaN) is an
+      error
       with `missing_expert="error"`; with `"drop"` its row is dropped and the count logged per split.
     * Inputs: `text_column` (and `text_pair_column`) become `text` (and `text_pair`) and, with a tokenizer as
       `processor`, are tokenized (`truncation=True`, `max_length`). `image_column` becomes `image`; with an image

@@ -219,6 +219,7 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
             processor_path, surrogate=model_args.surrogate, pooling=pooling, normalize_pooled=normalize,
             freeze_encoder=True, **names)
         final.head.load_state_dict(model.head.state_dict())
+    final.eval()
     if hasattr(processor, "model_max_length"):  # pipelines called with truncation=True cut where training did
         processor.model_max_length = min(processor.model_max_length, data_args.max_seq_length)
     call_kwargs = {"truncation": True} if not image_column else {}
