@@ -46,7 +46,9 @@ def load_raw_datasets(data_args: DataTrainingArguments, seed: int = 0) -> datase
         extensions = {path.rsplit(".", 1)[-1].lower().replace("jsonl", "json") for path in files.values()}
         if len(extensions) > 1:
             raise ValueError(f"the data files must share one format, got {sorted(files.values())}.")
-        raw = datasets.load_dataset(extensions.pop(), data_files=files)
+        builder = extensions.pop()  # one file at a time: a test file may lack the label and expert columns
+        raw = datasets.DatasetDict({split: datasets.load_dataset(builder, data_files={split: path}, split=split)
+                                    for split, path in files.items()})
     if not isinstance(raw, datasets.DatasetDict):
         raw = datasets.DatasetDict({"train": raw})
     if "validation" not in raw and "train" in raw:
@@ -65,6 +67,9 @@ def _simulate_expert(raw: datasets.DatasetDict, data_args: DataTrainingArguments
     out = {}
     for index, (split, dataset) in enumerate(raw.items()):
         if label not in dataset.column_names:
+            if split == "test":  # an unlabelled test file: predictions only
+                out[split] = dataset
+                continue
             raise ValueError(f"label column {label!r} not found in split {split!r}; its columns are "
                              f"{dataset.column_names}.")
         seed = data_args.expert_seed + index
@@ -170,8 +175,11 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
             processor_path = resolve_sentence_encoder(model_args.model_name_or_path)
         processor = (AutoImageProcessor if image_column else AutoTokenizer).from_pretrained(processor_path)
         # Checks every column before any model is loaded.
+        needed = [data_args.label_column_name, *expert_columns]
+        labelled = datasets.DatasetDict({split: part for split, part in raw.items()  # a test file may be unlabelled
+                                         if split != "test" or all(c in part.column_names for c in needed)})
         prepared = prepare_deferral_dataset(
-            raw, data_args.label_column_name, expert_columns, text_column=text_column,
+            labelled, data_args.label_column_name, expert_columns, text_column=text_column,
             text_pair_column=data_args.text_pair_column_name, image_column=image_column,
             processor=None if frozen_text else processor, max_length=data_args.max_seq_length,
             label_names=data_args.classes, missing_expert=data_args.missing_expert)
@@ -208,7 +216,7 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
         evaluated = trainer.evaluate()
         metrics.update(evaluated)
         trainer.log_metrics("eval", evaluated)
-    if training_args.do_predict and "test" in splits:
+    if training_args.do_predict and "test" in splits:  # test metrics where the test file is labelled
         tested = trainer.evaluate(splits["test"], metric_key_prefix="test")
         metrics.update(tested)
         trainer.log_metrics("test", tested)
@@ -242,7 +250,7 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
         save_for_hub(final, training_args.output_dir, processing_class=processor, card_data=card, overwrite=True)
         with open(os.path.join(training_args.output_dir, "all_results.json"), "w") as handle:
             json.dump(metrics, handle, indent=2)
-        if training_args.do_predict and "test" in splits:
+        if training_args.do_predict and "test" in raw:
             from transformers import pipeline
 
             pipe = pipeline("deferral", model=final, tokenizer=None if image_column else processor,

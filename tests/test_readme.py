@@ -183,6 +183,11 @@ def test_the_cifar100_line_runs_on_a_tiny_generated_dataset_with_a_tiny_vit(tmp_
     outputs = pipeline("deferral", model=str(out))(list(test_images))
     assert list(rows["label"]) == [o["label"] for o in outputs]
     np.testing.assert_allclose(rows["class_score"], [o["class_score"] for o in outputs], atol=1e-6)
+    from hf_defer.cli import main as hf_defer_main
+
+    assert hf_defer_main(["predict", "--model", str(out), "--input", str(folder / "test.parquet"),
+                          "--image_column_name", "img", "--output", str(tmp_path / "decisions.csv")]) == 0
+    assert (tmp_path / "decisions.csv").read_text() == (out / "predictions.csv").read_text()
 
 
 def test_the_json_config_of_scripts_runs(tmp_path, monkeypatch):

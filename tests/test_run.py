@@ -20,6 +20,7 @@ from transformers import AutoTokenizer, BertConfig, BertModel, BertTokenizer, pi
 
 import hf_defer
 from hf_defer import EncoderForDeferral, deferral_metrics
+import hf_defer.run
 from hf_defer.cli import main as hf_defer_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,3 +236,30 @@ def test_data_errors_come_before_any_model_is_loaded(data, tmp_path, monkeypatch
         run_script(["--model_name_or_path", str(data / "encoder"), *data_flags(data), "--missing_expert", "error",
                     "--do_train", "--output_dir", str(tmp_path / "x"), *COMMON])
 
+
+
+def test_unlabelled_test_file_gets_predictions_and_push_to_hub_uploads_the_saved_folder(data, tmp_path, monkeypatch):
+    pd.read_csv(data / "test.csv")[["review"]].to_csv(tmp_path / "unlabelled.csv", index=False)
+    pushed = {}
+    monkeypatch.setattr(hf_defer.DeferralTrainer, "init_hf_repo", lambda self, token=None: None)  # no Hub here
+    monkeypatch.setattr(hf_defer.run, "push_to_hub", lambda model, repo_id, **kw: pushed.update(
+        model=model, repo_id=repo_id, **kw))
+    out = tmp_path / "pushed"
+    flags = data_flags(data)
+    flags[flags.index("--test_file") + 1] = str(tmp_path / "unlabelled.csv")
+    run_script(["--model_name_or_path", str(data / "encoder"), *flags, "--do_train", "--do_predict",
+                "--num_train_epochs", "1", "--output_dir", str(out), "--push_to_hub", "--hub_model_id", "me/reviews",
+                *COMMON])
+    assert len(read_csv(out / "predictions.csv")) == 16
+    assert not any(key.startswith("test_") for key in json.loads((out / "all_results.json").read_text()))
+    assert pushed["repo_id"] == "me/reviews" and pushed["card_data"].model_name == "reviews"
+    assert pushed["card_data"].expert_names == ["alice", "bob"] and pushed["processing_class"] is not None
+    assert pushed["model"].config.id2label == {0: "negative", 1: "neutral", 2: "positive"}
+
+
+@pytest.mark.slow  # ~20 s, the imports of a fresh interpreter
+def test_python_dash_m_hf_defer(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-m", "hf_defer", "predict", "--help"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "--model" in done.stdout and "--input" in done.stdout
