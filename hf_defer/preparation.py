@@ -170,6 +170,34 @@ def _check_string_column(split: datasets.Dataset, column: str, where: str) -> No
         raise ValueError(f"text column {column!r}{where} must hold a string in every row; rows {bad[:5]} have none.")
 
 
+def _expert_answers(split: datasets.Dataset, experts: list[str], label_map: _LabelMap,
+                    split_name: Any) -> tuple[np.ndarray, list[str], list[str]]:
+    """The class ids `[N, M]` of the experts' answers (-1: missing), the expert names and each expert's column."""
+    where = "" if split_name is None else f" of split {split_name!r}"
+    blocks, names_here, sources = [], [], []
+    for column in experts:
+        feature, values = split.features[column], split[column][:]
+        if isinstance(feature, (datasets.List, datasets.LargeList, list)):
+            inner = feature.feature if hasattr(feature, "feature") else feature[0]
+            widths = sorted({len(value) for value in values if value is not None})
+            if len(widths) > 1 or any(value is None for value in values):
+                raise ValueError(
+                    f"expert column {column!r}{where} holds lists of different lengths {widths}: each row needs "
+                    "one answer per expert (None or -1 where an expert did not answer)."
+                )
+            width = widths[0] if widths else 0
+            flat = [item for value in values for item in value]
+            ids = label_map.ids(flat, inner, column, split_name, False).reshape(len(values), width)
+            blocks.append(ids)
+            names_here += [f"{column}_{j}" for j in range(width)]
+            sources += [column] * width
+        else:
+            blocks.append(label_map.ids(values, feature, column, split_name, False)[:, None])
+            names_here.append(column)
+            sources.append(column)
+    return np.concatenate(blocks, axis=1), names_here, sources
+
+
 def prepare_deferral_dataset(
     dataset: datasets.Dataset | datasets.DatasetDict,
     label_column: str = "label",
@@ -292,31 +320,10 @@ def prepare_deferral_dataset(
             raise ValueError(f"label column {label_column!r}{where} has no label in rows {rows}.")
         if len(labels) and (labels == IGNORE_INDEX).all():
             raise ValueError(f"every label of label column {label_column!r}{where} is {IGNORE_INDEX} (ignored).")
-        blocks, names_here, sources = [], [], []
-        for column in experts:
-            feature, values = split.features[column], split[column][:]
-            if isinstance(feature, (datasets.List, datasets.LargeList, list)):
-                inner = feature.feature if hasattr(feature, "feature") else feature[0]
-                widths = sorted({len(value) for value in values if value is not None})
-                if len(widths) > 1 or any(value is None for value in values):
-                    raise ValueError(
-                        f"expert column {column!r}{where} holds lists of different lengths {widths}: each row needs "
-                        "one answer per expert (None or -1 where an expert did not answer)."
-                    )
-                width = widths[0] if widths else 0
-                flat = [item for value in values for item in value]
-                ids = label_map.ids(flat, inner, column, split_name, False).reshape(len(values), width)
-                blocks.append(ids)
-                names_here += [f"{column}_{j}" for j in range(width)]
-                sources += [column] * width
-            else:
-                blocks.append(label_map.ids(values, feature, column, split_name, False)[:, None])
-                names_here.append(column)
-                sources.append(column)
+        expert_ids, names_here, sources = _expert_answers(split, experts, label_map, split_name)
         if expert_names is not None and names_here != expert_names:
             raise ValueError(f"the expert columns hold {names_here}{where} but {expert_names} in the first split.")
         expert_names = names_here
-        expert_ids = np.concatenate(blocks, axis=1)
         missing = (expert_ids == -1).any(axis=1)
         if missing.any() and missing_expert == "error":
             row = int(np.flatnonzero(missing)[0])

@@ -158,8 +158,34 @@ def _count() -> Iterable[int]:
 
 def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
                  training_args: TrainingArguments) -> dict[str, float]:
-    """Runs what the flags ask (`--do_train`, `--do_eval`, `--do_predict`, `--max_deferral_rate`, `--push_to_hub`)
-    and saves the model, its processor, code and card to `--output_dir`. Returns the metrics."""
+    """Runs what the flags ask and saves a Hub-ready folder to `--output_dir`.
+
+    In order: load the splits ([`load_raw_datasets`]); add a simulated expert if asked; check and prepare every split
+    with [`prepare_deferral_dataset`] (all data errors come here, before any model is loaded); build the model (with
+    `--freeze_encoder` on text: a head on cached sentence embeddings, later put on the encoder with the same pooling);
+    `--do_train`, `--do_eval` (validation), `--do_predict` (test metrics when the test split is labelled);
+    `--max_deferral_rate`: calibrate the pipeline's threshold on the validation inputs with the pipeline's own
+    tokenizer settings; save model, processor (truncating at `--max_seq_length`), code, card and `all_results.json`;
+    write `predictions.csv` for every test row; `--push_to_hub`: upload the folder.
+
+    Args:
+        model_args ([`ModelArguments`]), data_args ([`DataTrainingArguments`]), training_args
+            (`transformers.TrainingArguments`): see [`parse_run_arguments`].
+
+    Returns:
+        `dict[str, float]`: the train / eval / test metrics and, when calibrated, `defer_threshold`.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.arguments import parse_run_arguments
+    >>> from hf_defer.run import run_deferral
+    >>> metrics = run_deferral(*parse_run_arguments([  # doctest: +SKIP
+    ...     "--model_name_or_path", "sentence-transformers/all-MiniLM-L6-v2", "--train_file", "train.csv",
+    ...     "--validation_file", "dev.csv", "--expert_column_names", "alice,bob", "--do_train", "--do_eval",
+    ...     "--output_dir", "my-deferral-model"]))
+    ```
+    """
     set_seed(training_args.seed)
     with training_args.main_process_first(desc="loading and preparing the data"):
         raw = load_raw_datasets(data_args, training_args.seed)
