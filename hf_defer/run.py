@@ -236,7 +236,7 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     metrics: dict[str, float] = {}
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-        metrics.update(result.metrics)
+        metrics.update(result.metrics, train_steps=result.global_step)
         trainer.log_metrics("train", result.metrics)
     if training_args.do_eval:
         evaluated = trainer.evaluate()

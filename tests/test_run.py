@@ -122,6 +122,9 @@ def test_script_from_flags_fine_tunes_calibrates_saves_and_predicts_and_hf_defer
                 *COMMON])
     check_saved_folder(out, data, 0.25)
     results = json.loads((out / "all_results.json").read_text())
+    train = pd.read_csv(data / "train.csv")
+    kept = int((train["alice"].notna() & (train["bob"].astype(str) != "-1")).sum())
+    assert results["train_steps"] == 2 * -(-kept // 8)  # one process: missing annotations dropped, 2 epochs
     expected = expected_metrics(out, data / "test.csv")
     for key, value in expected.items():  # the trainer's test metrics are those of the saved model
         assert results[f"test_{key}"] == pytest.approx(value, abs=1e-6), key
@@ -183,8 +186,8 @@ def test_minilm_fine_tuned(data, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("frozen", [False, True])
-def test_two_processes_with_torchrun(data, tmp_path, frozen):
+@pytest.mark.parametrize(("launcher", "frozen"), [("torchrun", False), ("torchrun", True), ("accelerate", False)])
+def test_two_processes(data, tmp_path, launcher, frozen):
     out = tmp_path / "ddp"
     argv = ["--model_name_or_path", str(data / "encoder"), *data_flags(data), "--do_train", "--do_eval",
             "--do_predict", "--num_train_epochs", "2", "--output_dir", str(out), "--ddp_backend", "gloo", *COMMON]
@@ -193,11 +196,17 @@ def test_two_processes_with_torchrun(data, tmp_path, frozen):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "HF_DEFER_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(SCRIPT), *argv], env=env, timeout=600, capture_output=True, text=True)
+    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+              if launcher == "torchrun" else
+              [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines",
+               "1", "--mixed_precision", "no", "--dynamo_backend", "no"])
+    done = subprocess.run([*launch, str(SCRIPT), *argv], env=env, timeout=600, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     check_saved_folder(out, data, None)
     results = json.loads((out / "all_results.json").read_text())
+    train = pd.read_csv(data / "train.csv")
+    kept = int((train["alice"].notna() & (train["bob"].astype(str) != "-1")).sum())
+    assert results["train_steps"] == 2 * -(-kept // (8 * 2))  # two processes of 8 rows a step, 2 epochs
     expected = expected_metrics(out, data / "test.csv")  # every test row evaluated exactly once over 2 processes
     for key, value in expected.items():
         assert results[f"test_{key}"] == pytest.approx(value, abs=1e-5), key
