@@ -198,8 +198,8 @@ def test_two_processes(data, tmp_path, launcher, frozen):
            "HF_DEFER_CACHE": str(tmp_path / "cache")}
     launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
               if launcher == "torchrun" else
-              [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines",
-               "1", "--mixed_precision", "no", "--dynamo_backend", "no"])
+              [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",  # torchrun
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"])  # inside; --use_cpu: CPU
     done = subprocess.run([*launch, str(SCRIPT), *argv], env=env, timeout=600, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     check_saved_folder(out, data, None)
@@ -272,3 +272,22 @@ def test_python_dash_m_hf_defer(tmp_path):
     done = subprocess.run([sys.executable, "-m", "hf_defer", "predict", "--help"], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and "--model" in done.stdout and "--input" in done.stdout
+
+
+def test_simulated_annotator_expert_from_count_columns(data, tmp_path):
+    rng = np.random.default_rng(1)
+    for split, n in (("train", 24), ("dev", 8)):
+        counts = rng.integers(0, 3, (n, 3))
+        counts[counts.sum(axis=1) == 0, 0] = 1
+        pd.DataFrame({"text": [" ".join(rng.choice(WORDS, size=3)) for _ in range(n)],
+                      "label": counts.argmax(axis=1), "n_neg": counts[:, 0], "n_neu": counts[:, 1],
+                      "n_pos": counts[:, 2]}).to_csv(tmp_path / f"{split}.csv", index=False)
+    out = tmp_path / "annotator"
+    run_script(["--model_name_or_path", str(data / "encoder"), "--train_file", str(tmp_path / "train.csv"),
+                "--validation_file", str(tmp_path / "dev.csv"), "--simulated_expert", "annotator",
+                "--annotator_count_columns", "n_neg,n_neu,n_pos", "--class_names", "negative,neutral,positive",
+                "--do_train", "--do_eval", "--num_train_epochs", "1", "--output_dir", str(out), *COMMON])
+    config = json.loads((out / "config.json").read_text())
+    assert config["expert_names"] == ["annotator"]
+    assert config["id2label"] == {"0": "negative", "1": "neutral", "2": "positive"}  # int labels, named by the flag
+    assert 0.0 <= json.loads((out / "all_results.json").read_text())["eval_system_error"] <= 1.0
