@@ -211,9 +211,13 @@ class DeferralTrainer(Trainer):
 def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset") -> None:
     """Checks that a `datasets.Dataset` can train/evaluate ``model`` before any step runs.
 
+    The class column may be ``labels`` or ``label`` (the collator renames it).
+
     Raises:
-        `ValueError`: naming ``name`` when ``labels`` or ``expert_labels`` is missing, the expert labels do not
-        have ``num_experts`` entries per row, or a label lies outside ``[0, num_labels)``.
+        `ValueError`: naming ``name`` when the labels or ``expert_labels`` are missing, the labels are not class ids
+        or all -100, the expert labels do not have ``num_experts`` entries per row, a label lies outside
+        ``[0, num_labels)``, an encoder's input (``input_ids``) is missing (text not tokenized), or ``features``
+        hold NaN or infinite values.
     """
     columns = getattr(dataset, "column_names", None)
     if columns is None:  # a torch Dataset or an iterable: nothing cheap to check
