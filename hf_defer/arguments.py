@@ -26,7 +26,9 @@ def _names(value: str | None) -> list[str]:
 class ModelArguments:
     """Which encoder to start from and how the deferral model is built on it."""
 
-    model_name_or_path: str = field(metadata={"help": "Encoder checkpoint: a Hub id or a local folder (text or vision)."})
+    model_name_or_path: str = field(
+        metadata={"help": "Encoder checkpoint: a Hub id or a local folder (text or vision)."}
+    )
     surrogate: str = field(default="asm", metadata={"help": "Training loss: asm (default), ssm, sova or aova."})
     pooling: str | None = field(
         default=None,
@@ -48,7 +50,9 @@ class ModelArguments:
 class DataTrainingArguments:
     """Which data to train, evaluate and predict on, and where the expert answers come from."""
 
-    dataset_name: str | None = field(default=None, metadata={"help": "A dataset on the Hub (or a local dataset folder)."})
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "A dataset on the Hub (or a local dataset folder)."}
+    )
     dataset_config_name: str | None = field(default=None, metadata={"help": "The dataset's configuration name."})
     train_file: str | None = field(default=None, metadata={"help": "Training data: csv, json, jsonl or parquet."})
     validation_file: str | None = field(default=None, metadata={"help": "Validation data (same format)."})
@@ -108,7 +112,9 @@ class DataTrainingArguments:
         if self.missing_expert not in ("error", "drop"):
             raise ValueError(f"--missing_expert must be 'error' or 'drop', got {self.missing_expert!r}.")
         if self.simulated_expert not in (None, "class_subset", "annotator"):
-            raise ValueError(f"--simulated_expert must be 'class_subset' or 'annotator', got {self.simulated_expert!r}.")
+            raise ValueError(
+                f"--simulated_expert must be 'class_subset' or 'annotator', got {self.simulated_expert!r}."
+            )
         if bool(self.expert_column_names) == bool(self.simulated_expert):
             raise ValueError("give exactly one of --expert_column_names (your experts' answers) and "
                              f"--simulated_expert; got {self.expert_column_names!r} and {self.simulated_expert!r}.")

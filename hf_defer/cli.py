@@ -103,7 +103,8 @@ def evaluate_file(model: str, input_path: str, label_column_name: str = "label",
                   batch_size: int = 32, text_column_name: str | None = None,
                   text_pair_column_name: str | None = None, image_column_name: str | None = None) -> dict[str, float]:
     """[`deferral_metrics`] of a saved model on a labelled file; the expert columns default to the model's expert
-    names, the classes are matched by name to the model's.
+    names, the classes are matched by name to the model's. The metrics are those of the model's own decisions (the
+    logit rule, as `DeferralTrainer.evaluate` reports them); a calibrated budget shows in `budgeted_error_*`.
 
     Example:
 

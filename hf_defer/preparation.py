@@ -83,7 +83,8 @@ def _is_missing(value: Any) -> bool:
         isinstance(value, numbers.Integral) and not isinstance(value, bool) and value == -1)
 
 
-def _class_names(splits: dict[Any, datasets.Dataset], label_column: str, label_names: Sequence[str] | None) -> list[str]:
+def _class_names(splits: dict[Any, datasets.Dataset], label_column: str,
+                 label_names: Sequence[str] | None) -> list[str]:
     """The class names: `label_names`, else the `ClassLabel` names, else the sorted distinct string labels, else the
     integers 0..max as strings."""
     if label_names is not None:
@@ -297,14 +298,16 @@ def prepare_deferral_dataset(
                             ("text/image column", list(inputs))):
             missing = [name for name in names if name not in split.column_names]
             if missing:
-                raise ValueError(f"{role} {missing} not found in the dataset{where}; its columns are {split.column_names}.")
+                raise ValueError(f"{role} {missing} not found in the dataset{where}; its columns are "
+                                 f"{split.column_names}.")
         if text_column is not None:
             _check_string_column(split, text_column, where)
         if text_pair_column is not None:
             _check_string_column(split, text_pair_column, where)
         if image_column is not None and not isinstance(split.features[image_column], datasets.Image):
             raise ValueError(
-                f"image column {image_column!r}{where} must hold images (datasets.Image), got {split.features[image_column]}."
+                f"image column {image_column!r}{where} must hold images (datasets.Image), got "
+                f"{split.features[image_column]}."
             )
 
     first = next(iter(splits.values()))

@@ -28,7 +28,8 @@ from hf_defer.run import run_deferral
 def main(argv: list[str] | None = None) -> dict[str, float]:
     # HfArgumentParser over (ModelArguments, DataTrainingArguments, TrainingArguments): flags, or one JSON file.
     model_args, data_args, training_args = parse_run_arguments(argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=training_args.get_process_log_level())
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        level=training_args.get_process_log_level())
     return run_deferral(model_args, data_args, training_args)
 
 

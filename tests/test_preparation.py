@@ -28,8 +28,8 @@ def reviews() -> datasets.DatasetDict:
         "other": [1, 2, 3, 4, 5],
     })
     test = datasets.Dataset.from_dict({
-        "review": ["fine movie", "bad"], "label": ["neutral", "neg"], "alice": ["neutral", "neg"], "bob": ["pos", "neg"],
-        "other": [0, 0],
+        "review": ["fine movie", "bad"], "label": ["neutral", "neg"], "alice": ["neutral", "neg"],
+        "bob": ["pos", "neg"], "other": [0, 0],
     })
     return datasets.DatasetDict({"train": train, "test": test})
 
@@ -74,7 +74,8 @@ def test_every_kind_of_missing_annotation_is_recognised(missing):
 
 def test_classlabel_keeps_its_names_and_experts_answer_with_names_or_ids():
     features = datasets.Features({"labels": datasets.ClassLabel(names=["cat", "dog", "bird"]),
-                                  "by_name": datasets.Value("string"), "by_id": datasets.ClassLabel(names=["cat", "dog", "bird"])})
+                                  "by_name": datasets.Value("string"),
+                                  "by_id": datasets.ClassLabel(names=["cat", "dog", "bird"])})
     data = datasets.Dataset.from_dict({"labels": [0, 2, 1], "by_name": ["bird", "dog", "cat"], "by_id": [1, 1, 2]},
                                       features=features)
     prepared = prepare_deferral_dataset(data, "labels", ["by_name", "by_id"])
