@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any
 
 import numpy as np
@@ -165,6 +166,8 @@ class DeferralTrainer(Trainer):
         if repo_id:
             values["repo_id"] = repo_id
             values["model_name"] = repo_id.split("/")[-1]
+        elif args.output_dir:  # the card is named after the model, not "deferral-model"
+            values["model_name"] = os.path.basename(os.path.normpath(args.output_dir))
         values.update(fields)
         return DeferralModelCardData.from_model(model, **values)
 
@@ -221,22 +224,33 @@ class DeferralTrainer(Trainer):
 def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset") -> None:
     """Checks that a `datasets.Dataset` can train/evaluate ``model`` before any step runs.
 
+    The class column may be ``labels`` or ``label`` (the collator renames it).
+
     Raises:
-        `ValueError`: naming ``name`` when ``labels`` or ``expert_labels`` is missing, the expert labels do not
-        have ``num_experts`` entries per row, or a label lies outside ``[0, num_labels)``.
+        `ValueError`: naming ``name`` when the labels or ``expert_labels`` are missing, the labels are not class ids
+        or all -100, the expert labels do not have ``num_experts`` entries per row, a label lies outside
+        ``[0, num_labels)``, an encoder's input (``input_ids``) is missing (text not tokenized), or ``features``
+        hold NaN or infinite values.
     """
     columns = getattr(dataset, "column_names", None)
     if columns is None:  # a torch Dataset or an iterable: nothing cheap to check
         return
     config = model.config
-    for column in ("labels", "expert_labels"):
+    label_column = "label" if "labels" not in columns and "label" in columns else "labels"  # the collator renames it
+    for column in (label_column, "expert_labels"):
         if column not in columns:
-            hint = " (add an expert's predictions, e.g. with hf_defer.experts)" if column == "expert_labels" else ""
+            hint = (" (map your annotator columns with hf_defer.prepare_deferral_dataset(..., expert_columns=[...]), "
+                    "or simulate an expert with hf_defer.experts)") if column == "expert_labels" else ""
             raise ValueError(f"{name} must have a '{column}' column{hint}; its columns are {columns}.")
     if len(dataset) == 0:
         raise ValueError(f"{name} is empty.")
-    table = dataset.with_format("numpy", columns=["labels", "expert_labels"])[:]
-    labels, expert_labels = np.asarray(table["labels"]), table["expert_labels"]
+    table = dataset.with_format("numpy", columns=[label_column, "expert_labels"])[:]
+    labels, expert_labels = np.asarray(table[label_column]), table["expert_labels"]
+    if labels.dtype.kind not in "iu":
+        raise ValueError(f"{name}: '{label_column}' must hold class ids (int), got {labels.dtype} values such as "
+                         f"{labels[:3].tolist()}; map class names with hf_defer.prepare_deferral_dataset.")
+    if (labels == -100).all():
+        raise ValueError(f"{name}: every '{label_column}' is -100 (ignored): there is nothing to train or evaluate on.")
     expert_labels = np.stack(expert_labels) if expert_labels.dtype == object else np.asarray(expert_labels)
     if config.num_experts > 1 and (expert_labels.ndim != 2 or expert_labels.shape[1] != config.num_experts):
         width = expert_labels.shape[1] if expert_labels.ndim == 2 else 1
@@ -249,3 +263,14 @@ def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset") -> N
         raise ValueError(f"{name}: {error}") from error
     if getattr(config, "feature_size", None) and "features" not in columns:
         raise ValueError(f"{name} must have a 'features' column for a head-only model; its columns are {columns}.")
+    main_input = getattr(model, "main_input_name", None)
+    lazy = dataset.format.get("type") == "custom"  # with_transform: the inputs are made when rows are read
+    if config.encoder is not None and main_input not in columns and not lazy:
+        raise ValueError(f"{name} has no '{main_input}' column: it was not tokenized (or processed) for the encoder; "
+                         f"its columns are {columns}.")
+    if "features" in columns:
+        features = dataset.with_format("numpy", columns=["features"])[:]["features"]
+        bad = ~np.isfinite(np.stack(features) if features.dtype == object else features)
+        if bad.any():
+            rows = np.flatnonzero(bad.reshape(len(bad), -1).any(axis=1))[:5].tolist()
+            raise ValueError(f"{name}: column 'features' holds NaN or infinite values in rows {rows}.")
