@@ -157,7 +157,10 @@ class DeferralTrainer(Trainer):
         ):
             columns = dataset.select_columns(["features", "labels", "expert_labels"])
             if columns.data.nbytes <= self.head_only_max_bytes:
-                rows = _HeadOnlyRows.from_dataset(columns)
+                try:
+                    rows = _HeadOnlyRows.from_dataset(columns)
+                except (TypeError, ValueError):  # ragged or non-numeric rows: the collator path says which row
+                    rows = None
         self._head_only_rows_of = (dataset, rows)
         return rows
 

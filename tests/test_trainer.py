@@ -279,6 +279,9 @@ def test_fast_path_only_where_it_is_exact(tmp_path):
     grouped = DeferralTrainer(model=head_model(), train_dataset=data,
                               args=args(tmp_path, train_sampling_strategy="group_by_length"))
     assert grouped._head_only_rows() is None
+    ragged = Dataset.from_dict({"features": [[0.0] * D, [0.0] * (D - 1)], "labels": [0, 1], "expert_labels": [0, 1]})
+    trainer = DeferralTrainer(model=head_model(), train_dataset=ragged, args=args(tmp_path))
+    assert trainer._head_only_rows() is None  # left to the collator, whose error names the row
 
 
 def test_training_checks_the_data_once_and_skips_per_step_probes(tmp_path, monkeypatch):
