@@ -26,8 +26,10 @@ clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
 
 # The main job: HateSpeech end to end (embeddings are cached under ~/.cache/hf_defer); writes demo_model/.
+# A quick form: make demo DEMO_ARGS="--max-rows 3000"
+DEMO_ARGS ?=
 demo: install
-	$(PY) scripts/demo.py
+	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(PY) scripts/demo.py $(DEMO_ARGS)
 
 # The paper's HateSpeech Table 2 (4 surrogates x 5 seeds) and the three-expert run, written to results/.
 # Committed results are kept unless REPRODUCE_ARGS=--overwrite.

@@ -1,4 +1,4 @@
-"""Dialect estimation with the TwitterAAE demographic language model, and a dialect-biased expert.
+"""Dialect estimation with the TwitterAAE demographic language model.
 
 The TwitterAAE model of Blodgett, Green and O'Connor (EMNLP 2016, https://github.com/slanglab/twitteraae, MIT)
 is a mixed-membership model with four "demographic topics" (African-American, Hispanic, Asian, White, in that
@@ -9,23 +9,24 @@ initialised with its word likelihood and updated token by token as ``q_i ∝ lik
 proportions are the normalised sum of the token distributions. A tweet counts as African-American English (AAE)
 when the first topic has the largest proportion.
 
-[`dialect_biased_expert`] simulates the "synthetic" HateSpeech expert of Mozannar et al. (2023): an annotator whose
-accuracy depends on the dialect of the tweet (right with probability `p_aae` on AAE tweets and `p_other` elsewhere,
-otherwise a uniformly random label).
+The flags feed [`~hf_defer.experts.dialect_biased_expert`], the "synthetic" HateSpeech expert of Mozannar et al. (2023).
 """
 
 from __future__ import annotations
 
+import gzip
 import html
+import io
 import numbers
 import os
 import re
 from collections.abc import Sequence
 
-import datasets
 import numpy as np
 
-__all__ = ["TOPICS", "TwitterAAE", "cvb0_proportions", "dialect_biased_expert", "tokenize_tweet"]
+from .bundled_data import bundled_bytes
+
+__all__ = ["TOPICS", "TwitterAAE", "cvb0_proportions", "tokenize_tweet"]
 
 TOPICS: tuple[str, ...] = ("african_american", "hispanic", "asian", "white")
 """The four demographic topics of TwitterAAE, in the column order of `model_count_table.txt`."""
@@ -119,13 +120,31 @@ def cvb0_proportions(likelihoods: np.ndarray, alpha: float = 1.0, num_passes: in
     return total / total.sum(), q
 
 
+_TABLES = ("model_count_table.txt", "model_vocab.txt")
+
+
+def _read_table(model_dir: str | os.PathLike, name: str) -> bytes:
+    """The bytes of ``model_dir/name``, or of ``model_dir/name.gz`` decompressed."""
+    path = os.path.join(model_dir, name)
+    if os.path.isfile(path):
+        with open(path, "rb") as handle:
+            return handle.read()
+    if os.path.isfile(path + ".gz"):
+        with gzip.open(path + ".gz", "rb") as handle:
+            return handle.read()
+    raise ValueError(
+        f"model_dir must contain model_count_table.txt and model_vocab.txt (or their .gz); {path} is missing."
+    )
+
+
 class TwitterAAE:
     """The TwitterAAE demographic dialect model (Blodgett et al., 2016).
 
     Args:
-        model_dir (`str` or `os.PathLike`):
-            Folder holding `model_count_table.txt` and `model_vocab.txt` (e.g. the copy in
-            `shared/data/hatespeech/twitteraae/`).
+        model_dir (`str` or `os.PathLike`, *optional*):
+            Folder holding `model_count_table.txt` and `model_vocab.txt` (each may be gzip-compressed, `.txt.gz`).
+            Defaults to `$HF_DEFER_TWITTERAAE` when set, else the copy shipped in the package (MIT license, upstream
+            commit db4d6d1, checked against its SHA-256 when read).
         alpha (`float`, *optional*, defaults to 1.0): CVB0 Dirichlet prior.
         num_passes (`int`, *optional*, defaults to 5): CVB0 passes.
         min_tokens (`int`, *optional*, defaults to 1): fewest in-vocabulary tokens needed for an estimate.
@@ -135,8 +154,8 @@ class TwitterAAE:
 
     ```python
     >>> from hf_defer.aae import TwitterAAE
-    >>> model = TwitterAAE("../shared/data/hatespeech/twitteraae")  # doctest: +SKIP
-    >>> model.is_aae(["he finna go to the sto lol", "I am going to the store tomorrow."]).tolist()  # doctest: +SKIP
+    >>> model = TwitterAAE()  # the tables shipped in the package
+    >>> model.is_aae(["he finna go to the sto lol", "I am going to the store tomorrow."]).tolist()
     [True, False]
 
     ```
@@ -144,22 +163,24 @@ class TwitterAAE:
 
     def __init__(
         self,
-        model_dir: str | os.PathLike,
+        model_dir: str | os.PathLike | None = None,
         alpha: float = 1.0,
         num_passes: int = 5,
         min_tokens: int = 1,
         min_in_vocab: float = 0.2,
     ) -> None:
-        if not isinstance(model_dir, (str, os.PathLike)):
-            raise TypeError(f"model_dir must be a str or a path, got {type(model_dir).__name__}.")
-        counts_path = os.path.join(model_dir, "model_count_table.txt")
-        vocab_path = os.path.join(model_dir, "model_vocab.txt")
-        for path in (counts_path, vocab_path):
-            if not os.path.isfile(path):
-                raise ValueError(f"model_dir must contain model_count_table.txt and model_vocab.txt; {path} is missing.")
-        counts = np.loadtxt(counts_path, dtype=np.float64, ndmin=2)
-        with open(vocab_path, encoding="utf-8") as handle:
-            vocab = [line.rstrip("\n").split("\t")[-1].strip() for line in handle]
+        if model_dir is None:
+            model_dir = os.environ.get("HF_DEFER_TWITTERAAE") or None
+        if model_dir is None:
+            tables = [bundled_bytes(f"twitteraae/{name}") for name in _TABLES]
+        elif isinstance(model_dir, (str, os.PathLike)):
+            tables = [_read_table(model_dir, name) for name in _TABLES]
+        else:
+            raise TypeError(f"model_dir must be a str, a path or None, got {type(model_dir).__name__}.")
+        counts = np.loadtxt(io.BytesIO(tables[0]), dtype=np.float64, ndmin=2)
+        vocab = [line.split("\t")[-1].strip() for line in tables[1].decode("utf-8").split("\n")]
+        if vocab and vocab[-1] == "":  # the final newline
+            vocab.pop()
         if counts.shape != (len(vocab), len(TOPICS)):
             raise ValueError(
                 f"model_count_table.txt must have one row of {len(TOPICS)} counts per vocabulary word "
@@ -226,84 +247,3 @@ class TwitterAAE:
         flags = np.zeros(len(proportions), dtype=bool)
         flags[known] = proportions[known].argmax(axis=1) == 0
         return flags
-
-
-def dialect_biased_expert(
-    dataset: datasets.Dataset,
-    aae: str | Sequence[bool] | np.ndarray,
-    num_classes: int,
-    p_aae: float = 0.6,
-    p_other: float = 0.9,
-    seed: int | np.random.Generator = 0,
-    label_column: str = "labels",
-    column: str = "expert_labels",
-) -> datasets.Dataset:
-    """Add the labels of an annotator whose accuracy depends on the dialect of the text.
-
-    On an AAE example the expert gives the true label with probability `p_aae`, elsewhere with probability
-    `p_other`; otherwise it answers a label drawn uniformly from the `num_classes` classes (which may be the true
-    one). This is the "synthetic" HateSpeech expert of Mozannar et al. (2023), who flag AAE with TwitterAAE.
-
-    Args:
-        dataset (`datasets.Dataset`): the examples; not modified.
-        aae (`str` or sequence of `bool`): a boolean column of `dataset`, or one flag per example
-            (e.g. `TwitterAAE(...).is_aae(dataset["text"])`).
-        num_classes (`int`): number of classes K.
-        p_aae (`float`, *optional*, defaults to 0.6): probability of being right on AAE examples.
-        p_other (`float`, *optional*, defaults to 0.9): probability of being right on the other examples.
-        seed (`int` or `numpy.random.Generator`, *optional*, defaults to 0): seed of the draws.
-        label_column (`str`, *optional*, defaults to `"labels"`): column with the true labels.
-        column (`str`, *optional*, defaults to `"expert_labels"`): name of the added int64 column (replaced if present).
-
-    Returns:
-        `datasets.Dataset`: `dataset` with the expert's labels in `column`.
-
-    Example:
-
-    ```python
-    >>> import datasets
-    >>> from hf_defer.aae import dialect_biased_expert
-    >>> ds = datasets.Dataset.from_dict({"labels": [0, 1, 2, 1]})
-    >>> dialect_biased_expert(ds, [True, True, False, False], 3, p_aae=0.0, p_other=1.0)["expert_labels"][2:]
-    [2, 1]
-
-    ```
-    """
-    if not isinstance(dataset, datasets.Dataset):
-        raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__}.")
-    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 2:
-        raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}.")
-    for name, p in (("p_aae", p_aae), ("p_other", p_other)):
-        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
-            raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}.")
-    for name, value in (("label_column", label_column), ("column", column)):
-        if not isinstance(value, str) or not value:
-            raise ValueError(f"{name} must be a non-empty column name, got {value!r}.")
-    if label_column not in dataset.column_names:
-        raise ValueError(f"label_column {label_column!r} is not a column of the dataset: {dataset.column_names}.")
-    if column == label_column:
-        raise ValueError(f"column ({column!r}) must differ from label_column.")
-    if isinstance(aae, str):
-        if aae not in dataset.column_names:
-            raise ValueError(f"aae column {aae!r} is not a column of the dataset: {dataset.column_names}.")
-        flags = np.asarray(dataset.with_format("numpy", columns=[aae])[:][aae])
-    else:
-        flags = np.asarray(aae)
-    if flags.size == 0:  # an empty column reads back as float
-        flags = flags.astype(bool)
-    if flags.shape != (len(dataset),) or flags.dtype != bool:
-        raise ValueError(
-            f"aae must hold one bool per example ({len(dataset)}), got dtype {flags.dtype} and shape {flags.shape}."
-        )
-    labels = np.asarray(dataset.with_format("numpy", columns=[label_column])[:][label_column])
-    if labels.ndim != 1 or (labels.size and not np.issubdtype(labels.dtype, np.integer)):
-        raise ValueError(f"label_column {label_column!r} must hold one integer per example, got dtype {labels.dtype}.")
-    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ValueError(f"label_column {label_column!r} must hold labels in [0, {num_classes}), got {labels.min()}..{labels.max()}.")
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    right = rng.random(len(labels)) < np.where(flags, float(p_aae), float(p_other))
-    guess = rng.integers(0, int(num_classes), size=len(labels))
-    expert = np.where(right, labels, guess).astype(np.int64)
-    if column in dataset.column_names:
-        dataset = dataset.remove_columns(column)
-    return dataset.add_column(column, expert.tolist(), feature=datasets.Value("int64"))

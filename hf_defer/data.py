@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import numbers
 import os
@@ -20,12 +21,14 @@ from typing import Any
 import datasets
 import numpy as np
 import pandas as pd
-from transformers import PreTrainedTokenizerBase
+from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 from transformers.utils import PaddingStrategy
 
+from .bundled_data import bundled_bytes
 from .experts import annotator_expert
 
 __all__ = [
+    "HATESPEECH_CITATION",
     "HATESPEECH_HUB_ID",
     "HATESPEECH_LABELS",
     "DataCollatorForDeferral",
@@ -34,7 +37,15 @@ __all__ = [
 ]
 
 HATESPEECH_HUB_ID = "tdavidson/hate_speech_offensive"
-"""Hub id of the Davidson et al. (2017) data, used when no local copy is given or found."""
+"""Hub id of the Davidson et al. (2017) data, read only when asked for: `load_hatespeech(HATESPEECH_HUB_ID)`."""
+
+HATESPEECH_CITATION = """@inproceedings{davidson2017automated,
+  title     = {Automated Hate Speech Detection and the Problem of Offensive Language},
+  author    = {Davidson, Thomas and Warmsley, Dana and Macy, Michael and Weber, Ingmar},
+  booktitle = {Proceedings of the 11th International AAAI Conference on Web and Social Media (ICWSM)},
+  year      = {2017}
+}"""
+"""BibTeX of the HateSpeech data (MIT license; the tweets contain offensive language)."""
 
 HATESPEECH_LABELS = ("hate_speech", "offensive_language", "neither")
 """Class names of HateSpeech in class-id order; also the names of the per-class annotator count columns."""
@@ -47,40 +58,32 @@ _CSV_NAME = "labeled_data.csv"
 _HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
-def default_hatespeech_source() -> str:
+def default_hatespeech_source() -> str | None:
     """Where [`load_hatespeech`] reads from when `path_or_repo` is None.
 
-    In order: the environment variable `HF_DEFER_HATESPEECH` if set; else the shared offline copy
-    `<repo root>/../shared/data/hatespeech/labeled_data.csv` if it exists; else the Hub id
-    `tdavidson/hate_speech_offensive`.
+    The environment variable `HF_DEFER_HATESPEECH` (a local path or a Hub dataset id) if it is set; otherwise `None`,
+    which means the copy shipped inside the package (`hf_defer/bundled/hatespeech/labeled_data.csv.gz`, checked
+    against its upstream SHA-256 when read). The Hub is only used when a Hub id is asked for explicitly.
 
     Returns:
-        `str`: a local CSV path or a Hub dataset id.
+        `str` or `None`: the configured source, or `None` for the shipped copy.
 
     Example:
 
     ```python
     >>> from hf_defer.data import default_hatespeech_source
-    >>> isinstance(default_hatespeech_source(), str)
-    True
+    >>> source = default_hatespeech_source()  # None unless $HF_DEFER_HATESPEECH is set
 
     ```
     """
-    from_env = os.environ.get("HF_DEFER_HATESPEECH")
-    if from_env:
-        return from_env
-    repo_root = Path(__file__).resolve().parent.parent
-    shared = repo_root.parent / "shared" / "data" / "hatespeech" / _CSV_NAME
-    if shared.is_file():
-        return str(shared)
-    return HATESPEECH_HUB_ID
+    return os.environ.get("HF_DEFER_HATESPEECH") or None
 
 
 def _local_csv(source: str) -> Path | None:
     """Return the CSV behind a local path, None for a Hub id, or raise for a local path that does not exist."""
     path = Path(source).expanduser()
     if path.is_dir():
-        for candidate in (path / _CSV_NAME, path / "hatespeech" / _CSV_NAME):
+        for candidate in (path / _CSV_NAME, path / "hatespeech" / _CSV_NAME, path / f"{_CSV_NAME}.gz"):
             if candidate.is_file():
                 return candidate
         raise FileNotFoundError(
@@ -90,7 +93,7 @@ def _local_csv(source: str) -> Path | None:
     if path.is_file():
         return path
     looks_local = (
-        source.lower().endswith(".csv")
+        source.lower().endswith((".csv", ".csv.gz"))
         or os.path.isabs(source)
         or source.startswith((".", "~"))
         or not _HUB_ID_PATTERN.match(source)
@@ -112,12 +115,12 @@ def _check_columns(found: Sequence[Any], expected: Sequence[str], source: str) -
         )
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
-    # keep_default_na=False: tweets such as "NA" or "null" must stay strings.
+def _read_csv(path: Path | io.BytesIO, name: str) -> pd.DataFrame:
+    # keep_default_na=False: tweets such as "NA" or "null" must stay strings. A `.gz` path is decompressed.
     frame = pd.read_csv(path, dtype={"tweet": str}, keep_default_na=False)
     unnamed = [name for name in frame.columns if str(name) == "" or str(name).startswith("Unnamed:")]
     frame = frame.drop(columns=unnamed)
-    _check_columns(list(frame.columns), _CSV_COLUMNS, str(path))
+    _check_columns(list(frame.columns), _CSV_COLUMNS, name)
     return frame
 
 
@@ -221,12 +224,12 @@ def load_hatespeech(
 
     Args:
         path_or_repo (`str` or `os.PathLike`, *optional*):
-            The Davidson CSV (`labeled_data.csv`: an unnamed index column, then `count`, `hate_speech`,
-            `offensive_language`, `neither`, `class`, `tweet`), a directory containing it, or a Hub dataset id with
-            the columns of `tdavidson/hate_speech_offensive` (`count`, `hate_speech_count`,
+            The Davidson CSV (`labeled_data.csv` or `labeled_data.csv.gz`: an unnamed index column, then `count`,
+            `hate_speech`, `offensive_language`, `neither`, `class`, `tweet`), a directory containing it, or a Hub
+            dataset id with the columns of `tdavidson/hate_speech_offensive` (`count`, `hate_speech_count`,
             `offensive_language_count`, `neither_count`, `class`, `tweet`), loaded with `datasets.load_dataset`.
-            Defaults to [`default_hatespeech_source`]: `$HF_DEFER_HATESPEECH`, else the shared offline copy, else
-            the Hub.
+            Defaults to `$HF_DEFER_HATESPEECH` when set, else the copy shipped in the package (MIT license,
+            checksum-verified); the Hub is only read when its id is passed.
         seed (`int`, *optional*, defaults to 0):
             Seed of the split (and of the expert draws unless `expert_seed` is given).
         split (`Sequence[float]`, *optional*, defaults to `(0.7, 0.1, 0.2)`):
@@ -243,16 +246,17 @@ def load_hatespeech(
 
     Raises:
         FileNotFoundError: a local path that does not exist, or a directory without `labeled_data.csv`.
+        OSError: the shipped copy is damaged (its SHA-256 does not match the upstream file's).
         ValueError: missing columns, invalid counts or labels, invalid `seed`, `expert_seed` or `split`.
 
     Example:
 
     ```python
     >>> from hf_defer.data import load_hatespeech
-    >>> ds = load_hatespeech(seed=0)  # doctest: +SKIP
-    >>> ds["train"].num_rows, ds["validation"].num_rows, ds["test"].num_rows  # doctest: +SKIP
+    >>> ds = load_hatespeech(seed=0)  # the copy shipped in the package
+    >>> ds["train"].num_rows, ds["validation"].num_rows, ds["test"].num_rows
     (17348, 2478, 4957)
-    >>> ds["train"].features["labels"].names  # doctest: +SKIP
+    >>> ds["train"].features["labels"].names
     ['hate_speech', 'offensive_language', 'neither']
 
     ```
@@ -267,14 +271,21 @@ def load_hatespeech(
         raise ValueError(
             f"`path_or_repo` must be a path, a Hub dataset id or None, got {type(path_or_repo).__name__}."
         )
-    if not source:
+    if source is not None and not source:
         raise ValueError("`path_or_repo` must be a non-empty path or Hub dataset id, got ''.")
     # Validate `split` before any (possibly slow) loading.
     _split_sizes(10**6, split)
 
-    csv_path = _local_csv(source)
-    frame = _read_csv(csv_path) if csv_path is not None else _read_hub(source)
-    full = _to_dataset(frame, str(csv_path) if csv_path is not None else source)
+    if source is None:
+        name = "the shipped copy of labeled_data.csv"
+        frame = _read_csv(io.BytesIO(bundled_bytes("hatespeech/labeled_data.csv")), name)
+    elif (csv_path := _local_csv(source)) is not None:
+        name = str(csv_path)
+        frame = _read_csv(csv_path, name)
+    else:
+        name = source
+        frame = _read_hub(source)
+    full = _to_dataset(frame, name)
     full = annotator_expert(full, list(HATESPEECH_LABELS), seed=expert_seed, column="expert_labels")
 
     _, num_validation, num_test = _split_sizes(full.num_rows, split)
@@ -301,7 +312,8 @@ def _is_string_value(value: Any) -> bool:
 class DataCollatorForDeferral:
     """Collate examples for a deferral model: pad the text inputs and keep the class and expert labels.
 
-    Works like `transformers.DataCollatorWithPadding` with three differences: `expert_labels` is collated next to
+    The text inputs are padded by `transformers.DataCollatorWithPadding`, which alone would fail on a string column
+    and on head-only rows; around it, three differences: `expert_labels` is collated next to
     `labels` (a long tensor `[B]` for one expert, `[B, M]` for M experts); without a tokenizer it stacks the
     precomputed `features` vectors (float `[B, D]`) for head-only models; and string columns such as `text` are
     dropped instead of breaking the tensor conversion. `pixel_values` are stacked as float tensors. Any other
@@ -469,15 +481,10 @@ class DataCollatorForDeferral:
         rest = [key for key in keys if key not in handled and not _is_string_value(rows[0][key])]
         if not rest:
             return batch
-        if self.tokenizer is not None:
-            padded = self.tokenizer.pad(
-                [{key: row[key] for key in rest} for row in rows],
-                padding=self.padding,
-                max_length=self.max_length,
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                return_tensors=self.return_tensors,
-            )
-            batch.update(dict(padded))
+        if self.tokenizer is not None:  # the padding itself is DataCollatorWithPadding's, on the model inputs only
+            padder = DataCollatorWithPadding(self.tokenizer, self.padding, self.max_length, self.pad_to_multiple_of,
+                                             self.return_tensors)
+            batch.update(padder([{key: row[key] for key in rest} for row in rows]))
             return batch
         if "input_ids" in rest:
             raise ValueError(

@@ -81,13 +81,7 @@ def expected_calibration_error(confidence: Any, correct: Any, n_bins: int = 15) 
     0.0
     ```
     """
-    bins = reliability_bins(confidence, correct, n_bins)
-    counts = np.asarray(bins["counts"], dtype=np.float64)
-    total = counts.sum()
-    if total == 0:
-        return 0.0
-    gap = np.abs(np.asarray(bins["mean_confidence"]) - np.asarray(bins["accuracy"]))
-    return float(np.sum(counts[counts > 0] / total * gap[counts > 0]))
+    return reliability_ece(reliability_bins(confidence, correct, n_bins))
 
 
 def _as_tensor(values: Any) -> torch.Tensor:
@@ -100,17 +94,87 @@ def _budget_key(budget: float) -> str:
     return f"budgeted_error_{round(budget * 100):d}"
 
 
+BUDGET_RANKINGS: tuple[str, ...] = ("expert_accuracy", "margin")
+"""How a budget picks the deferred inputs that stay deferred; see [`budget_deferrals`]."""
+
+
+def budget_deferrals(deferred: Any, score: Any, max_deferral_rate: float) -> np.ndarray:
+    """The one deferral budget: of ``N`` inputs, at most ``floor(max_deferral_rate * N)`` stay deferred.
+
+    When more are deferred, those with the highest ``score`` stay (ties: earlier input first) and the classifier
+    answers the rest. [`deferral_metrics`] ranks by the estimated accuracy of each input's expert (the paper's
+    budgeted error) or by the deferral margin; [`calibrate_deferral`] ranks by the margin and puts the threshold
+    between the last margin kept and the highest margin left out.
+
+    Args:
+        deferred (array-like of `bool`, shape `[N]`): the inputs the decision rule defers.
+        score (array-like of `float`, shape `[N]`): the ranking score of each input.
+        max_deferral_rate (`float`): the budget, in (0, 1].
+
+    Returns:
+        `np.ndarray` of `bool`: the inputs that stay deferred.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.metrics import budget_deferrals
+    >>> budget_deferrals([True, True, False, True], [0.2, 0.9, 0.99, 0.9], max_deferral_rate=0.5).tolist()
+    [False, True, False, True]
+
+    ```
+    """
+    deferred = np.asarray(deferred, dtype=bool)
+    score = np.asarray(score, dtype=np.float64)
+    if isinstance(max_deferral_rate, bool) or not isinstance(max_deferral_rate, (int, float)) or not (
+        0 < max_deferral_rate <= 1
+    ):
+        raise ValueError(f"budgets must lie in (0, 1], got {max_deferral_rate!r}.")
+    cap = math.floor(max_deferral_rate * deferred.shape[0] + 1e-9)
+    rows = np.flatnonzero(deferred)
+    if rows.size <= cap:
+        return deferred.copy()
+    kept = np.zeros(deferred.shape[0], dtype=bool)
+    kept[rows[np.argsort(-score[rows], kind="stable")[:cap]]] = True
+    return kept
+
+
+def _read_config(surrogate: Any, num_experts: int, width: int) -> tuple[DeferralSurrogate, Any, float]:
+    """The surrogate, costs and threshold that ``surrogate`` (a name, a surrogate, a config or a model) stands for."""
+    config = getattr(surrogate, "config", surrogate)
+    if getattr(config, "model_type", None) == "deferral":
+        scorer = get_surrogate(config.surrogate, config.num_labels, config.num_experts)
+        return scorer, getattr(config, "expert_costs", None), float(config.defer_threshold)
+    if isinstance(surrogate, DeferralSurrogate):
+        return surrogate, None, 0.0
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
+    if width - num_experts < 2:
+        raise ValueError(
+            f"logits must have num_classes + num_experts columns with num_classes >= 2; with num_experts="
+            f"{num_experts} that needs at least {num_experts + 2} columns, got {width}."
+        )
+    return get_surrogate(surrogate, width - num_experts, num_experts), None, 0.0
+
+
 def deferral_metrics(
     logits: Any,
     labels: Any,
     expert_labels: Any,
-    surrogate: str | DeferralSurrogate = "asm",
+    surrogate: Any = "asm",
     num_experts: int = 1,
     n_bins: int = 15,
     budgets: Sequence[float] = (0.1, 0.2, 0.3),
     return_reliability: bool = False,
+    *,
+    expert_costs: Any = None,
+    defer_threshold: float | None = None,
+    budget_ranking: str = "expert_accuracy",
 ) -> dict[str, Any]:
-    """Evaluates a deferral model from its logits.
+    """Evaluates a deferral model from its logits, with the decision of [`DeferralSurrogate.decide`].
+
+    Inputs are deferred by the one decision rule, ``max_j (a_j - c_j) - max_y p(y|x) > defer_threshold``; with zero
+    costs and threshold (the default for a surrogate name) that is the paper's logit rule. Given a model or its
+    config, the costs and threshold default to the config's, so the numbers are those of its pipeline.
 
     * ``system_error``: mean 0-1-deferral loss (classifier wrong where it answers, chosen expert wrong where
       the input is deferred).
@@ -119,21 +183,27 @@ def deferral_metrics(
     * ``expert_ece``: ECE (``n_bins`` equal-width bins) of the expert-accuracy estimate against
       ``[[m = y]]`` over all inputs. With ``M > 1`` experts, ``expert_ece_j`` for each expert (against that
       expert's correctness) and ``expert_ece`` their mean; ``deferral_rate_j`` is the share routed to expert ``j``.
-    * ``budgeted_error_{100x}`` for each ``x`` in ``budgets``: when more than ``floor(x N)`` inputs are deferred,
-      only the ``floor(x N)`` deferred inputs with the highest estimated accuracy of their expert stay
-      deferred (ties: earlier input first) and the classifier answers the rest; then the system error.
+    * ``budgeted_error_{100x}`` for each ``x`` in ``budgets``: the system error when at most ``floor(x N)`` inputs
+      stay deferred ([`budget_deferrals`]). With ``budget_ranking="expert_accuracy"`` (the paper's definition, the
+      default) the deferred inputs with the highest estimated (clipped) accuracy of their expert stay; with
+      ``"margin"`` those with the highest deferral margin, which is what [`calibrate_deferral`] with
+      ``max_deferral_rate=x`` followed by the pipeline delivers on the same inputs (when no two margins tie).
 
     Args:
         logits (`np.ndarray` or `torch.Tensor` of shape `[N, K + M]`): model outputs.
         labels (array-like of shape `[N]`): true classes; rows equal to -100 are dropped.
         expert_labels (array-like of shape `[N]` or `[N, M]`): the experts' predictions.
-        surrogate (`str` or [`DeferralSurrogate`], *optional*, defaults to `"asm"`): the surrogate the model
-            was trained with; it defines the expert-accuracy estimator.
-        num_experts (`int`, *optional*, defaults to 1): ``M`` (ignored when a surrogate object is passed).
+        surrogate (`str`, [`DeferralSurrogate`], [`DeferralConfig`] or model, *optional*, defaults to `"asm"`): what
+            reads the logits: a surrogate name (with ``num_experts``), a surrogate, or a deferral model or its
+            config (surrogate, experts, ``expert_costs`` and ``defer_threshold`` from the config).
+        num_experts (`int`, *optional*, defaults to 1): ``M``, with a surrogate name only.
         n_bins (`int`, *optional*, defaults to 15): ECE bins.
         budgets (sequence of `float`, *optional*): deferral budgets in (0, 1].
         return_reliability (`bool`, *optional*, defaults to `False`): also return ``"reliability"``, the
             reliability-diagram data of [`reliability_bins`] (a list with one entry per expert when ``M > 1``).
+        expert_costs (sequence of `float`, *optional*): one cost per expert; defaults to the config's, else zeros.
+        defer_threshold (`float`, *optional*): defaults to the config's, else 0.
+        budget_ranking (`str`, *optional*, defaults to `"expert_accuracy"`): `"expert_accuracy"` or `"margin"`.
 
     Returns:
         `dict[str, float]` (plus ``"reliability"`` on request).
@@ -154,37 +224,34 @@ def deferral_metrics(
         logits = logits.float()
     if logits.dim() != 2:
         raise ValueError(f"logits must have shape [N, num_classes + num_experts], got {tuple(logits.shape)}.")
-    if isinstance(surrogate, DeferralSurrogate):
-        scorer = surrogate
-    else:
-        if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
-            raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
-        if logits.shape[1] - num_experts < 2:
-            raise ValueError(
-                f"logits must have num_classes + num_experts columns with num_classes >= 2; with num_experts="
-                f"{num_experts} that needs at least {num_experts + 2} columns, got {logits.shape[1]}."
-            )
-        scorer = get_surrogate(surrogate, logits.shape[1] - num_experts, num_experts)
+    if budget_ranking not in BUDGET_RANKINGS:
+        raise ValueError(f"budget_ranking must be one of {BUDGET_RANKINGS}, got {budget_ranking!r}.")
+    scorer, config_costs, config_threshold = _read_config(surrogate, num_experts, logits.shape[1])
+    costs = config_costs if expert_costs is None else expert_costs
+    threshold = config_threshold if defer_threshold is None else defer_threshold
     M = scorer.num_experts
     logits = scorer.check_logits(logits)
     y, m, valid = scorer.check_targets(_as_tensor(labels), _as_tensor(expert_labels), logits.shape[0])
     for budget in budgets:
-        if not 0 < budget <= 1:
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
             raise ValueError(f"budgets must lie in (0, 1], got {budget!r}.")
     logits, y, m = logits[valid], y[valid], m[valid]
     n = int(y.shape[0])
     if n == 0:
         raise ValueError("labels has no row to evaluate: every label is -100.")
 
-    defer, prediction, expert = (t.numpy() for t in scorer._decide(logits))
-    _, accuracy = scorer._probabilities(logits)
+    defer, prediction, expert = (t.numpy() for t in scorer.decide(logits, costs, threshold))
+    _, accuracy = scorer.probabilities(logits)
     accuracy = accuracy.double().numpy()
     y, m = y.numpy(), m.numpy()
     rows = np.arange(n)
     classifier_right = prediction == y
     experts_right = m == y[:, None]
     chosen_right = experts_right[rows, expert]
-    chosen_accuracy = accuracy[rows, expert]
+    if budget_ranking == "margin":
+        rank_score = scorer.deferral_margin(logits, costs)[0].numpy()
+    else:
+        rank_score = accuracy[rows, expert]
 
     def system_error(deferred: np.ndarray) -> float:
         return float(np.mean(np.where(deferred, ~chosen_right, ~classifier_right)))
@@ -201,15 +268,8 @@ def deferral_metrics(
             metrics[f"expert_ece_{j}"] = eces[j]
         for j in range(M):
             metrics[f"deferral_rate_{j}"] = float(np.mean(defer & (expert == j)))
-    deferred_rows = np.flatnonzero(defer)
     for budget in budgets:
-        cap = math.floor(budget * n + 1e-9)
-        kept = defer
-        if deferred_rows.size > cap:
-            order = np.argsort(-chosen_accuracy[deferred_rows], kind="stable")
-            kept = np.zeros(n, dtype=bool)
-            kept[deferred_rows[order[:cap]]] = True
-        metrics[_budget_key(budget)] = system_error(kept)
+        metrics[_budget_key(budget)] = system_error(budget_deferrals(defer, rank_score, budget))
     if return_reliability:
         diagrams = [reliability_bins(accuracy[:, j], experts_right[:, j], n_bins) for j in range(M)]
         metrics["reliability"] = diagrams[0] if M == 1 else diagrams
@@ -223,10 +283,12 @@ class DeferralMetrics:
     ``label_ids = (labels, expert_labels)`` padded with -100; padded rows are dropped.
 
     Args:
-        surrogate (`str`, *optional*, defaults to `"asm"`): the surrogate the model was trained with.
-        num_experts (`int`, *optional*, defaults to 1): number of experts ``M``.
+        surrogate (`str`, [`DeferralConfig`] or model, *optional*, defaults to `"asm"`): the surrogate the model was
+            trained with, or the model's config (then its costs and threshold decide, read at each evaluation).
+        num_experts (`int`, *optional*, defaults to 1): number of experts ``M`` (with a surrogate name).
         n_bins (`int`, *optional*, defaults to 15): ECE bins.
         budgets (sequence of `float`, *optional*): deferral budgets for the budgeted errors.
+        budget_ranking (`str`, *optional*, defaults to `"expert_accuracy"`): see [`deferral_metrics`].
 
     Example:
 
@@ -243,12 +305,14 @@ class DeferralMetrics:
 
     def __init__(
         self,
-        surrogate: str = "asm",
+        surrogate: Any = "asm",
         num_experts: int = 1,
         n_bins: int = 15,
         budgets: Sequence[float] = (0.1, 0.2, 0.3),
+        budget_ranking: str = "expert_accuracy",
     ) -> None:
         self.surrogate, self.num_experts, self.n_bins, self.budgets = surrogate, num_experts, n_bins, tuple(budgets)
+        self.budget_ranking = budget_ranking
 
     def __call__(self, eval_prediction: Any) -> dict[str, float]:
         logits = eval_prediction.predictions
@@ -261,6 +325,110 @@ class DeferralMetrics:
                 f"'expert_labels']) or use DeferralTrainer. Got {type(label_ids).__name__}."
             )
         labels, expert_labels = label_ids
-        return deferral_metrics(
-            logits, labels, expert_labels, self.surrogate, self.num_experts, self.n_bins, self.budgets
-        )
+        return deferral_metrics(logits, labels, expert_labels, self.surrogate, self.num_experts, self.n_bins,
+                                self.budgets, budget_ranking=self.budget_ranking)
+
+
+METRIC_NAMES: dict[str, tuple[str, str]] = {
+    "system_error": ("System error", "error of the classifier-plus-expert system (the expert's error where deferred)"),
+    "coverage": ("Coverage", "share of inputs the classifier answers (not deferred)"),
+    "classifier_error": ("Classifier error", "error of the classifier alone, on all inputs"),
+    "expert_ece": ("Expert ECE", "calibration error of the expert-accuracy estimate (15 bins)"),
+}
+"""Display name and meaning of each fixed key of [`deferral_metrics`]; [`metric_name_and_meaning`] adds the keys
+that carry a number (``budgeted_error_10``, ``expert_ece_0``, ``deferral_rate_1``)."""
+
+
+def metric_name_and_meaning(key: str) -> tuple[str, str]:
+    """Display name and one-line meaning of a key of [`deferral_metrics`] (for cards, tables and logs).
+
+    Args:
+        key (`str`): a metric key such as ``"coverage"`` or ``"budgeted_error_10"`` (no ``eval_`` prefix).
+
+    Returns:
+        `tuple[str, str]`: the name and its meaning.
+
+    Raises:
+        `ValueError`: ``key`` is not a key [`deferral_metrics`] returns.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.metrics import metric_name_and_meaning
+    >>> metric_name_and_meaning("budgeted_error_10")[0]
+    'Budgeted error @ 10%'
+
+    ```
+    """
+    if key in METRIC_NAMES:
+        return METRIC_NAMES[key]
+    prefix, _, number = key.rpartition("_")
+    if not number.isdigit() or prefix not in ("budgeted_error", "expert_ece", "deferral_rate"):
+        raise ValueError(f"key must be a key of deferral_metrics (e.g. {tuple(METRIC_NAMES)}), got {key!r}.")
+    if prefix == "budgeted_error":
+        return f"Budgeted error @ {number}%", f"system error when at most {number}% of inputs may be deferred"
+    if prefix == "expert_ece":
+        return f"Expert ECE (expert {number})", f"calibration error of expert {number}'s accuracy estimate"
+    return f"Deferral rate (expert {number})", f"share of inputs deferred to expert {number}"
+
+
+def pool_reliability(diagrams: Sequence[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Merges the reliability-diagram data of several runs over the same bins: counts add, means are count-weighted.
+
+    The result equals [`reliability_bins`] of all the runs' inputs at once (up to rounding).
+
+    Args:
+        diagrams (sequence of `dict`): [`reliability_bins`] outputs with the same ``bin_edges``.
+
+    Returns:
+        `dict`: ``bin_edges``, ``counts``, ``mean_confidence`` and ``accuracy`` (NaN for empty bins).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.metrics import pool_reliability
+    >>> a = {"bin_edges": [0, 0.5, 1], "counts": [1, 1], "mean_confidence": [0.2, 0.9], "accuracy": [0.0, 1.0]}
+    >>> b = {"bin_edges": [0, 0.5, 1], "counts": [0, 3], "mean_confidence": [float("nan"), 0.7], "accuracy": [float("nan"), 0.5]}
+    >>> pool_reliability([a, b])["accuracy"]
+    [0.0, 0.625]
+
+    ```
+    """
+    if not diagrams:
+        raise ValueError("diagrams must hold at least one reliability diagram, got none.")
+    edges = diagrams[0]["bin_edges"]
+    if any(d["bin_edges"] != edges for d in diagrams):
+        raise ValueError("diagrams must share their bin edges.")
+    counts = np.sum([np.asarray(d["counts"], dtype=np.float64) for d in diagrams], axis=0)
+    pooled = {"bin_edges": list(edges), "counts": counts.astype(int).tolist()}
+    for key in ("mean_confidence", "accuracy"):
+        weighted = np.sum([np.nan_to_num(np.asarray(d[key], dtype=np.float64)) * np.asarray(d["counts"]) for d in diagrams],
+                          axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            pooled[key] = (weighted / counts).tolist()
+    return pooled
+
+
+def reliability_ece(bins: dict[str, list[float]]) -> float:
+    """Expected calibration error of reliability-diagram data: ``sum_b (n_b / N) |mean confidence_b - accuracy_b|``.
+
+    With [`pool_reliability`] it gives the ECE of several runs pooled. Returns 0.0 when every bin is empty.
+
+    Args:
+        bins (`dict`): [`reliability_bins`] or [`pool_reliability`] output.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.metrics import reliability_ece
+    >>> reliability_ece({"counts": [1, 1], "mean_confidence": [0.25, 0.75], "accuracy": [0.0, 1.0]})
+    0.25
+
+    ```
+    """
+    counts = np.asarray(bins["counts"], dtype=np.float64)
+    total = counts.sum()
+    if total == 0:
+        return 0.0
+    gap = np.abs(np.asarray(bins["mean_confidence"], dtype=np.float64) - np.asarray(bins["accuracy"], dtype=np.float64))
+    return float(np.sum(counts[counts > 0] / total * gap[counts > 0]))

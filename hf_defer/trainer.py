@@ -15,10 +15,11 @@ from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.utils import logging
 from transformers.trainer_utils import EvalLoopOutput, IntervalStrategy
 
+from .adapters import check_head_trainable, has_adapters, is_peft_model, load_adapter_checkpoint
 from .data import DataCollatorForDeferral
-from .hub import copy_pipeline_code, custom_pipelines_in_config
 from .metrics import DeferralMetrics, deferral_metrics
 from .model_card import DeferralModelCardData, render_model_card
+from .tokenization import ensure_pad_token
 
 logger = logging.get_logger(__name__)
 
@@ -31,7 +32,9 @@ class DeferralTrainer(Trainer):
     * the loss comes from the model (the configured surrogate); the Trainer scales it for gradient
       accumulation, so accumulating ``n`` batches of ``b`` gives the loss scale of one batch of ``n * b``;
     * ``compute_metrics`` defaults to [`DeferralMetrics`], so ``evaluate()`` reports ``eval_system_error``,
-      ``eval_coverage``, ``eval_classifier_error``, ``eval_expert_ece`` and the budgeted errors;
+      ``eval_coverage``, ``eval_classifier_error``, ``eval_expert_ece`` and the budgeted errors, all of the
+      saved model's pipeline (the decision with the config's ``expert_costs`` and ``defer_threshold``; budgets ranked
+      by margin, as [`calibrate_deferral`] meets them: ``deferral_metrics(..., budget_ranking="margin")``);
     * ``eval_loss`` is recomputed from the gathered logits of the whole evaluation set, so it is the mean
       surrogate loss over every example exactly once, however many processes evaluated it;
     * ``train_dataset`` and ``eval_dataset`` are checked before anything runs: a missing ``expert_labels``
@@ -84,17 +87,21 @@ class DeferralTrainer(Trainer):
             raise ValueError(
                 f"model must be a deferral model (config.model_type == 'deferral'), got {type(model).__name__}."
             )
+        check_head_trainable(model)
+        processing_class = arguments.get("processing_class")
+        tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
+        if tokenizer is not None:
+            ensure_pad_token(tokenizer, model)
         self._default_collator = arguments.get("data_collator") is None
         train_dataset = arguments.get("train_dataset")
         # check_deferral_dataset reads the values of datasets with columns; the loss need not check them again
         self._checked_train_dataset = train_dataset if getattr(train_dataset, "column_names", None) else None
         self._head_only_rows_of: tuple[Any, _HeadOnlyRows | None] | None = None
         if arguments.get("data_collator") is None:
-            processing_class = arguments.get("processing_class")
-            tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
             arguments["data_collator"] = DataCollatorForDeferral(tokenizer=tokenizer)
         if arguments.get("compute_metrics") is None:
-            arguments["compute_metrics"] = DeferralMetrics(config.surrogate, config.num_experts)
+            # The numbers of the saved model's pipeline: its costs and threshold decide, budgets as calibration's.
+            arguments["compute_metrics"] = DeferralMetrics(config, budget_ranking="margin")
         for name in ("train_dataset", "eval_dataset"):
             dataset = arguments.get(name)
             if isinstance(dataset, dict):
@@ -179,16 +186,15 @@ class DeferralTrainer(Trainer):
             self._last_deferral_eval = (metric_key_prefix, logits, label_ids[0], label_ids[1])
         return output
 
-    # ------------------------------------------------------------------ saving, Hub and model card
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Saves like the Trainer, plus what remote-code loading needs (see [`save_for_hub`]): `auto_map` and
-        `custom_pipelines` in `config.json`, and the model, config, surrogate and pipeline modules."""
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        with custom_pipelines_in_config(self.accelerator.unwrap_model(self.model)):
-            super()._save(output_dir, state_dict)
-        if self.args.should_save:
-            copy_pipeline_code(output_dir)
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        """Resumes like the Trainer, plus the adapters that `add_adapter` gave the model (the Trainer resumes the
+        adapters of a `PeftModel` only)."""
+        unwrapped = self.accelerator.unwrap_model(model if model is not None else self.model)
+        if has_adapters(unwrapped) and not is_peft_model(unwrapped):
+            return load_adapter_checkpoint(unwrapped, resume_from_checkpoint)
+        return super()._load_from_checkpoint(resume_from_checkpoint, model)
 
+    # ------------------------------------------------------------------ saving, Hub and model card
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Saves the model like the Trainer and, when called by the user, writes the deferral model card next to it."""
         super().save_model(output_dir, _internal_call)
@@ -196,15 +202,18 @@ class DeferralTrainer(Trainer):
             self.create_model_card(save_directory=output_dir)
 
     def model_card_data(self, **fields: Any) -> DeferralModelCardData:
-        """The [`DeferralModelCardData`] of the trained model: its configuration, the metrics and reliability data
-        of the last evaluation, the training data size and the main hyperparameters; `fields` override them."""
+        """The [`DeferralModelCardData`] of the trained model: its configuration, the metrics (with the config's
+        costs and threshold, budgets ranked by margin) and reliability data of the last evaluation, the training
+        data size and the main hyperparameters; `fields` override them."""
         model = self.accelerator.unwrap_model(self.model)
         values: dict[str, Any] = {}
         last = getattr(self, "_last_deferral_eval", None)
         if last is not None:
             prefix, logits, labels, expert_labels = last
-            metrics = deferral_metrics(logits, labels, expert_labels, model.config.surrogate, model.config.num_experts,
-                                       return_reliability=True)
+            # The same numbers as evaluate()'s (see __init__): those of the saved model's pipeline.
+            metrics = deferral_metrics(logits, labels, expert_labels, model.config, return_reliability=True,
+                                       budget_ranking="margin")
+            values["budget_ranking"] = "margin"
             values["reliability"] = metrics.pop("reliability")
             values["metrics"] = metrics
             values["num_eval_examples"] = int(np.sum(np.asarray(labels) != -100))
@@ -213,6 +222,7 @@ class DeferralTrainer(Trainer):
             logged = [entry for entry in self.state.log_history if any(k.endswith("_system_error") for k in entry)]
             if logged:
                 values["metrics"] = {k: v for k, v in logged[-1].items() if isinstance(v, (int, float))}
+                values["budget_ranking"] = getattr(self.compute_metrics, "budget_ranking", "expert_accuracy")
         train_dataset = self.train_dataset
         if train_dataset is not None and hasattr(train_dataset, "__len__"):
             values["num_train_examples"] = len(train_dataset)
@@ -247,7 +257,7 @@ class DeferralTrainer(Trainer):
         dataset_args: str | list[str] | None = None,
         *,
         save_directory: str | None = None,
-        overwrite_model_card: bool = False,
+        overwrite_model_card: bool | None = None,
         **card_fields: Any,
     ) -> None:
         """Writes the deferral model card (`README.md` and `reliability_diagram.png`) instead of the generic Trainer
@@ -258,8 +268,9 @@ class DeferralTrainer(Trainer):
                 (`finetuned_from` is the base encoder, `dataset` a Hub dataset id or a name). `tasks`,
                 `dataset_tags` and `dataset_args` are accepted for compatibility and not used.
             save_directory (`str`, *optional*): where to write; defaults to `args.output_dir`.
-            overwrite_model_card (`bool`, *optional*, defaults to `False`): replace a `README.md` that hf_defer did
-                not write (otherwise it is kept, with a warning).
+            overwrite_model_card (`bool`, *optional*): replace a `README.md` that hf_defer did not write (otherwise
+                it is kept, with a warning); defaults to `True` for a model with adapters, whose save writes peft's
+                generic card, and `False` otherwise.
             card_fields: any [`DeferralModelCardData`] field, e.g. `expert_description="..."`.
         """
         if not self.is_world_process_zero():
@@ -274,6 +285,8 @@ class DeferralTrainer(Trainer):
         if dataset is not None:
             fields["dataset_id"] = dataset
         fields = {key: value for key, value in fields.items() if value is not None}
+        if overwrite_model_card is None:
+            overwrite_model_card = has_adapters(self.accelerator.unwrap_model(self.model))
         data = self.model_card_data(**{**fields, **card_fields})
         try:
             render_model_card(data, save_directory or self.args.output_dir, overwrite=overwrite_model_card)

@@ -1,16 +1,14 @@
-"""Tests of hf_defer.aae: tokenizer, CVB0 inference, the TwitterAAE model and the dialect-biased expert."""
+"""Tests of hf_defer.aae: tokenizer, CVB0 inference and the TwitterAAE model."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pytest
 
-from hf_defer.aae import TwitterAAE, cvb0_proportions, dialect_biased_expert, tokenize_tweet
+from hf_defer.aae import TwitterAAE, cvb0_proportions, tokenize_tweet
 
-TWITTERAAE_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "hatespeech" / "twitteraae"
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -126,9 +124,8 @@ def test_predict_rejects_single_string(tiny_model_dir):
 
 
 # ----------------------------------------------------------------------------- the real TwitterAAE tables
-@pytest.mark.skipif(not TWITTERAAE_DIR.is_dir(), reason="shared/data/hatespeech/twitteraae not present")
 def test_real_model_on_hand_made_tweets():
-    model = TwitterAAE(TWITTERAAE_DIR)
+    model = TwitterAAE()  # the tables shipped in the package
     aae = ["bruh dat shit ain't it smh", "he finna go to the sto lol", "yo ion even kno wassup wit chu"]
     standard = ["I am going to the store tomorrow.", "Wonderful weather in the park with my family today",
                 "The meeting has been moved to Thursday afternoon."]
@@ -139,46 +136,28 @@ def test_real_model_on_hand_made_tweets():
     assert (proportions >= 0).all()
 
 
-# ----------------------------------------------------------------------------- dialect-biased expert
-def test_dialect_expert_deterministic_extremes():
-    ds = datasets.Dataset.from_dict({"labels": [0, 1, 2, 1, 0, 2], "aae": [True, True, True, False, False, False]})
-    out = dialect_biased_expert(ds, "aae", num_classes=3, p_aae=1.0, p_other=1.0, seed=3)
-    assert out["expert_labels"] == [0, 1, 2, 1, 0, 2]
-    assert out.column_names == ["labels", "aae", "expert_labels"]
+def test_gzip_tables_and_environment_variable(tiny_model_dir, tmp_path, monkeypatch):
+    import gzip
+
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    for name in ("model_count_table.txt", "model_vocab.txt"):
+        (packed / f"{name}.gz").write_bytes(gzip.compress((tiny_model_dir / name).read_bytes()))
+    np.testing.assert_allclose(TwitterAAE(packed).proportions("Finna"), np.array([80, 2, 2, 2]) / 86)
+    monkeypatch.setenv("HF_DEFER_TWITTERAAE", str(packed))  # the default folder, before the shipped copy
+    assert sorted(TwitterAAE().word_index) == ["finna", "lol", "store", "the"]
 
 
-def test_dialect_expert_accuracy_rates():
-    n = 40_000
-    flags = np.arange(n) < n // 2
-    ds = datasets.Dataset.from_dict({"labels": np.arange(n) % 3})
-    out = dialect_biased_expert(ds, flags, num_classes=3, p_aae=0.4, p_other=0.9, seed=0)
-    table = out.with_format("numpy")[:]
-    right = table["expert_labels"] == table["labels"]
-    # right w.p. p, plus a uniform guess that is right 1/3 of the time: p + (1 - p) / 3.
-    assert right[flags].mean() == pytest.approx(0.4 + 0.6 / 3, abs=0.015)
-    assert right[~flags].mean() == pytest.approx(0.9 + 0.1 / 3, abs=0.01)
-    again = dialect_biased_expert(ds, flags, num_classes=3, p_aae=0.4, p_other=0.9, seed=0)
-    np.testing.assert_array_equal(again.with_format("numpy")[:]["expert_labels"], table["expert_labels"])
+def test_shipped_tables_have_the_upstream_size():
+    # Blodgett et al.'s model: 191,874 words x 4 topics (shared/data/README.md)
+    model = TwitterAAE()
+    assert model.word_likelihoods.shape == (191_874, 4)
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "error", "message"),
-    [
-        ({"aae": [True]}, ValueError, "aae must hold one bool per example"),
-        ({"aae": "missing"}, ValueError, "aae column 'missing'"),
-        ({"p_aae": 1.5}, ValueError, "p_aae must be a probability"),
-        ({"num_classes": 1}, ValueError, "num_classes must be an integer >= 2"),
-        ({"num_classes": 2}, ValueError, r"labels in \[0, 2\)"),
-        ({"label_column": "y"}, ValueError, "label_column 'y'"),
-    ],
-)
-def test_dialect_expert_rejects_bad_input(kwargs, error, message):
-    ds = datasets.Dataset.from_dict({"labels": [0, 2], "aae": [True, False]})
-    arguments = {"aae": "aae", "num_classes": 3} | kwargs
-    with pytest.raises(error, match=message):
-        dialect_biased_expert(ds, **arguments)
+def test_docstring_examples():
+    import doctest
 
+    import hf_defer.aae as aae_module
 
-def test_dialect_expert_rejects_non_dataset():
-    with pytest.raises(TypeError, match="datasets.Dataset"):
-        dialect_biased_expert({"labels": [0]}, [True], num_classes=3)
+    result = doctest.testmod(aae_module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0

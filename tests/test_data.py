@@ -16,7 +16,6 @@ import torch
 import hf_defer.data as data_module
 from hf_defer.data import DataCollatorForDeferral, load_hatespeech
 
-SHARED_CSV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "hatespeech" / "labeled_data.csv"
 LABEL_NAMES = ["hate_speech", "offensive_language", "neither"]
 COUNT_COLUMNS = ["hate_speech", "offensive_language", "neither"]
 
@@ -124,16 +123,55 @@ def test_load_hatespeech_custom_split_and_directory(csv_path: Path):
     assert sum(load_hatespeech(str(csv_path.parent / "root")).num_rows.values()) == 20
 
 
-def test_default_source_resolution(monkeypatch: pytest.MonkeyPatch, csv_path: Path, tmp_path: Path):
+def test_default_source_resolution(monkeypatch: pytest.MonkeyPatch, csv_path: Path):
     monkeypatch.setenv("HF_DEFER_HATESPEECH", str(csv_path))
     assert data_module.default_hatespeech_source() == str(csv_path)
     assert sum(load_hatespeech().num_rows.values()) == 50
     monkeypatch.delenv("HF_DEFER_HATESPEECH")
-    if SHARED_CSV.is_file():
-        assert Path(data_module.default_hatespeech_source()) == SHARED_CSV
-    # a checkout without the shared copy next to it falls back to the Hub id
-    monkeypatch.setattr(data_module, "__file__", str(tmp_path / "elsewhere" / "hf_defer" / "data.py"))
-    assert data_module.default_hatespeech_source() == "tdavidson/hate_speech_offensive"
+    assert data_module.default_hatespeech_source() is None  # the copy shipped in the package, never the Hub
+
+
+def test_default_never_touches_the_hub(monkeypatch: pytest.MonkeyPatch):
+    def no_hub(*args, **kwargs):
+        raise AssertionError("load_hatespeech() must not go to the Hub unless a Hub id is passed")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    monkeypatch.chdir(Path(__file__).resolve().parent)  # no data folder around: only the package's own copy
+    assert sum(load_hatespeech().num_rows.values()) == 24_783
+
+
+def test_shipped_copy_is_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    import gzip
+
+    import hf_defer.bundled_data as bundled
+
+    original = bundled.bundled_path("hatespeech/labeled_data.csv").read_bytes()
+    folder = tmp_path / "hatespeech"
+    folder.mkdir()
+    monkeypatch.setattr(bundled, "BUNDLED_DIR", tmp_path)
+    (folder / "labeled_data.csv.gz").write_bytes(gzip.compress(gzip.decompress(original)[:-10]))  # one row cut
+    with pytest.raises(OSError, match="does not match its upstream checksum"):
+        load_hatespeech()
+    (folder / "labeled_data.csv.gz").write_bytes(original[: len(original) // 2])  # truncated download
+    with pytest.raises(OSError, match="damaged"):
+        load_hatespeech()
+    (folder / "labeled_data.csv.gz").unlink()
+    with pytest.raises(FileNotFoundError, match="without its package data"):
+        load_hatespeech()
+
+
+def test_gzip_csv_path(tmp_path: Path, rows: list[dict]):
+    import gzip
+
+    plain = write_davidson_csv(tmp_path / "labeled_data.csv", rows)
+    packed = tmp_path / "copy" / "labeled_data.csv.gz"
+    packed.parent.mkdir()
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    expected = load_hatespeech(plain, seed=3)
+    for source in (packed, packed.parent):
+        loaded = load_hatespeech(source, seed=3)
+        assert loaded["test"]["text"] == expected["test"]["text"]
+        assert loaded["train"]["expert_labels"] == expected["train"]["expert_labels"]
 
 
 def hub_like_dataset(rows: list[dict]) -> datasets.Dataset:
@@ -226,9 +264,7 @@ def test_load_hatespeech_errors(tmp_path: Path, rows: list[dict], csv_path: Path
 
 
 def test_load_hatespeech_real_data():
-    if not SHARED_CSV.is_file():
-        pytest.skip(f"shared HateSpeech copy not found at {SHARED_CSV}")
-    dsd = load_hatespeech(SHARED_CSV, seed=0)
+    dsd = load_hatespeech(seed=0)  # the copy shipped in the package
     n = 24_783  # README: 24,783 rows
     assert [dsd[s].num_rows for s in dsd] == [n - round(0.1 * n) - round(0.2 * n), round(0.1 * n), round(0.2 * n)]
     labels = np.concatenate([np.asarray(dsd[s]["labels"][:]) for s in dsd])

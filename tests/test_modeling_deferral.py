@@ -247,12 +247,14 @@ def test_load_in_bfloat16_matches_cast_model(tmp_path, dtype_kwarg):
     model = make_model("bert", pooling="mean")
     model.save_pretrained(tmp_path)
     loaded = EncoderForDeferral.from_pretrained(tmp_path, **{dtype_kwarg: torch.bfloat16})
-    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in loaded.encoder.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in loaded.head.parameters()} == {torch.float32}  # _keep_in_fp32_modules_strict
     batch = text_batch()
     with torch.no_grad():
-        expected = model.to(torch.bfloat16)(**batch)
+        model.encoder.to(torch.bfloat16)
+        expected = model(**batch)
         out = loaded(**batch)
-    assert out.logits.dtype == torch.bfloat16
+    assert out.logits.dtype == torch.float32
     assert torch.equal(out.logits, expected.logits)
     assert out.class_probs.dtype == torch.float32  # the surrogate computes in float32
 
@@ -261,7 +263,8 @@ def test_bfloat16_model_round_trip(tmp_path):
     model = make_model("bert").to(torch.bfloat16)
     model.save_pretrained(tmp_path)
     loaded = AutoModelForDeferral.from_pretrained(tmp_path)
-    assert loaded.dtype == torch.bfloat16
+    assert loaded.dtype == torch.bfloat16 and loaded.head[-1].weight.dtype == torch.float32
+    model.head.float()  # exact: bfloat16 values are float32 values
     with torch.no_grad():
         assert torch.equal(loaded(**text_batch()).logits, model(**text_batch()).logits)
 
@@ -301,7 +304,8 @@ def test_from_encoder_pretrained_frozen_and_dtype(tmp_path):
     model = EncoderForDeferral.from_encoder_pretrained(
         str(tmp_path), num_labels=2, freeze_encoder=True, dtype=torch.bfloat16
     )
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.encoder.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.head.parameters()} == {torch.float32}  # logits and loss in float32
     assert not any(p.requires_grad for p in model.encoder.parameters())
     assert all(p.requires_grad for p in model.head.parameters())
 
@@ -441,6 +445,39 @@ def test_bad_config_values_raise_through_from_encoder_pretrained(tmp_path):
         EncoderForDeferral.from_encoder_pretrained(str(tmp_path), num_labels=2, num_experts=2, expert_names=["a"])
     with pytest.raises(ValueError, match="pooling"):
         EncoderForDeferral.from_encoder_pretrained(str(tmp_path), num_labels=2, pooling="sum")
+
+
+def test_from_encoder_pretrained_forwards_config_fields_and_separates_encoder_kwargs(tmp_path):
+    BertModel(ENCODERS["bert"]()).save_pretrained(tmp_path)
+    model = EncoderForDeferral.from_encoder_pretrained(
+        str(tmp_path), num_labels=3, defer_threshold=0.125, expert_costs=[0.05], normalize_pooled=True,
+        encoder_kwargs={"dtype": torch.bfloat16, "attn_implementation": "eager"},
+    )
+    assert (model.config.defer_threshold, model.config.expert_costs, model.config.normalize_pooled) == (
+        0.125, [0.05], True)
+    assert model.encoder.dtype == torch.bfloat16 and model.config.encoder._attn_implementation == "eager"
+    with pytest.raises(TypeError, match="poolng"):
+        EncoderForDeferral.from_encoder_pretrained(str(tmp_path), num_labels=3, poolng="mean")
+    with pytest.raises(ValueError, match="expert_costs"):
+        EncoderForDeferral.from_encoder_pretrained(str(tmp_path), num_labels=3, expert_costs=[0.1, 0.2])
+
+
+def test_auto_model_for_deferral_is_a_small_explicit_mapping(tmp_path):
+    config = DeferralConfig(feature_size=8, num_labels=2)
+    model = AutoModelForDeferral.from_config(config)
+    assert type(model) is EncoderForDeferral
+    model.save_pretrained(tmp_path)
+    assert type(AutoModelForDeferral.from_pretrained(tmp_path, dtype=torch.bfloat16)).__name__ == "EncoderForDeferral"
+    # loading arguments reach the model class: dtype=bfloat16 is applied, and the head stays float32 by design
+    # (`_keep_in_fp32_modules_strict`), which for a head-only model is every weight
+    assert AutoModelForDeferral.from_pretrained(tmp_path, dtype=torch.bfloat16).head[-1].weight.dtype == torch.float32
+    with pytest.raises(ValueError, match="no model for BertConfig"):
+        AutoModelForDeferral.from_config(BertConfig())
+    with pytest.raises(OSError, match="from_pretrained"):
+        AutoModelForDeferral()
+    import hf_defer.auto
+
+    assert "_BaseAutoModelClass" not in open(hf_defer.auto.__file__).read()
 
 
 def test_training_forward_computes_only_the_loss_unless_asked():
