@@ -32,10 +32,11 @@ import torch
 import transformers
 from torch.utils.data import DataLoader, TensorDataset
 
-from plain_loop_hatespeech import _tensors, plain_loop, repro  # noqa: E402  (benchmarks/ is the script's folder)
+from hf_defer.experiments.hatespeech import Protocol, load_splits, train_head
+from plain_loop_hatespeech import _tensors, plain_loop  # benchmarks/ is the script's folder
 
 
-def peer_fit(peer_dir: Path, method: str, splits: datasets.DatasetDict, seed: int, protocol: repro.Protocol) -> float:
+def peer_fit(peer_dir: Path, method: str, splits: datasets.DatasetDict, seed: int, protocol: Protocol) -> float:
     """Seconds of human_ai_deferral's `fit` for `method` ("ssm": LceSurrogate alpha=1, "aova": OVASurrogate)."""
     if str(peer_dir) not in sys.path:
         sys.path.insert(0, str(peer_dir))
@@ -71,13 +72,13 @@ def main() -> None:
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
     datasets.disable_progress_bars()
-    splits = repro.load_splits(args.seed, args.data)
-    protocol = repro.Protocol(epochs=args.epochs, in_memory=False)  # the datasets.Dataset: the fast path
+    splits = load_splits(args.seed, args.data)
+    protocol = Protocol(epochs=args.epochs, in_memory=False)  # the datasets.Dataset: the fast path
     runs = {
         "human_ai_deferral fit, S-SM": lambda: peer_fit(args.peer_dir, "ssm", splits, args.seed, protocol),
         "human_ai_deferral fit, A-OvA": lambda: peer_fit(args.peer_dir, "aova", splits, args.seed, protocol),
         **{f"DeferralTrainer, {name}": functools.partial(
-            lambda name: repro.train_head(splits, name, args.seed, protocol).train_seconds, name)
+            lambda name: train_head(splits, name, args.seed, protocol).train_seconds, name)
            for name in ("ssm", "aova", "asm")},
         "plain loop, A-SM": lambda: plain_loop(splits["train"], "asm", args.seed, protocol)[1],
     }
