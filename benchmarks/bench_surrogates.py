@@ -78,7 +78,8 @@ def main() -> None:
     SURROGATES, get_surrogate = current.SURROGATES, current.get_surrogate
     baseline = _surrogates_at(args.baseline_ref) if args.baseline_ref else None
 
-    print(f"{platform.platform()}; {platform.processor() or 'CPU'}; torch {torch.__version__}, {torch.get_num_threads()} thread(s); "
+    print(f"{platform.platform()}; {platform.processor() or 'CPU'}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} thread(s); "
           f"{args.rounds} rounds, median of per-round ratios to F.cross_entropy (forward + backward, float32, M = 1)")
     columns = ["check=False", "check=True"] + ([f"{args.baseline_ref}"] if baseline else [])
     print("| surrogate | K | B | cross-entropy µs | " + " | ".join(f"{c} ×CE" for c in columns) + " |")

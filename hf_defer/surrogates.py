@@ -372,7 +372,8 @@ class _SOvALoss(torch.autograd.Function):
         total = 1.0 + correct.sum(dim=1, keepdim=True)
         experts = u[:, num_classes:]
         loss = total * rest + F.softplus(-true) + (total - 1.0) * F.softplus(true)
-        loss = loss + (correct * F.softplus(-experts) + (total - correct) * F.softplus(experts)).sum(dim=1, keepdim=True)
+        experts = correct * F.softplus(-experts) + (total - correct) * F.softplus(experts)
+        loss = loss + experts.sum(dim=1, keepdim=True)
         ctx.save_for_backward(u, labels, correct, total)
         ctx.num_classes = num_classes
         return loss[:, 0]
