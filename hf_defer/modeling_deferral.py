@@ -72,7 +72,8 @@ class DeferralOutput(ModelOutput):
         logits (`torch.FloatTensor` of shape `(batch_size, num_labels + num_experts)`):
             Class logits followed by expert logits.
         class_probs (`torch.FloatTensor` of shape `(batch_size, num_labels)`):
-            The surrogate's estimate of the class posterior.
+            The surrogate's estimate of the class posterior. Like `expert_accuracy` and `defer`, not computed in
+            training mode when the loss is (unless `output_estimates=True`).
         expert_accuracy (`torch.FloatTensor` of shape `(batch_size, num_experts)`):
             The surrogate's estimate of each expert's probability of being right.
         defer (`torch.BoolTensor` of shape `(batch_size,)`):
@@ -123,7 +124,7 @@ class EncoderForDeferral(DeferralPreTrainedModel):
     >>> from hf_defer import DeferralConfig, EncoderForDeferral
     >>> encoder = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
     ...                      vocab_size=99)
-    >>> model = EncoderForDeferral(DeferralConfig(encoder=encoder, num_labels=3, num_experts=1))
+    >>> model = EncoderForDeferral(DeferralConfig(encoder=encoder, num_labels=3, num_experts=1)).eval()
     >>> out = model(input_ids=torch.tensor([[2, 5, 7, 3]]), labels=torch.tensor([1]),
     ...             expert_labels=torch.tensor([1]))
     >>> out.logits.shape, out.class_probs.shape, out.expert_accuracy.shape, out.defer.shape
@@ -272,6 +273,8 @@ class EncoderForDeferral(DeferralPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
+        output_estimates: bool | None = None,
+        check_inputs: bool = True,
     ) -> DeferralOutput | tuple[torch.Tensor, ...]:
         r"""
         Args:
@@ -289,6 +292,11 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             output_hidden_states (`bool`, *optional*): return the encoder's hidden states.
             output_attentions (`bool`, *optional*): return the encoder's attention weights.
             return_dict (`bool`, *optional*): return a [`DeferralOutput`] rather than a tuple.
+            output_estimates (`bool`, *optional*): compute `class_probs`, `expert_accuracy` and `defer`. By default
+                they are computed except in training mode with a loss, where the step needs only the loss.
+            check_inputs (`bool`, *optional*, defaults to `True`): check the values of `labels`, `expert_labels` and
+                the logits on this batch (see [`DeferralSurrogate.loss`]); [`DeferralTrainer`] turns it off in
+                training once it has checked the whole dataset, saving a pass and a device sync per check and step.
 
         Returns:
             [`DeferralOutput`] or `tuple`: logits, the surrogate's estimates, the deferral decision and, with
@@ -334,13 +342,14 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             )
         logits = self.head(pooled.to(next(self.head.parameters()).dtype))
 
-        loss = None
+        loss = class_probs = expert_accuracy = defer = None
         if labels is not None:
-            loss = self.surrogate(logits, labels, expert_labels)
-        with torch.no_grad():  # the logits are checked once per step: by the loss, or here
-            u = logits.detach().float() if loss is not None else self.surrogate.check_logits(logits)
-            class_probs, expert_accuracy = self.surrogate._probabilities(u)
-            defer = self.surrogate._decide(u, self.config.expert_costs, self.config.defer_threshold)[0]
+            loss = self.surrogate(logits, labels, expert_labels, check=check_inputs)
+        if output_estimates or (output_estimates is None and not (self.training and loss is not None)):
+            with torch.no_grad():  # the logits are checked once per step: by the loss, or here
+                u = logits.detach().float() if loss is not None else self.surrogate.check_logits(logits, check_inputs)
+                class_probs, expert_accuracy = self.surrogate._probabilities(u)
+                defer = self.surrogate._decide(u, self.config.expert_costs, self.config.defer_threshold)[0]
         output = DeferralOutput(
             loss=loss,
             logits=logits,

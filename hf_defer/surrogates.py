@@ -70,8 +70,12 @@ class DeferralSurrogate:
         return f"{type(self).__name__}(name={self.name!r}, num_classes={self.num_classes}, num_experts={self.num_experts})"
 
     # ------------------------------------------------------------------ validation
-    def check_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Validates ``logits`` and returns them as float32 (gradients still flow to the input dtype)."""
+    def check_logits(self, logits: torch.Tensor, check_values: bool = True) -> torch.Tensor:
+        """Validates ``logits`` and returns them as float32 (gradients still flow to the input dtype).
+
+        The type, shape and dtype checks read only metadata; ``check_values=False`` skips the one data-dependent
+        check (every value finite), which costs a pass over the logits and, on an accelerator, a device sync.
+        """
         if not isinstance(logits, torch.Tensor):
             raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}.")
         width = self.num_classes + self.num_experts
@@ -82,7 +86,7 @@ class DeferralSurrogate:
             )
         if not logits.is_floating_point():
             raise ValueError(f"logits must be a floating-point tensor, got dtype {logits.dtype}.")
-        if not torch.isfinite(logits).all():
+        if check_values and not torch.isfinite(logits).all():
             bad = int((~torch.isfinite(logits)).any(dim=1).sum())
             raise ValueError(f"logits must be finite, got NaN or inf in {bad} of {logits.shape[0]} rows.")
         return logits.float()
@@ -93,8 +97,14 @@ class DeferralSurrogate:
         expert_labels: torch.Tensor,
         batch_size: int,
         device: torch.device | None = None,
+        check_values: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Validates the targets of a batch.
+
+        Shapes and dtypes are always checked (metadata only). ``check_values=False`` skips the checks of the values
+        (labels in range, no missing expert label on a counted row): each is a pass over the targets and, on an
+        accelerator, a device sync. Use it only on data checked before, e.g. once for a whole dataset as
+        [`DeferralTrainer`] does; an out-of-range label then fails inside the kernel or silently counts wrong.
 
         Returns:
             `tuple`: ``labels`` as long ``[B]`` with ignored rows set to 0, ``expert_labels`` as long
@@ -120,6 +130,8 @@ class DeferralSurrogate:
             raise ValueError(f"expert_labels must be integers, got dtype {expert_labels.dtype}.")
         labels, expert_labels = labels.long(), expert_labels.long()
         valid = labels != IGNORE_INDEX
+        if not check_values:
+            return torch.where(valid, labels, 0), expert_labels, valid
         bad = valid & ((labels < 0) | (labels >= K))
         if bad.any():
             raise ValueError(
@@ -135,7 +147,7 @@ class DeferralSurrogate:
         bad = valid[:, None] & ((expert_labels < 0) | (expert_labels >= K))
         if bad.any():
             raise ValueError(f"expert_labels must lie in [0, {K}), got {expert_labels[bad][:5].tolist()}.")
-        return labels.masked_fill(~valid, 0), expert_labels, valid
+        return torch.where(valid, labels, 0), expert_labels, valid
 
     # ------------------------------------------------------------------ public API
     def loss(
@@ -144,6 +156,7 @@ class DeferralSurrogate:
         labels: torch.Tensor,
         expert_labels: torch.Tensor,
         reduction: str = "mean",
+        check: bool = True,
     ) -> torch.Tensor:
         """The surrogate loss.
 
@@ -153,16 +166,21 @@ class DeferralSurrogate:
             expert_labels (`torch.Tensor` of shape `[B]` or `[B, M]`): each expert's predicted class.
             reduction (`str`, *optional*, defaults to `"mean"`): `"mean"` over the counted rows (0 when
                 none counts), `"sum"`, or `"none"` for the per-example loss (0 on ignored rows).
+            check (`bool`, *optional*, defaults to `True`): check the values of the inputs (finite logits, labels
+                in range, no missing expert label); shapes and dtypes are checked either way. `False` skips the
+                passes over the data and, on an accelerator, the device syncs they cost: for a training loop over
+                data checked once beforehand (as [`DeferralTrainer`] does). The loss then also compiles with
+                `torch.compile(fullgraph=True)`.
 
         Returns:
             `torch.Tensor`: float32 loss.
         """
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
-        u = self.check_logits(logits)
-        labels, expert_labels, valid = self.check_targets(labels, expert_labels, u.shape[0], u.device)
+        u = self.check_logits(logits, check_values=check)
+        labels, expert_labels, valid = self.check_targets(labels, expert_labels, u.shape[0], u.device, check)
         correct = (expert_labels == labels[:, None]).float()
-        per_example = self._per_example_loss(u, labels, correct).masked_fill(~valid, 0.0)
+        per_example = torch.where(valid, self._per_example_loss(u, labels, correct), 0.0)
         if reduction == "none":
             return per_example
         if reduction == "sum":
@@ -255,16 +273,136 @@ class DeferralSurrogate:
         raise NotImplementedError
 
 
-def _asm_expert_logits(u: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """``z`` with ``psi_{K+j} = sigmoid(z_j)``: ``z_j = u_{K+j} - LSE(u_{[K] minus y*})``.
+# ---------------------------------------------------------------------------------------------------- kernels
+# Each loss is a `torch.autograd.Function` with its gradient written out: one log-sum-exp (or softplus) pass over
+# the logits in forward and one elementwise pass in backward, where autograd would record half a dozen passes each
+# way for the composed formulas. Inputs: ``u`` float32 [B, K + M], ``labels`` long [B] in range (ignored rows set
+# to 0 by `check_targets`), ``correct`` float [B, M]; output: the per-example loss [B].
 
-    The asymmetric softmax denominator ``sum_{y<=K+1} e^{u_y} - max_{y<=K} e^{u_y}`` is, exactly, the sum over
-    every class but the top one ``y*`` plus the expert, so no difference is ever formed in floating point.
+
+def _asm_rest(u: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, ...]:
+    """One log-sum-exp over every class but the top one ``y*``, shifted by the largest of them.
+
+    Returns ``top [B, 1]`` (``max_{y<=K} u_y``), ``top_index [B, 1]`` (``y*``), ``second [B, 1]`` (the largest
+    class logit but ``y*``), ``e [B, K + M]`` (``exp(u_k - second)`` on the classes but ``y*``, 0 on ``y*`` and on
+    the experts) and ``s [B, 1] = sum e >= 1``, so that ``LSE(u_{[K] minus y*}) = second + log s``. The asymmetric
+    softmax denominator ``sum_{y<=K+1} e^{u_y} - max_{y<=K} e^{u_y}`` is thus summed without forming the difference,
+    and ``s >= 1`` cannot underflow, whatever the gap between the top class and the others (``K >= 2``).
     """
-    classes = u[:, :num_classes]
-    top = F.one_hot(classes.argmax(dim=1), num_classes).bool()
-    rest = torch.logsumexp(classes.masked_fill(top, float("-inf")), dim=1, keepdim=True)
-    return u[:, num_classes:] - rest
+    top, top_index = u[:, :num_classes].max(dim=1, keepdim=True)
+    rest = u.scatter(1, top_index, float("-inf"))
+    rest[:, num_classes:] = float("-inf")
+    second = rest.detach().amax(dim=1, keepdim=True)  # a shift: the log-sum-exp's gradient does not depend on it
+    e = rest.sub_(second).exp_()
+    return top, top_index, second, e, e.sum(dim=1, keepdim=True)
+
+
+class _ASMLoss(torch.autograd.Function):
+    """A-SM: ``(top - u_y) + softplus(d) + sum_j BCE(z_j, c_j)``, with ``r = LSE(u_{[K] minus y*})``, ``d = r - top``
+    (so ``LSE(u_{[K]}) = top + softplus(d)``, no cancellation) and ``z_j = u_{K+j} - r``.
+
+    Gradient, with ``q = softmax(u_{[K] minus y*})`` (0 at ``y*``), ``p = softmax(u_{[K]})`` (``p_{y*} = sigmoid(-d)``,
+    ``p_k = sigmoid(d) q_k`` elsewhere) and ``G = sum_j (sigmoid(z_j) - c_j)``: ``p - onehot(y) - G q`` on the
+    classes (``y*`` is piecewise constant, as in the masked formula) and ``sigmoid(z) - c`` on the experts.
+    """
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, num_classes: int) -> torch.Tensor:
+        top, top_index, second, e, s = _asm_rest(u, num_classes)
+        rest = second + s.log()
+        d = rest - top
+        z = u[:, num_classes:] - rest
+        ctx.save_for_backward(e, s, d, z, top_index, labels, correct)
+        ctx.num_classes = num_classes
+        class_loss = (top - u.gather(1, labels[:, None])) + F.softplus(d)
+        expert_loss = F.binary_cross_entropy_with_logits(z, correct, reduction="none").sum(dim=1, keepdim=True)
+        return (class_loss + expert_loss)[:, 0]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        e, s, d, z, top_index, labels, correct = ctx.saved_tensors
+        grad = grad[:, None]
+        expert = torch.sigmoid(z) - correct
+        out = e * ((torch.sigmoid(d) - expert.sum(dim=1, keepdim=True)) / s * grad)
+        out.scatter_(1, top_index, torch.sigmoid(-d) * grad)
+        out.scatter_add_(1, labels[:, None], -grad)
+        out[:, ctx.num_classes :] = expert * grad
+        return out, None, None, None
+
+
+def _minus_targets(out: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, grad: torch.Tensor,
+                   num_classes: int) -> torch.Tensor:
+    """``out - grad * w`` in place, for the targets ``w = (onehot(y), c)``: touches ``B (1 + M)`` entries only."""
+    out.scatter_add_(1, labels[:, None], -grad)
+    out[:, num_classes:] -= correct * grad
+    return out
+
+
+class _SSMLoss(torch.autograd.Function):
+    """S-SM: ``-sum_z w_z log softmax(u)_z`` with targets ``w = (onehot(y), c)``; gradient ``(1 + sum_j c_j) p - w``."""
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, num_classes: int) -> torch.Tensor:
+        log_p = F.log_softmax(u, dim=1)
+        ctx.save_for_backward(log_p, labels, correct)
+        ctx.num_classes = num_classes
+        return -(log_p.gather(1, labels[:, None])[:, 0] + (correct * log_p[:, num_classes:]).sum(dim=1))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        log_p, labels, correct = ctx.saved_tensors
+        grad = grad[:, None]
+        out = log_p.exp().mul_((1.0 + correct.sum(dim=1, keepdim=True)) * grad)
+        return _minus_targets(out, labels, correct, grad, ctx.num_classes), None, None, None
+
+
+def _ova_class_rest(u: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sum_{k<=K, k != y} xi(-u_k)`` (one softplus pass, the true class zeroed, not subtracted) and ``u_y``."""
+    softplus = F.softplus(u[:, :num_classes]).scatter_(1, labels[:, None], 0.0)
+    return softplus.sum(dim=1, keepdim=True), u.gather(1, labels[:, None])
+
+
+class _SOvALoss(torch.autograd.Function):
+    """S-OvA: ``sum_z [w_z xi(u_z) + (T - w_z) xi(-u_z)]``, ``w = (onehot(y), c)``, ``T = 1 + sum_j c_j``, every term
+    non-negative; gradient ``T sigmoid(u) - w``."""
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, num_classes: int) -> torch.Tensor:
+        rest, true = _ova_class_rest(u, labels, num_classes)
+        total = 1.0 + correct.sum(dim=1, keepdim=True)
+        experts = u[:, num_classes:]
+        loss = total * rest + F.softplus(-true) + (total - 1.0) * F.softplus(true)
+        experts = correct * F.softplus(-experts) + (total - correct) * F.softplus(experts)
+        loss = loss + experts.sum(dim=1, keepdim=True)
+        ctx.save_for_backward(u, labels, correct, total)
+        ctx.num_classes = num_classes
+        return loss[:, 0]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        u, labels, correct, total = ctx.saved_tensors
+        grad = grad[:, None]
+        out = torch.sigmoid(u).mul_(total * grad)
+        return _minus_targets(out, labels, correct, grad, ctx.num_classes), None, None, None
+
+
+class _AOvALoss(torch.autograd.Function):
+    """A-OvA: a binary logistic loss per output with targets ``w = (onehot(y), c)``; gradient ``sigmoid(u) - w``."""
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, num_classes: int) -> torch.Tensor:
+        rest, true = _ova_class_rest(u, labels, num_classes)
+        experts = F.binary_cross_entropy_with_logits(u[:, num_classes:], correct, reduction="none")
+        ctx.save_for_backward(u, labels, correct)
+        ctx.num_classes = num_classes
+        return (rest + F.softplus(-true) + experts.sum(dim=1, keepdim=True))[:, 0]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        u, labels, correct = ctx.saved_tensors
+        grad = grad[:, None]
+        out = torch.sigmoid(u).mul_(grad)
+        return _minus_targets(out, labels, correct, grad, ctx.num_classes), None, None, None
 
 
 class ASMSurrogate(DeferralSurrogate):
@@ -302,15 +440,12 @@ class ASMSurrogate(DeferralSurrogate):
     bounded = True
 
     def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
-        K = self.num_classes
-        class_loss = F.cross_entropy(u[:, :K], labels, reduction="none")
-        z = _asm_expert_logits(u, K)
-        expert_loss = F.binary_cross_entropy_with_logits(z, correct, reduction="none").sum(dim=1)
-        return class_loss + expert_loss
+        return _ASMLoss.apply(u, labels, correct, self.num_classes)
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         K = self.num_classes
-        return F.log_softmax(u[:, :K], dim=1), F.logsigmoid(_asm_expert_logits(u, K))
+        _, _, second, _, s = _asm_rest(u, K)
+        return F.log_softmax(u[:, :K], dim=1), F.logsigmoid(u[:, K:] - (second + s.log()))
 
 
 class SSMSurrogate(DeferralSurrogate):
@@ -341,8 +476,7 @@ class SSMSurrogate(DeferralSurrogate):
     bounded = False
 
     def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
-        log_p = F.log_softmax(u, dim=1)
-        return -log_p.gather(1, labels[:, None])[:, 0] - (correct * log_p[:, self.num_classes :]).sum(dim=1)
+        return _SSMLoss.apply(u, labels, correct, self.num_classes)
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         K = self.num_classes
@@ -381,9 +515,7 @@ class SOvASurrogate(DeferralSurrogate):
     bounded = False
 
     def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
-        w = torch.cat([F.one_hot(labels, self.num_classes).float(), correct], dim=1)
-        total = 1.0 + correct.sum(dim=1, keepdim=True)
-        return (w * F.softplus(-u) + (total - w) * F.softplus(u)).sum(dim=1)
+        return _SOvALoss.apply(u, labels, correct, self.num_classes)
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         K = self.num_classes
@@ -421,8 +553,7 @@ class AOvASurrogate(DeferralSurrogate):
     bounded = True
 
     def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
-        targets = torch.cat([F.one_hot(labels, self.num_classes).float(), correct], dim=1)
-        return F.binary_cross_entropy_with_logits(u, targets, reduction="none").sum(dim=1)
+        return _AOvALoss.apply(u, labels, correct, self.num_classes)
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         log_sig = F.logsigmoid(u)

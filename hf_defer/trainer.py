@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+from collections.abc import Iterator
 from typing import Any
 
+import accelerate.optimizer
+import datasets
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.utils import logging
-from transformers.trainer_utils import EvalLoopOutput
+from transformers.trainer_utils import EvalLoopOutput, IntervalStrategy
 
 from .adapters import check_head_trainable, has_adapters, is_peft_model, load_adapter_checkpoint
 from .data import DataCollatorForDeferral
@@ -38,7 +42,11 @@ class DeferralTrainer(Trainer):
       column, an expert-label width different from ``num_experts`` or labels outside ``num_labels`` raise a
       ``ValueError`` at construction, not in the middle of an epoch;
     * the default collator is [`DataCollatorForDeferral`] (pads text with ``processing_class``, stacks
-      ``features`` for head-only models, keeps ``expert_labels``).
+      ``features`` for head-only models, keeps ``expert_labels``);
+    * a head-only model trained on a `datasets.Dataset` with ``features`` (and the default collator) takes a fast
+      path: the three columns are held as tensors (up to ``head_only_max_bytes``) and every batch is one indexing of
+      them, with the same sampler, so the same seed gives the same weights bit for bit; and since the dataset was
+      checked once, the loss skips its per-batch checks of the values during training.
 
     Everything else (``TrainingArguments``, callbacks, checkpoints, ``accelerate launch``/``torchrun``) is the
     Trainer's own.
@@ -65,6 +73,9 @@ class DeferralTrainer(Trainer):
     # The model returns a mean over the batch; Trainer divides it by the accumulation steps.
     loss_is_scaled_for_ga = False
 
+    head_only_max_bytes: int = 2**30
+    """Largest head-only training set (its features, labels and expert labels) held in memory for the fast path."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Bind like Trainer.__init__ so that positional and keyword arguments are checked alike.
         bound = inspect.signature(Trainer.__init__).bind(None, *args, **kwargs)
@@ -82,6 +93,11 @@ class DeferralTrainer(Trainer):
         tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
         if tokenizer is not None:
             ensure_pad_token(tokenizer, model)
+        self._default_collator = arguments.get("data_collator") is None
+        train_dataset = arguments.get("train_dataset")
+        # check_deferral_dataset reads the values of datasets with columns; the loss need not check them again
+        self._checked_train_dataset = train_dataset if getattr(train_dataset, "column_names", None) else None
+        self._head_only_rows_of: tuple[Any, _HeadOnlyRows | None] | None = None
         if arguments.get("data_collator") is None:
             arguments["data_collator"] = DataCollatorForDeferral(tokenizer=tokenizer)
         if arguments.get("compute_metrics") is None:
@@ -95,6 +111,66 @@ class DeferralTrainer(Trainer):
             elif dataset is not None:
                 check_deferral_dataset(dataset, model, name)
         super().__init__(**arguments)
+
+    # ------------------------------------------------------------------ data loading and training steps
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        with _lomo_probe_once():
+            return super().train(*args, **kwargs)
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        if model.training and self.train_dataset is not None and self.train_dataset is self._checked_train_dataset:
+            inputs = {**inputs, "check_inputs": False}  # checked once at construction: no pass, no sync per step
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
+        # transformers.Trainer._get_grad_norm computes the norm of all gradients at every step, only to log it, also
+        # when max_grad_norm=0 asks for no clipping; with nothing logged there is no reader for it.
+        if grad_norm is None and self.args.logging_strategy == IntervalStrategy.NO:
+            return None
+        return super()._get_grad_norm(model, grad_norm)
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        """The Trainer's training loader; on the head-only fast path its dataset is [`_HeadOnlyRows`] and its collate
+        function passes the batch through (same sampler, same batch size, same `accelerate` preparation)."""
+        rows = self._head_only_rows()
+        if rows is None:
+            return super().get_train_dataloader()
+        collator, self.data_collator = self.data_collator, _batch_as_is
+        try:
+            return self._get_dataloader(dataset=rows, description="Training", batch_size=self._train_batch_size,
+                                        sampler_fn=self._get_train_sampler, is_training=True)
+        finally:
+            self.data_collator = collator
+
+    def _get_collator_with_removed_columns(self, data_collator: Any, description: str | None = None) -> Any:
+        # transformers.Trainer wraps the collator of every dataset that is not a datasets.Dataset in a
+        # RemoveColumnsCollator, which rebuilds each row as a dict; _HeadOnlyRows holds the model's inputs only.
+        if data_collator is _batch_as_is:
+            return data_collator
+        return super()._get_collator_with_removed_columns(data_collator, description)
+
+    def _head_only_rows(self) -> _HeadOnlyRows | None:
+        """The training set as tensors when the fast path applies (else None), built once per training set."""
+        dataset, model = self.train_dataset, self.accelerator.unwrap_model(self.model)
+        if self._head_only_rows_of is not None and self._head_only_rows_of[0] is dataset:
+            return self._head_only_rows_of[1]
+        rows = None
+        if (
+            self._default_collator
+            and getattr(model.config, "encoder", True) is None
+            and isinstance(dataset, datasets.Dataset)
+            and {"features", "labels", "expert_labels"} <= set(dataset.column_names)
+            and self.args.train_sampling_strategy in ("random", "sequential")
+        ):
+            columns = dataset.select_columns(["features", "labels", "expert_labels"])
+            if columns.data.nbytes <= self.head_only_max_bytes:
+                try:
+                    rows = _HeadOnlyRows.from_dataset(columns)
+                except (TypeError, ValueError):  # ragged or non-numeric rows: the collator path says which row
+                    rows = None
+        self._head_only_rows_of = (dataset, rows)
+        return rows
 
     def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
                         ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
@@ -219,6 +295,54 @@ class DeferralTrainer(Trainer):
             render_model_card(data, save_directory or self.args.output_dir, overwrite=overwrite_model_card)
         except FileExistsError as error:
             logger.warning(f"{error} Kept it; pass overwrite_model_card=True to replace it with the deferral card.")
+
+
+class _HeadOnlyRows(torch.utils.data.Dataset):
+    """The columns of a head-only training set as whole tensors: `__getitems__` returns a batch (a dict of tensors,
+    the values [`DataCollatorForDeferral`] makes of the same rows) with one indexing per column, no per-row dicts."""
+
+    def __init__(self, features: torch.Tensor, labels: torch.Tensor, expert_labels: torch.Tensor) -> None:
+        self.columns = {"features": features, "labels": labels, "expert_labels": expert_labels}
+
+    @classmethod
+    def from_dataset(cls, dataset: datasets.Dataset) -> _HeadOnlyRows:
+        table = dataset.with_format("numpy")[:]
+
+        def array(values: Any, dtype: Any) -> torch.Tensor:
+            values = np.stack(values) if values.dtype == object else values
+            return torch.from_numpy(np.ascontiguousarray(values, dtype=dtype))
+
+        return cls(array(table["features"], np.float32), array(table["labels"], np.int64),
+                   array(table["expert_labels"], np.int64))
+
+    def __len__(self) -> int:
+        return len(self.columns["labels"])
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {name: column[index] for name, column in self.columns.items()}
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        index = torch.as_tensor(indices)
+        return {name: column[index] for name, column in self.columns.items()}
+
+
+def _batch_as_is(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Collate function of [`_HeadOnlyRows`]: its `__getitems__` already returns the batch."""
+    return batch
+
+
+@contextlib.contextmanager
+def _lomo_probe_once() -> Iterator[None]:
+    """`accelerate.optimizer.AcceleratedOptimizer.step` calls `accelerate.utils.is_lomo_available()`, an importlib
+    `find_spec`, twice per optimizer step; whether `lomo_optim` is installed does not change during a run, so the
+    probe runs once and its answer serves the run (restored afterwards)."""
+    probe = accelerate.optimizer.is_lomo_available
+    available = probe()
+    accelerate.optimizer.is_lomo_available = lambda: available
+    try:
+        yield
+    finally:
+        accelerate.optimizer.is_lomo_available = probe
 
 
 def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset") -> None:

@@ -478,3 +478,23 @@ def test_auto_model_for_deferral_is_a_small_explicit_mapping(tmp_path):
     import hf_defer.auto
 
     assert "_BaseAutoModelClass" not in open(hf_defer.auto.__file__).read()
+
+
+def test_training_forward_computes_only_the_loss_unless_asked():
+    torch.manual_seed(0)
+    model = EncoderForDeferral(DeferralConfig(feature_size=6, num_labels=K, num_experts=M))
+    x = torch.randn(B, 6)
+    batch = {"features": x, "labels": LABELS, "expert_labels": EXPERT_LABELS}
+    expected = model.eval()(**batch)  # evaluation: loss and the estimates
+    assert expected.class_probs is not None and expected.expert_accuracy is not None and expected.defer is not None
+    model.train()
+    out = model(**batch)
+    assert out.class_probs is None and out.expert_accuracy is None and out.defer is None
+    assert torch.equal(out.loss, expected.loss) and torch.equal(out.logits, expected.logits)
+    unchecked = model(**batch, check_inputs=False)
+    assert torch.equal(unchecked.loss, expected.loss)
+    asked = model(**batch, output_estimates=True)
+    for name in ("class_probs", "expert_accuracy", "defer"):
+        assert torch.equal(getattr(asked, name), getattr(expected, name)), name
+    assert model(features=x).class_probs is not None  # no loss to compute: the estimates are the output
+    assert model.eval()(**batch, output_estimates=False).class_probs is None

@@ -661,3 +661,113 @@ def test_each_surrogate_class_carries_its_names_and_the_one_list_is_shared():
                                             "consistent, with an unbounded expert-accuracy estimator")
     with pytest.raises(ValueError, match="surrogate must be one of"):
         surrogate_class("focal")
+
+
+# --------------------------------------------------------------------------------------------
+# The kernels: hand-written gradients, unchecked entry point, torch.compile
+# --------------------------------------------------------------------------------------------
+
+
+def _autograd_reference(name, u, labels, experts, K, M):
+    """Per-example loss by float64 autograd over the textbook formulas (masked log-sum-exp for A-SM)."""
+    c = (experts == labels[:, None]).double()
+    w = torch.cat([torch.nn.functional.one_hot(labels, K).double(), c], dim=1)
+    sp = torch.nn.functional.softplus
+    if name == "asm":
+        classes = u[:, :K]
+        top = torch.nn.functional.one_hot(classes.argmax(dim=1), K).bool()
+        rest = torch.logsumexp(classes.masked_fill(top, float("-inf")), dim=1, keepdim=True)
+        z = u[:, K:] - rest
+        return -torch.log_softmax(classes, 1).gather(1, labels[:, None])[:, 0] + (c * sp(-z) + (1 - c) * sp(z)).sum(1)
+    if name == "ssm":
+        return -(w * torch.log_softmax(u, 1)).sum(1)
+    if name == "sova":
+        total = 1 + c.sum(1, keepdim=True)
+        return (w * sp(-u) + (total - w) * sp(u)).sum(1)
+    return (w * sp(-u) + (1 - w) * sp(u)).sum(1)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("K,M", [(2, 1), (5, 1), (4, 3)])
+def test_kernel_gradient_matches_float64_autograd_for_any_output_weights(name, K, M):
+    # reduction="none" with random weights per row exercises the backward's scaling by grad_output row by row
+    rng = np.random.default_rng(5 * K + M + NAMES.index(name))
+    B = 64
+    logits, labels, experts = _random_batch(rng, K, M, B, scale=8.0, n_ignored=5)
+    logits[10, :K] = logits[10, 0]  # a tie for the top class
+    weights = torch.tensor(rng.uniform(0.1, 2.0, size=B))
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    u = torch.tensor(logits, dtype=torch.float32, requires_grad=True)
+    per = s.loss(u, torch.tensor(labels), torch.tensor(experts), reduction="none")
+    (per.double() * weights).sum().backward()
+
+    valid = torch.tensor(labels != IGNORE)
+    ref_u = torch.tensor(logits, dtype=torch.float64, requires_grad=True)
+    safe_labels = torch.where(valid, torch.tensor(labels), 0)
+    ref = _autograd_reference(name, ref_u, safe_labels, torch.tensor(experts), K, M)
+    (torch.where(valid, ref, 0.0) * weights).sum().backward()
+    np.testing.assert_allclose(per.detach().double().numpy(), torch.where(valid, ref, 0.0).detach().numpy(),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(u.grad.double().numpy(), ref_u.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_unchecked_loss_is_the_checked_loss(name, reduction):
+    rng = np.random.default_rng(11 + NAMES.index(name))
+    logits, labels, experts = _random_batch(rng, 4, 2, 20, n_ignored=4)
+    s = get_surrogate(name, num_classes=4, num_experts=2)
+    results = []
+    for check in (True, False):
+        u = torch.tensor(logits, dtype=torch.float32, requires_grad=True)
+        loss = s.loss(u, torch.tensor(labels), torch.tensor(experts), reduction=reduction, check=check)
+        loss.sum().backward()
+        results.append((loss.detach(), u.grad))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_unchecked_loss_skips_only_the_value_checks(name):
+    s = get_surrogate(name, num_classes=3, num_experts=2)
+    u, y, m = _good()
+    u[1, 3] = float("nan")
+    assert torch.isnan(s(u, y, m, check=False))  # no pass over the values, no device sync: NaN goes through
+    # shapes and dtypes are metadata: still checked, with the same messages
+    with pytest.raises(ValueError, match="logits"):
+        s(torch.zeros(4, 4), y, m, check=False)
+    with pytest.raises(ValueError, match="expert_labels"):
+        s(torch.zeros(4, 5), y, torch.zeros(4, 3, dtype=torch.long), check=False)
+    with pytest.raises(ValueError, match="labels must be integers"):
+        s(torch.zeros(4, 5), y.float(), m, check=False)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_unchecked_loss_compiles_without_graph_break(name):
+    # fullgraph=True raises on any graph break; aot_eager traces the hand-written backward too, without the
+    # minutes a C++ compilation takes (the inductor build is in the slow test below)
+    s = get_surrogate(name, num_classes=4, num_experts=2)
+    rng = np.random.default_rng(2)
+    logits, labels, experts = _random_batch(rng, 4, 2, 8, n_ignored=2)
+    compiled = torch.compile(lambda u, y, m: s(u, y, m, check=False), fullgraph=True, backend="aot_eager")
+    u = torch.tensor(logits, dtype=torch.float32, requires_grad=True)
+    compiled(u, torch.tensor(labels), torch.tensor(experts)).backward()
+    expected = torch.tensor(logits, dtype=torch.float32, requires_grad=True)
+    s(expected, torch.tensor(labels), torch.tensor(experts)).backward()
+    torch.testing.assert_close(u.grad, expected.grad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_unchecked_loss_compiles_with_inductor(name):
+    s = get_surrogate(name, num_classes=5, num_experts=2)
+    rng = np.random.default_rng(3)
+    logits, labels, experts = _random_batch(rng, 5, 2, 32, n_ignored=3)
+    compiled = torch.compile(lambda u, y, m: s(u, y, m, check=False), fullgraph=True)
+    u = torch.tensor(logits, dtype=torch.float32, requires_grad=True)
+    loss = compiled(u, torch.tensor(labels), torch.tensor(experts))
+    loss.backward()
+    expected_u = torch.tensor(logits, dtype=torch.float32, requires_grad=True)
+    expected = s(expected_u, torch.tensor(labels), torch.tensor(experts))
+    expected.backward()
+    torch.testing.assert_close(loss.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(u.grad, expected_u.grad, rtol=1e-5, atol=1e-6)

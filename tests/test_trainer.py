@@ -235,3 +235,79 @@ def test_two_processes_train_and_evaluate_every_example_once(tmp_path):
         assert metrics[f"eval_{key}"] == pytest.approx(value, abs=1e-6), key
     loss = get_surrogate("asm", 3, 2)(logits, torch.tensor(labels), torch.tensor(experts))
     assert metrics["eval_loss"] == pytest.approx(loss.item(), rel=1e-5)
+
+
+def test_head_only_fast_path_gives_the_weights_of_the_collator_path_bit_for_bit(tmp_path, num_experts=1):
+    # 300 shuffled steps with momentum and a cosine schedule: any difference in the batches would show
+    data = make_data(400, num_experts=num_experts, seed=7)
+    data = data.add_column("text", [f"row {i}" for i in range(400)])  # removed by either path
+    common = dict(per_device_train_batch_size=8, num_train_epochs=6, learning_rate=0.2, optim="sgd",
+                  optim_args="momentum=0.9", lr_scheduler_type="cosine", max_grad_norm=0.0, seed=3)
+    results = []
+    for fast in (True, False):
+        model = head_model(num_experts, seed=1)
+        trainer = DeferralTrainer(model=model, train_dataset=data, eval_dataset=data,
+                                  args=args(tmp_path / str(fast), **common))
+        if not fast:
+            trainer.head_only_max_bytes = 0  # too large to hold: the Trainer's own loader and the collator
+        assert (trainer._head_only_rows() is not None) is fast
+        trainer.train()
+        assert trainer.state.global_step == 300
+        results.append(([p.detach().clone() for p in model.parameters()], trainer.evaluate()))
+    (fast_weights, fast_metrics), (slow_weights, slow_metrics) = results
+    assert all(torch.equal(a, b) for a, b in zip(fast_weights, slow_weights))
+    assert fast_metrics.keys() == slow_metrics.keys()
+    assert all(fast_metrics[k] == slow_metrics[k] for k in fast_metrics if not k.endswith(("_runtime", "per_second")))
+
+
+@pytest.mark.parametrize("num_experts", [1, 2])
+def test_head_only_batches_are_the_collated_rows(tmp_path, num_experts):
+    data = make_data(10, num_experts=num_experts, seed=2)
+    trainer = DeferralTrainer(model=head_model(num_experts), train_dataset=data, args=args(tmp_path))
+    rows = trainer._head_only_rows()
+    expected = trainer.data_collator([data[i] for i in (7, 2, 9)])
+    batch = rows.__getitems__([7, 2, 9])
+    assert batch.keys() == expected.keys()
+    for key in batch:
+        assert batch[key].dtype == expected[key].dtype and torch.equal(batch[key], expected[key]), key
+
+
+def test_fast_path_only_where_it_is_exact(tmp_path):
+    data = make_data(10)
+    custom = DeferralTrainer(model=head_model(), train_dataset=data, args=args(tmp_path),
+                             data_collator=lambda rows: rows)
+    assert custom._head_only_rows() is None  # the user's collator decides what a batch is
+    grouped = DeferralTrainer(model=head_model(), train_dataset=data,
+                              args=args(tmp_path, train_sampling_strategy="group_by_length"))
+    assert grouped._head_only_rows() is None
+    ragged = Dataset.from_dict({"features": [[0.0] * D, [0.0] * (D - 1)], "labels": [0, 1], "expert_labels": [0, 1]})
+    trainer = DeferralTrainer(model=head_model(), train_dataset=ragged, args=args(tmp_path))
+    assert trainer._head_only_rows() is None  # left to the collator, whose error names the row
+
+
+def test_training_checks_the_data_once_and_skips_per_step_probes(tmp_path, monkeypatch):
+    import accelerate.optimizer
+
+    probes = []
+    original_probe = accelerate.optimizer.is_lomo_available
+
+    def counted_probe():
+        probes.append(1)
+        return original_probe()
+
+    monkeypatch.setattr(accelerate.optimizer, "is_lomo_available", counted_probe)
+    data = make_data(64)
+    model = head_model()
+    trainer = DeferralTrainer(model=model, train_dataset=data, args=args(tmp_path, per_device_train_batch_size=8,
+                                                                           max_grad_norm=0.0, max_steps=20))
+    value_checks, norms = [], []
+    check_targets = model.surrogate.check_targets
+    monkeypatch.setattr(model.surrogate, "check_targets",
+                        lambda *a, **k: value_checks.append(a[4] if len(a) > 4 else k.get("check_values", True))
+                        or check_targets(*a, **k))
+    monkeypatch.setattr(trainer.accelerator, "clip_grad_norm_", lambda *a, **k: norms.append(1))
+    trainer.train()
+    assert len(value_checks) == 20 and not any(value_checks)  # shapes checked per batch, values never
+    assert norms == []  # max_grad_norm=0 and no logging: no gradient norm to compute
+    assert len(probes) == 1  # accelerate's per-step LOMO import probe asked once for the run
+    assert accelerate.optimizer.is_lomo_available is counted_probe  # and put back afterwards

@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""Forward + backward of each deferral surrogate against `F.cross_entropy` on logits of the same width.
+
+For every size (K classes, one expert: logits `[B, K + 1]`, float32) and every round, the runs alternate: cross-entropy,
+then each surrogate as a training loop calls it (`surrogate(logits, labels, expert_labels, check=False)`: the data
+was checked once beforehand) and as a direct call checks it (`check=True`: finite logits, labels in range, one pass
+each). Each timed sample repeats the call enough times to last a few milliseconds; the ratio to cross-entropy is
+taken within each round and the median over the rounds is printed, so that load from other processes cancels out.
+With `--baseline-ref`, the `surrogates.py` of that git revision runs in the same rounds (e.g. the code before the
+kernels were rewritten).
+
+Example:
+
+```
+python benchmarks/bench_surrogates.py                       # all sizes, 15 rounds, 1 torch thread
+python benchmarks/bench_surrogates.py --rounds 5 --baseline-ref 6b2e7d6~1
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module(path: Path, name: str):
+    """Imports one file as a module: `surrogates.py` needs only torch, so the benchmark runs without the rest of
+    hf_defer's dependencies (on a machine with torch alone, say)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _surrogates_at(ref: str):
+    """`hf_defer/surrogates.py` of git revision `ref`, or of the file `ref` when it is one."""
+    if Path(ref).is_file():
+        return _module(Path(ref), "baseline_surrogates")
+    source = subprocess.run(["git", "show", f"{ref}:hf_defer/surrogates.py"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "baseline_surrogates.py"
+    path.write_text(source)
+    return _module(path, "baseline_surrogates")
+
+
+def _timed(step: Callable[[], None], repeats: int) -> float:
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--classes", type=int, nargs="+", default=[3, 100, 1000])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 4096])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--sample-ms", type=float, default=20.0, help="target length of one timed sample")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--baseline-ref", default=None,
+                        help="also time hf_defer/surrogates.py of this git revision (or this file)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    current = _module(ROOT / "hf_defer" / "surrogates.py", "surrogates")
+    SURROGATES, get_surrogate = current.SURROGATES, current.get_surrogate
+    baseline = _surrogates_at(args.baseline_ref) if args.baseline_ref else None
+
+    print(f"{platform.platform()}; {platform.processor() or 'CPU'}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} thread(s); "
+          f"{args.rounds} rounds, median of per-round ratios to F.cross_entropy (forward + backward, float32, M = 1)")
+    columns = ["check=False", "check=True"] + ([f"{args.baseline_ref}"] if baseline else [])
+    print("| surrogate | K | B | cross-entropy µs | " + " | ".join(f"{c} ×CE" for c in columns) + " |")
+    print("|---|---|---|---|" + "---|" * len(columns))
+    generator = torch.Generator().manual_seed(0)
+    for K in args.classes:
+        for B in args.batch_sizes:
+            logits = torch.randn(B, K + 1, generator=generator, requires_grad=True)
+            labels = torch.randint(0, K, (B,), generator=generator)
+            experts = torch.where(torch.rand(B, generator=generator) < 0.7, labels,
+                                  torch.randint(0, K, (B,), generator=generator))
+            steps: dict[str, Callable[[], None]] = {"ce": lambda: F.cross_entropy(logits, labels).backward()}
+            for name in SURROGATES:
+                loss = get_surrogate(name, K)
+                steps[f"{name} check=False"] = lambda loss=loss: loss(logits, labels, experts, check=False).backward()
+                steps[f"{name} check=True"] = lambda loss=loss: loss(logits, labels, experts).backward()
+                if baseline is not None:
+                    old = baseline.get_surrogate(name, K)
+                    steps[f"{name} {args.baseline_ref}"] = lambda old=old: old(logits, labels, experts).backward()
+            repeats = {key: max(1, int(args.sample_ms / 1000 / _timed(step, 3))) for key, step in steps.items()}
+            times: dict[str, list[float]] = {key: [] for key in steps}
+            for _ in range(args.rounds):
+                for key, step in steps.items():
+                    logits.grad = None
+                    times[key].append(_timed(step, repeats[key]))
+            ce = statistics.median(times["ce"]) * 1e6
+            for name in SURROGATES:
+                ratios = [statistics.median([t / c for t, c in zip(times[f"{name} {col}"], times["ce"])])
+                          for col in columns]
+                print(f"| {name} | {K} | {B} | {ce:.0f} | " + " | ".join(f"{r:.2f}" for r in ratios) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
