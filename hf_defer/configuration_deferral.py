@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import field
+from numbers import Integral
 from typing import Any, ClassVar
 
 from transformers import AutoConfig, PretrainedConfig
@@ -19,7 +20,7 @@ POOLING_MODES: tuple[str, ...] = ("cls", "mean", "max")
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 class DeferralConfig(PretrainedConfig):
@@ -103,6 +104,14 @@ class DeferralConfig(PretrainedConfig):
     defer_threshold: int | float = 0.0
 
     def __post_init__(self, **kwargs: Any) -> None:
+        # numpy integers (`labels.max() + 1`) are integers too: stored as int, which config.json can hold.
+        for name in ("feature_size", "num_experts"):
+            if _is_int(getattr(self, name)):
+                setattr(self, name, int(getattr(self, name)))
+        if _is_int(kwargs.get("num_labels")):
+            kwargs["num_labels"] = int(kwargs["num_labels"])
+        if isinstance(self.head_hidden_sizes, (list, tuple)):
+            self.head_hidden_sizes = [int(size) if _is_int(size) else size for size in self.head_hidden_sizes]
         has_encoder, has_features = self.encoder is not None, self.feature_size is not None
         if has_encoder == has_features:
             raise ValueError(

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from decimal import Decimal
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -16,12 +18,21 @@ from .surrogates import DeferralSurrogate, get_surrogate
 
 
 def _to_numpy_1d(name: str, values: Any) -> np.ndarray:
+    """``values`` as a 1-D float64 array, with errors naming ``name``."""
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().float().numpy() if values.is_floating_point() else values.detach().cpu().numpy()
-    array = np.asarray(values)
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be a one-dimensional array of numbers, got {type(values).__name__} ({err}).") from None
     if array.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}.")
     return array
+
+
+def _is_int(value: Any) -> bool:
+    """An integer, Python's or numpy's, but not a bool."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15) -> dict[str, list[float]]:
@@ -47,12 +58,15 @@ def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15) -> dict[st
     [0.0, 1.0]
     ```
     """
-    conf = _to_numpy_1d("confidence", confidence).astype(np.float64)
-    hits = _to_numpy_1d("correct", correct).astype(np.float64)
+    conf = _to_numpy_1d("confidence", confidence)
+    hits = _to_numpy_1d("correct", correct)
     if conf.shape != hits.shape:
         raise ValueError(f"confidence and correct must have the same length, got {conf.shape[0]} and {hits.shape[0]}.")
-    if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
+    if not _is_int(n_bins) or n_bins < 1:
         raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}.")
+    n_bins = int(n_bins)
+    if not np.isin(hits, (0.0, 1.0)).all():
+        raise ValueError(f"correct must hold outcomes 0/1 (or bool), got {np.unique(hits[~np.isin(hits, (0.0, 1.0))])[:5].tolist()}.")
     if conf.size and (np.isnan(conf).any() or conf.min() < 0 or conf.max() > 1):
         raise ValueError(f"confidence must lie in [0, 1], got values in [{np.nanmin(conf)}, {np.nanmax(conf)}].")
     index = np.minimum((conf * n_bins).astype(np.int64), n_bins - 1)
@@ -90,14 +104,29 @@ def expected_calibration_error(confidence: Any, correct: Any, n_bins: int = 15) 
     return float(np.sum(counts[counts > 0] / total * gap[counts > 0]))
 
 
-def _as_tensor(values: Any) -> torch.Tensor:
+def _as_tensor(name: str, values: Any) -> torch.Tensor:
     if isinstance(values, torch.Tensor):
         return values.detach().cpu()
-    return torch.as_tensor(np.asarray(values))
+    try:
+        return torch.as_tensor(np.asarray(values))
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{name} must be a rectangular array of numbers, got {type(values).__name__} ({err}).") from None
+
+
+def _check_budgets(budgets: Any) -> list[float]:
+    if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Sequence | np.ndarray):
+        raise ValueError(f"budgets must be a sequence of numbers in (0, 1], got {type(budgets).__name__}.")
+    for budget in budgets:
+        if isinstance(budget, bool) or not isinstance(budget, Real) or not 0 < budget <= 1:
+            raise ValueError(f"budgets must lie in (0, 1], got {budget!r}.")
+    return [float(str(budget)) for budget in budgets]  # str: np.float32(0.1) is the budget 0.1
 
 
 def _budget_key(budget: float) -> str:
-    return f"budgeted_error_{round(budget * 100):d}"
+    """``budgeted_error_{100 x}``, the percentage written exactly: 0.1 gives ``budgeted_error_10``, 0.096
+    ``budgeted_error_9.6`` and 0.004 ``budgeted_error_0.4``, so that two different budgets never share a key."""
+    percent = Decimal(repr(float(budget))) * 100  # exact: the shortest decimal of the float, times 100
+    return f"budgeted_error_{format(percent.normalize(), 'f')}"
 
 
 def deferral_metrics(
@@ -121,7 +150,9 @@ def deferral_metrics(
       expert's correctness) and ``expert_ece`` their mean; ``deferral_rate_j`` is the share routed to expert ``j``.
     * ``budgeted_error_{100x}`` for each ``x`` in ``budgets``: when more than ``floor(x N)`` inputs are deferred,
       only the ``floor(x N)`` deferred inputs with the highest estimated accuracy of their expert stay
-      deferred (ties: earlier input first) and the classifier answers the rest; then the system error.
+      deferred (ties: earlier input first) and the classifier answers the rest; then the system error. The key
+      writes the percentage exactly (``budgeted_error_10`` for 0.1, ``budgeted_error_9.6`` for 0.096), so two
+      budgets never share a key.
 
     Args:
         logits (`np.ndarray` or `torch.Tensor` of shape `[N, K + M]`): model outputs.
@@ -149,7 +180,7 @@ def deferral_metrics(
     (0.0, 0.5)
     ```
     """
-    logits = _as_tensor(logits)
+    logits = _as_tensor("logits", logits)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if logits.dim() != 2:
@@ -157,8 +188,9 @@ def deferral_metrics(
     if isinstance(surrogate, DeferralSurrogate):
         scorer = surrogate
     else:
-        if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        if not _is_int(num_experts) or num_experts < 1:
             raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
+        num_experts = int(num_experts)
         if logits.shape[1] - num_experts < 2:
             raise ValueError(
                 f"logits must have num_classes + num_experts columns with num_classes >= 2; with num_experts="
@@ -167,10 +199,9 @@ def deferral_metrics(
         scorer = get_surrogate(surrogate, logits.shape[1] - num_experts, num_experts)
     M = scorer.num_experts
     logits = scorer.check_logits(logits)
-    y, m, valid = scorer.check_targets(_as_tensor(labels), _as_tensor(expert_labels), logits.shape[0])
-    for budget in budgets:
-        if not 0 < budget <= 1:
-            raise ValueError(f"budgets must lie in (0, 1], got {budget!r}.")
+    y, m, valid = scorer.check_targets(_as_tensor("labels", labels), _as_tensor("expert_labels", expert_labels),
+                                       logits.shape[0])
+    budgets = _check_budgets(budgets)
     logits, y, m = logits[valid], y[valid], m[valid]
     n = int(y.shape[0])
     if n == 0:

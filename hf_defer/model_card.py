@@ -39,7 +39,7 @@ _METRICS = {  # key: (pretty name, meaning)
     "expert_ece": ("Expert ECE", "calibration error of the expert-accuracy estimate (15 bins)"),
 }
 _PATTERN = re.compile(r"^(system_error|coverage|classifier_error|expert_ece|expert_ece_\d+|deferral_rate_\d+|"
-                      r"budgeted_error_\d+)$")
+                      r"budgeted_error_\d+(?:\.\d+)?)$")
 _INPUTS = {
     "text": ("text (a string, or a pair `{\"text\": ..., \"text_pair\": ...}`)", '"An example input."',
              "text-classification"),
@@ -51,7 +51,7 @@ _INPUTS = {
 def _metric_name_and_meaning(key: str) -> tuple[str, str]:
     if key in _METRICS:
         return _METRICS[key]
-    number = int(key.rsplit("_", 1)[1])
+    number = key.rsplit("_", 1)[1]  # an integer, or a percentage such as 9.6 for budgeted_error_9.6
     if key.startswith("budgeted_error_"):
         return f"Budgeted error @ {number}%", f"system error when at most {number}% of inputs may be deferred"
     if key.startswith("expert_ece_"):
@@ -336,9 +336,9 @@ def render_model_card(
         if not key.startswith("budgeted_error_")
     ]
     budget_rows = [
-        {"budget": f"{int(key.rsplit('_', 1)[1])}%", "value": f"{value:.4f}"}
-        for key, value in sorted(data.metrics.items(), key=lambda item: item[0])
-        if key.startswith("budgeted_error_")
+        {"budget": f"{key.rsplit('_', 1)[1]}%", "value": f"{value:.4f}"}
+        for key, value in sorted(((key, value) for key, value in data.metrics.items() if key.startswith("budgeted_error_")),
+                                 key=lambda item: float(item[0].rsplit("_", 1)[1]))
     ]
     if data.metrics:
         size = f" ({data.num_eval_examples} examples)" if data.num_eval_examples else ""

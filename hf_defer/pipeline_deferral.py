@@ -8,10 +8,13 @@ Registration of the task happens in ``hf_defer/__init__.py``.
 from __future__ import annotations
 
 import copy
+import difflib
+import inspect
 import math
 import os
 from collections.abc import Iterator, Sized
 from contextlib import contextmanager
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -105,6 +108,58 @@ def _stack_features(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
     return {"features": torch.cat([item["features"] for item in items], dim=0)}
 
 
+# Tokenizer arguments the pipeline sets itself (the input, return_tensors) or that would change what the model receives
+# (several rows per input, extra outputs the model does not take).
+_RESERVED_TOKENIZER_ARGS = {"self", "text", "text_pair", "text_target", "text_pair_target", "return_tensors",
+                            "is_split_into_words", "return_overflowing_tokens", "return_special_tokens_mask",
+                            "return_offsets_mapping", "return_length", "tokenizer_kwargs"}
+
+
+def _processor_options(processor: Any) -> set[str]:
+    """The keyword arguments of a tokenizer's ``__call__`` (or an image processor's ``preprocess`` and its
+    ``valid_kwargs``) that the pipeline passes on."""
+    if hasattr(processor, "pad"):  # a tokenizer
+        parameters = inspect.signature(processor.__call__).parameters
+        reserved = _RESERVED_TOKENIZER_ARGS
+    else:
+        parameters = inspect.signature(processor.preprocess).parameters
+        reserved = {"self", "images", "return_tensors", "image_like_kwargs"}
+    named = {name for name, parameter in parameters.items()
+             if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    typed = getattr(getattr(processor, "valid_kwargs", None), "__annotations__", {})  # v5 image processors
+    return (named | set(typed)) - reserved
+
+
+def _check_device(device: Any) -> None:
+    """Refuses a ``device`` this machine does not have (transformers would fall back to the CPU without a word)."""
+    if device is None or (isinstance(device, Integral) and not isinstance(device, bool) and device < 0):
+        return
+    if isinstance(device, bool) or not isinstance(device, (Integral, str, torch.device)):
+        raise TypeError(f"device must be an int, a str or a torch.device, got {type(device).__name__}.")
+    if isinstance(device, Integral):
+        available = torch.accelerator.is_available()
+        count = torch.accelerator.device_count() if available else 0
+        if device >= count:
+            raise ValueError(
+                f"device={device} asks for accelerator {device}, but this machine has {count or 'none'}"
+                f"{' (' + str(torch.accelerator.current_accelerator()) + ')' if count else ''}; pass device='cpu' (or -1)."
+            )
+        return
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"device must name a device such as 'cpu' or 'cuda:0', got {device!r} ({err}).") from None
+    if parsed.type in ("cpu", "meta"):
+        return
+    backend = getattr(torch, parsed.type, None)
+    count = backend.device_count() if backend is not None and backend.is_available() else 0
+    if (parsed.index or 0) >= count:
+        raise ValueError(
+            f"device={str(device)!r} is not available on this machine ({count} {parsed.type} device(s)); "
+            "pass device='cpu' (or -1)."
+        )
+
+
 class DeferralPipeline(Pipeline):
     r"""
     Learning-to-defer pipeline using any deferral model ([`EncoderForDeferral`], `model_type="deferral"`).
@@ -170,19 +225,19 @@ class DeferralPipeline(Pipeline):
                 "The deferral pipeline needs a deferral model (config.model_type == 'deferral', e.g. "
                 f"hf_defer.EncoderForDeferral), got {type(model).__name__} with model_type={model_type!r}."
             )
-        super().__init__(*args, **kwargs)
-        config = self.model.config
-        if config.encoder is None:
+        _check_device(kwargs.get("device"))
+        if model.config.encoder is None:  # set before the base class checks the options with _sanitize_parameters
             self.input_kind = "features"
-        elif self.model.main_input_name == "pixel_values":
-            self.input_kind = "image"
+        else:
+            self.input_kind = "image" if model.main_input_name == "pixel_values" else "text"
+        super().__init__(*args, **kwargs)
+        if self.input_kind == "image":
             if self.image_processor is None:
                 raise ValueError(
                     "This deferral model has a vision encoder: pass image_processor= to the pipeline (or save one "
                     "next to the model)."
                 )
-        else:
-            self.input_kind = "text"
+        elif self.input_kind == "text":
             if self.tokenizer is None:
                 raise ValueError(
                     "This deferral model has a text encoder: pass tokenizer= to the pipeline (or save one next to "
@@ -225,9 +280,9 @@ class DeferralPipeline(Pipeline):
     ) -> tuple[dict, dict, dict]:
         postprocess: dict[str, Any] = {}
         if top_k != "":
-            if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+            if top_k is not None and (not isinstance(top_k, Integral) or isinstance(top_k, bool) or top_k < 1):
                 raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}.")
-            postprocess["top_k"] = top_k
+            postprocess["top_k"] = None if top_k is None else int(top_k)
         if expert_costs is not None:
             num_experts = self.model.config.num_experts
             if isinstance(expert_costs, (np.ndarray, torch.Tensor)):
@@ -249,7 +304,38 @@ class DeferralPipeline(Pipeline):
             if not _is_number(defer_threshold) or not math.isfinite(defer_threshold):
                 raise ValueError(f"defer_threshold must be a finite number, got {defer_threshold!r}.")
             postprocess["defer_threshold"] = float(defer_threshold)
-        return processor_kwargs, {}, postprocess
+        return self._check_processor_kwargs(processor_kwargs), {}, postprocess
+
+    def _check_processor_kwargs(self, processor_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Refuses an option that neither the pipeline nor its tokenizer (image processor) takes, listing the valid
+        ones, and ``max_length`` without ``truncation`` or ``padding`` (the tokenizer would guess truncation)."""
+        if not processor_kwargs:
+            return processor_kwargs
+        processor = {"text": self.tokenizer, "image": self.image_processor}.get(self.input_kind)
+        if processor is None and self.input_kind != "features":
+            return processor_kwargs  # __init__ reports the missing tokenizer or image processor
+        accepted = set() if processor is None else _processor_options(processor)
+        unknown = sorted(set(processor_kwargs) - accepted)
+        if unknown:
+            own = [name for name, parameter in inspect.signature(self._sanitize_parameters).parameters.items()
+                   if parameter.kind is not inspect.Parameter.VAR_KEYWORD] + ["batch_size", "num_workers"]
+            close = {name: difflib.get_close_matches(name, [*own, *accepted], n=1) for name in unknown}
+            hint = "".join(f" Did you mean {match[0]!r} for {name!r}?" for name, match in close.items() if match)
+            if processor is None:
+                theirs = "; a head-only model takes no tokenizer or image-processor options"
+            else:
+                theirs = f", and those of its {type(processor).__name__}: {sorted(accepted)}"
+            raise TypeError(
+                f"the deferral pipeline got unknown option(s) {unknown}.{hint} Valid options: {sorted(own)}{theirs}."
+            )
+        merged = {**getattr(self, "_preprocess_params", {}), **processor_kwargs}
+        if self.input_kind == "text" and merged.get("max_length") is not None and merged.get("truncation") is None \
+                and merged.get("padding") in (None, False):
+            raise ValueError(
+                f"max_length={merged['max_length']} was given without truncation or padding: pass truncation=True to cut "
+                "longer texts to max_length tokens, or padding='max_length' to pad shorter ones to it."
+            )
+        return processor_kwargs
 
     # ------------------------------------------------------------------ inputs
     def _is_single(self, inputs: Any) -> bool:
@@ -300,10 +386,6 @@ class DeferralPipeline(Pipeline):
                 raise TypeError(
                     "inputs of a head-only deferral model must be feature vectors (list, np.ndarray or torch.Tensor), "
                     f"got {type(inputs).__name__}."
-                )
-            if processor_kwargs:
-                raise ValueError(
-                    f"a head-only model takes no tokenizer/processor arguments, got {sorted(processor_kwargs)}."
                 )
             features = torch.as_tensor(np.asarray(inputs, dtype=np.float32))
             size = self.model.config.feature_size

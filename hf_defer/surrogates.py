@@ -25,6 +25,8 @@ This module only imports ``torch``: it is copied next to the model code for remo
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import torch
 import torch.nn.functional as F
 
@@ -33,6 +35,20 @@ IGNORE_INDEX = -100
 
 SURROGATES: tuple[str, ...] = ("asm", "ssm", "sova", "aova")
 """Names accepted by :func:`get_surrogate`; ``"asm"`` is the default."""
+
+MAX_ABS_LOGIT = 1e30
+"""The largest logit magnitude accepted: beyond it, differences and sums of logits overflow float32 in the losses."""
+
+
+def _as_target_tensor(name: str, values: object, device: torch.device | None) -> torch.Tensor:
+    """``torch.as_tensor(values)``, with an error naming ``name`` for ragged lists, strings and other non-numbers."""
+    try:
+        return torch.as_tensor(values, device=device)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(
+            f"{name} must be integer class ids (a tensor, array or list of ints, one row per example), got a "
+            f"{type(values).__name__} that is not a rectangular array of numbers ({err})."
+        ) from None
 
 
 class DeferralSurrogate:
@@ -50,21 +66,25 @@ class DeferralSurrogate:
     bounded: bool = True
 
     def __init__(self, num_classes: int, num_experts: int = 1) -> None:
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, Integral) or num_classes < 2:
             raise ValueError(
                 f"num_classes must be an integer >= 2 (learning to defer needs at least two classes), got {num_classes!r}."
             )
-        if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        if isinstance(num_experts, bool) or not isinstance(num_experts, Integral) or num_experts < 1:
             raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
-        self.num_classes = num_classes
-        self.num_experts = num_experts
+        self.num_classes = int(num_classes)
+        self.num_experts = int(num_experts)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, num_classes={self.num_classes}, num_experts={self.num_experts})"
 
     # ------------------------------------------------------------------ validation
     def check_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Validates ``logits`` and returns them as float32 (gradients still flow to the input dtype)."""
+        """Validates ``logits`` and returns them as float32 (gradients still flow to the input dtype).
+
+        Every value must be finite and at most `MAX_ABS_LOGIT` (1e30) in magnitude: beyond that the losses would
+        overflow float32 and turn NaN. One reduction over the logits checks both.
+        """
         if not isinstance(logits, torch.Tensor):
             raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}.")
         width = self.num_classes + self.num_experts
@@ -75,9 +95,14 @@ class DeferralSurrogate:
             )
         if not logits.is_floating_point():
             raise ValueError(f"logits must be a floating-point tensor, got dtype {logits.dtype}.")
-        if not torch.isfinite(logits).all():
-            bad = int((~torch.isfinite(logits)).any(dim=1).sum())
-            raise ValueError(f"logits must be finite, got NaN or inf in {bad} of {logits.shape[0]} rows.")
+        if not (logits.abs() <= MAX_ABS_LOGIT).all():  # False for NaN too
+            bad = int((~(logits.abs() <= MAX_ABS_LOGIT)).any(dim=1).sum())
+            if not torch.isfinite(logits).all():
+                raise ValueError(f"logits must be finite, got NaN or inf in {bad} of {logits.shape[0]} rows.")
+            raise ValueError(
+                f"logits must lie within +-{MAX_ABS_LOGIT:g} (larger ones overflow float32 in the loss), got "
+                f"{float(logits.abs().max()):.3g} in {bad} of {logits.shape[0]} rows."
+            )
         return logits.float()
 
     def check_targets(
@@ -93,8 +118,8 @@ class DeferralSurrogate:
             `tuple`: ``labels`` as long ``[B]`` with ignored rows set to 0, ``expert_labels`` as long
             ``[B, M]``, and the boolean mask ``[B]`` of rows that count (label != -100).
         """
-        labels = torch.as_tensor(labels, device=device)
-        expert_labels = torch.as_tensor(expert_labels, device=device)
+        labels = _as_target_tensor("labels", labels, device)
+        expert_labels = _as_target_tensor("expert_labels", expert_labels, device)
         K, M = self.num_classes, self.num_experts
         if labels.dim() == 2 and labels.shape[1] == 1:
             labels = labels[:, 0]

@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.utils import logging
 from transformers.trainer_utils import EvalLoopOutput
 
+from .checks import check_deferral_dataset, last_complete_checkpoint
 from .data import DataCollatorForDeferral
 from .hub import copy_pipeline_code, custom_pipelines_in_config
 from .metrics import DeferralMetrics, deferral_metrics
@@ -30,9 +31,12 @@ class DeferralTrainer(Trainer):
       ``eval_coverage``, ``eval_classifier_error``, ``eval_expert_ece`` and the budgeted errors;
     * ``eval_loss`` is recomputed from the gathered logits of the whole evaluation set, so it is the mean
       surrogate loss over every example exactly once, however many processes evaluated it;
-    * ``train_dataset`` and ``eval_dataset`` are checked before anything runs: a missing ``expert_labels``
-      column, an expert-label width different from ``num_experts`` or labels outside ``num_labels`` raise a
-      ``ValueError`` at construction, not in the middle of an epoch;
+    * ``train_dataset`` and ``eval_dataset`` are checked before anything runs ([`check_deferral_dataset`]): missing
+      or malformed label columns, labels outside ``num_labels`` or all -100, an untokenized text dataset, features of
+      the wrong width or with NaN, texts longer than the encoder's positions raise a ``ValueError`` at construction,
+      not in the middle of an epoch (a streamed dataset: on its first examples);
+    * ``train(resume_from_checkpoint=True)`` resumes from the newest *complete* checkpoint, skipping (with a warning)
+      one left half-written by a run killed while saving;
     * the default collator is [`DataCollatorForDeferral`] (pads text with ``processing_class``, stacks
       ``features`` for head-only models, keeps ``expert_labels``).
 
@@ -87,6 +91,13 @@ class DeferralTrainer(Trainer):
             elif dataset is not None:
                 check_deferral_dataset(dataset, model, name)
         super().__init__(**arguments)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """[`Trainer.train`]; with ``resume_from_checkpoint=True`` from the newest checkpoint of ``args.output_dir``
+        that was completely written ([`last_complete_checkpoint`]), not merely the newest folder."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir) or True
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
                         ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
@@ -203,36 +214,3 @@ class DeferralTrainer(Trainer):
             render_model_card(data, save_directory or self.args.output_dir, overwrite=overwrite_model_card)
         except FileExistsError as error:
             logger.warning(f"{error} Kept it; pass overwrite_model_card=True to replace it with the deferral card.")
-
-
-def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset") -> None:
-    """Checks that a `datasets.Dataset` can train/evaluate ``model`` before any step runs.
-
-    Raises:
-        `ValueError`: naming ``name`` when ``labels`` or ``expert_labels`` is missing, the expert labels do not
-        have ``num_experts`` entries per row, or a label lies outside ``[0, num_labels)``.
-    """
-    columns = getattr(dataset, "column_names", None)
-    if columns is None:  # a torch Dataset or an iterable: nothing cheap to check
-        return
-    config = model.config
-    for column in ("labels", "expert_labels"):
-        if column not in columns:
-            hint = " (add an expert's predictions, e.g. with hf_defer.experts)" if column == "expert_labels" else ""
-            raise ValueError(f"{name} must have a '{column}' column{hint}; its columns are {columns}.")
-    if len(dataset) == 0:
-        raise ValueError(f"{name} is empty.")
-    table = dataset.with_format("numpy", columns=["labels", "expert_labels"])[:]
-    labels, expert_labels = np.asarray(table["labels"]), table["expert_labels"]
-    expert_labels = np.stack(expert_labels) if expert_labels.dtype == object else np.asarray(expert_labels)
-    if config.num_experts > 1 and (expert_labels.ndim != 2 or expert_labels.shape[1] != config.num_experts):
-        width = expert_labels.shape[1] if expert_labels.ndim == 2 else 1
-        raise ValueError(
-            f"{name}: expert_labels must have num_experts={config.num_experts} entries per row, got {width}."
-        )
-    try:
-        model.surrogate.check_targets(torch.as_tensor(np.asarray(labels)), torch.as_tensor(expert_labels), len(dataset))
-    except ValueError as error:
-        raise ValueError(f"{name}: {error}") from error
-    if getattr(config, "feature_size", None) and "features" not in columns:
-        raise ValueError(f"{name} must have a 'features' column for a head-only model; its columns are {columns}.")
