@@ -135,3 +135,9 @@ def test_a_pipeline_built_with_costs_and_a_threshold_is_calibrated_with_its_cost
     threshold = calibrate_deferral(classify, list(features), max_deferral_rate=0.2)
     assert (margins_by_hand(model, features, costs) > threshold).sum() == 6
     assert sum(out["defer"] for out in classify(list(features))) == 6
+
+
+def test_numpy_numbers_are_accepted():
+    model, features = eager_deferrer(), held_out(20)
+    threshold = calibrate_deferral(model, list(features), max_deferral_rate=np.float32(0.25), batch_size=np.int64(4))
+    assert threshold == calibrate_deferral(model, list(features), max_deferral_rate=0.25, batch_size=4)
