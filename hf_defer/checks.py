@@ -35,7 +35,10 @@ def _rows(mask: Any) -> list[int]:
 
 def _list_column(dataset: datasets.Dataset, column: str, name: str) -> tuple[pa.ChunkedArray, pa.ChunkedArray | None]:
     """The column as Arrow, and for a column of lists the per-row lengths (else `None`); nested lists are refused."""
-    array = dataset.with_format("arrow", columns=[column])[:].column(column)
+    array = dataset.data.column(column)
+    indices = getattr(dataset, "_indices", None)  # after select/shuffle/split: one vectorised take, not row by row
+    if indices is not None:
+        array = pc.take(array, indices.column(0))
     kind = array.type
     if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)):
         return array, None

@@ -234,3 +234,32 @@ def test_two_processes_train_and_evaluate_every_example_once(tmp_path):
         assert metrics[f"eval_{key}"] == pytest.approx(value, abs=1e-6), key
     loss = get_surrogate("asm", 3, 2)(logits, torch.tensor(labels), torch.tensor(experts))
     assert metrics["eval_loss"] == pytest.approx(loss.item(), rel=1e-5)
+
+
+def test_resume_true_skips_a_half_written_newest_checkpoint(tmp_path):
+    """A run killed inside the optimizer save leaves checkpoint-6 without trainer_state.json (written last); resuming
+    used to fail with FileNotFoundError. It now resumes from checkpoint-3, warns naming checkpoint-6, and ends with
+    the uninterrupted run's weights."""
+    from transformers.testing_utils import CaptureLogger
+
+    from hf_defer.checks import logger
+
+    data = make_data(48, seed=4)
+    common = dict(per_device_train_batch_size=8, max_steps=6, learning_rate=0.3, optim="sgd", optim_args="momentum=0.9")
+    full = head_model(seed=5)
+    DeferralTrainer(model=full, train_dataset=data, args=args(tmp_path / "a", **common)).train()
+
+    killed = head_model(seed=5)
+    DeferralTrainer(model=killed, train_dataset=data,
+                    args=args(tmp_path / "b", save_strategy="steps", save_steps=3, **common)).train()
+    newest = tmp_path / "b" / "out" / "checkpoint-6"
+    (newest / "trainer_state.json").unlink()
+    optimizer = newest / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:20])
+    resumed = head_model(seed=6)
+    with CaptureLogger(logger) as captured:
+        DeferralTrainer(model=resumed, train_dataset=data, args=args(tmp_path / "b", **common)).train(
+            resume_from_checkpoint=True)
+    assert "checkpoint-6" in captured.out and "incomplete" in captured.out
+    for a, b in zip(full.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
