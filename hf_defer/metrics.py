@@ -17,6 +17,10 @@ import torch
 from .surrogates import DeferralSurrogate, get_surrogate
 
 
+MAX_BINS = 100_000
+"""The most bins [`reliability_bins`] takes: its lists have one entry per bin."""
+
+
 def _to_numpy_1d(name: str, values: Any) -> np.ndarray:
     """``values`` as a 1-D float64 array, with errors naming ``name``."""
     if isinstance(values, torch.Tensor):
@@ -62,8 +66,8 @@ def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15) -> dict[st
     hits = _to_numpy_1d("correct", correct)
     if conf.shape != hits.shape:
         raise ValueError(f"confidence and correct must have the same length, got {conf.shape[0]} and {hits.shape[0]}.")
-    if not _is_int(n_bins) or n_bins < 1:
-        raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}.")
+    if not _is_int(n_bins) or not 1 <= n_bins <= MAX_BINS:
+        raise ValueError(f"n_bins must be an integer in [1, {MAX_BINS}], got {n_bins!r}.")
     n_bins = int(n_bins)
     if not np.isin(hits, (0.0, 1.0)).all():
         raise ValueError(f"correct must hold outcomes 0/1 (or bool), got {np.unique(hits[~np.isin(hits, (0.0, 1.0))])[:5].tolist()}.")
@@ -114,8 +118,8 @@ def _as_tensor(name: str, values: Any) -> torch.Tensor:
 
 
 def _check_budgets(budgets: Any) -> list[float]:
-    if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Sequence | np.ndarray):
-        raise ValueError(f"budgets must be a sequence of numbers in (0, 1], got {type(budgets).__name__}.")
+    if isinstance(budgets, (str, bytes)) or not (isinstance(budgets, Sequence) or np.ndim(budgets) == 1):
+        raise ValueError(f"budgets must be a sequence of numbers in (0, 1], got {budgets!r}.")
     for budget in budgets:
         if isinstance(budget, bool) or not isinstance(budget, Real) or not 0 < budget <= 1:
             raise ValueError(f"budgets must lie in (0, 1], got {budget!r}.")

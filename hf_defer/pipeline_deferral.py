@@ -387,10 +387,15 @@ class DeferralPipeline(Pipeline):
                     "inputs of a head-only deferral model must be feature vectors (list, np.ndarray or torch.Tensor), "
                     f"got {type(inputs).__name__}."
                 )
-            features = torch.as_tensor(np.asarray(inputs, dtype=np.float32))
             size = self.model.config.feature_size
+            try:
+                features = torch.as_tensor(np.asarray(inputs, dtype=np.float32))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"each feature vector must be {size} numbers, got {inputs!r:.80} ({err}).") from None
             if features.shape != (size,):
                 raise ValueError(f"each feature vector must have shape ({size},), got {tuple(features.shape)}.")
+            if not torch.isfinite(features).all():
+                raise ValueError(f"each feature vector must be finite, got {inputs!r:.80} (NaN, inf or None).")
             return {"features": features[None]}
         if self.input_kind == "image":
             from transformers.image_utils import load_image
@@ -399,7 +404,7 @@ class DeferralPipeline(Pipeline):
                 raise TypeError(
                     f"inputs of a vision deferral model must be images (PIL, path or URL), got {type(inputs).__name__}."
                 )
-            return self.image_processor(images=load_image(inputs), return_tensors="pt", **processor_kwargs)
+            return self._process(self.image_processor, {"images": load_image(inputs)}, processor_kwargs)
         if isinstance(inputs, dict):
             if not {"text"} <= set(inputs) <= {"text", "text_pair"}:
                 raise ValueError(
@@ -408,13 +413,21 @@ class DeferralPipeline(Pipeline):
                 )
             if not all(isinstance(value, str) for value in inputs.values()):
                 raise TypeError("the text and text_pair of a dict input must be strings.")
-            return self.tokenizer(**inputs, return_tensors="pt", **processor_kwargs)
+            return self._process(self.tokenizer, inputs, processor_kwargs)
         if not isinstance(inputs, str):
             raise TypeError(
                 'inputs of a text deferral model must be str, {"text": ..., "text_pair": ...} or a list of them, '
                 f"got {type(inputs).__name__}."
             )
-        return self.tokenizer(inputs, return_tensors="pt", **processor_kwargs)
+        return self._process(self.tokenizer, {"text": inputs}, processor_kwargs)
+
+    @staticmethod
+    def _process(processor: Any, inputs: dict[str, Any], options: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The tokenizer or image processor on one input; its errors (a bad option value) name the options given."""
+        try:
+            return processor(**inputs, return_tensors="pt", **options)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"{type(processor).__name__} refused the input with the options {options}: {err}") from err
 
     def get_iterator(self, inputs: Any, num_workers: int, batch_size: int, preprocess_params: dict,
                      forward_params: dict, postprocess_params: dict) -> Any:

@@ -425,6 +425,6 @@ def get_surrogate(name: str, num_classes: int, num_experts: int = 1) -> Deferral
     >>> defer, prediction, expert = surrogate.decide(logits)
     ```
     """
-    if name not in _REGISTRY:
+    if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"surrogate must be one of {SURROGATES}, got {name!r}.")
     return _REGISTRY[name](num_classes, num_experts)
