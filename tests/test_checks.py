@@ -216,3 +216,12 @@ def test_no_checkpoint_or_only_incomplete_ones(tmp_path):
     (tmp_path / "checkpoint-5" / "trainer_state.json").unlink()
     with pytest.raises(ValueError, match=r"found no complete checkpoint .*checkpoint-5"):
         last_complete_checkpoint(tmp_path)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import hf_defer.checks as checks_module
+
+    result = doctest.testmod(checks_module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
