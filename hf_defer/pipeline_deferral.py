@@ -197,6 +197,10 @@ class DeferralPipeline(Pipeline):
     - tokenizer keyword arguments (`truncation`, `max_length`, `padding`, ...) for text, image-processor ones for
       images, as in the text-classification pipeline; `batch_size` batches the forward passes.
 
+    Any other option is refused with a `TypeError` that lists the valid ones (those of `_sanitize_parameters` and
+    the named arguments of the tokenizer's `__call__` or the image processor's `preprocess`), and `max_length`
+    needs `truncation=True` (or `padding="max_length"`). A `device` this machine lacks is a `ValueError`.
+
     Example:
 
     ```python
