@@ -31,10 +31,11 @@ class DeferralTrainer(Trainer):
       ``eval_coverage``, ``eval_classifier_error``, ``eval_expert_ece`` and the budgeted errors;
     * ``eval_loss`` is recomputed from the gathered logits of the whole evaluation set, so it is the mean
       surrogate loss over every example exactly once, however many processes evaluated it;
-    * ``train_dataset`` and ``eval_dataset`` are checked before anything runs ([`check_deferral_dataset`]): missing
-      or malformed label columns, labels outside ``num_labels`` or all -100, an untokenized text dataset, features of
-      the wrong width or with NaN, texts longer than the encoder's positions raise a ``ValueError`` at construction,
-      not in the middle of an epoch (a streamed dataset: on its first examples);
+    * ``train_dataset`` and ``eval_dataset`` (and a dataset given to ``evaluate``) are checked before anything runs
+      ([`check_deferral_dataset`]): missing or malformed label columns, labels outside ``num_labels`` or all -100, an
+      untokenized text dataset, features of the wrong width or with NaN, texts longer than the encoder's positions
+      raise a ``ValueError`` at construction, not in the middle of an epoch (a streamed dataset: on its first
+      examples);
     * ``train(resume_from_checkpoint=True)`` resumes from the newest *complete* checkpoint, skipping (with a warning)
       one left half-written by a run killed while saving;
     * the default collator is [`DataCollatorForDeferral`] (pads text with ``processing_class``, stacks
@@ -98,6 +99,12 @@ class DeferralTrainer(Trainer):
         if resume_from_checkpoint is True:
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir) or True
         return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def evaluate(self, eval_dataset: Any = None, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """[`Trainer.evaluate`]; a dataset given here is checked first, as those given to the constructor are."""
+        if eval_dataset is not None and not isinstance(eval_dataset, (str, dict)):  # a dict comes back split by split
+            check_deferral_dataset(eval_dataset, self.accelerator.unwrap_model(self.model), "eval_dataset")
+        return super().evaluate(eval_dataset, *args, **kwargs)
 
     def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
                         ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:

@@ -225,3 +225,12 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(checks_module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_dataset_given_to_evaluate_is_checked_too(tmp_path):
+    trainer = DeferralTrainer(model=head_model(), args=args(tmp_path), eval_dataset=features())
+    with pytest.raises(ValueError, match=r"eval_dataset: every 'labels' is -100"):
+        trainer.evaluate(features(labels=[-100] * 4))
+    with pytest.raises(ValueError, match=r"eval_dataset: column 'features' must have feature_size=6"):
+        trainer.evaluate({"good": features(), "narrow": features(width=3)})
+    assert 0.0 <= trainer.evaluate()["eval_system_error"] <= 1.0
