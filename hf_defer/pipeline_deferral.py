@@ -14,7 +14,6 @@ import math
 import os
 from collections.abc import Iterator, Sized
 from contextlib import contextmanager
-from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -132,11 +131,12 @@ def _processor_options(processor: Any) -> set[str]:
 
 def _check_device(device: Any) -> None:
     """Refuses a ``device`` this machine does not have (transformers would fall back to the CPU without a word)."""
-    if device is None or (isinstance(device, Integral) and not isinstance(device, bool) and device < 0):
+    integer = isinstance(device, (int, np.integer)) and not isinstance(device, bool)
+    if device is None or (integer and device < 0):
         return
-    if isinstance(device, bool) or not isinstance(device, (Integral, str, torch.device)):
+    if not integer and not isinstance(device, (str, torch.device)):
         raise TypeError(f"device must be an int, a str or a torch.device, got {type(device).__name__}.")
-    if isinstance(device, Integral):
+    if integer:
         available = torch.accelerator.is_available()
         count = torch.accelerator.device_count() if available else 0
         if device >= count:
@@ -284,7 +284,7 @@ class DeferralPipeline(Pipeline):
     ) -> tuple[dict, dict, dict]:
         postprocess: dict[str, Any] = {}
         if top_k != "":
-            if top_k is not None and (not isinstance(top_k, Integral) or isinstance(top_k, bool) or top_k < 1):
+            if top_k is not None and (not isinstance(top_k, (int, np.integer)) or isinstance(top_k, bool) or top_k < 1):
                 raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}.")
             postprocess["top_k"] = None if top_k is None else int(top_k)
         if expert_costs is not None:
