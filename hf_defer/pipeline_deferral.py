@@ -129,6 +129,14 @@ def _processor_options(processor: Any) -> set[str]:
     return (named | set(typed)) - reserved
 
 
+def _check_loader_options(options: dict[str, Any]) -> None:
+    """``batch_size`` and ``num_workers``, which the base class hands to a `DataLoader` unchecked."""
+    for name, least in (("batch_size", 1), ("num_workers", 0)):
+        value = options.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least):
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
+
+
 def _check_device(device: Any) -> None:
     """Refuses a ``device`` this machine does not have (transformers would fall back to the CPU without a word)."""
     integer = isinstance(device, (int, np.integer)) and not isinstance(device, bool)
@@ -230,6 +238,7 @@ class DeferralPipeline(Pipeline):
                 f"hf_defer.EncoderForDeferral), got {type(model).__name__} with model_type={model_type!r}."
             )
         _check_device(kwargs.get("device"))
+        _check_loader_options(kwargs)
         if model.config.encoder is None:  # set before the base class checks the options with _sanitize_parameters
             self.input_kind = "features"
         else:
@@ -364,6 +373,7 @@ class DeferralPipeline(Pipeline):
         Returns:
             A `dict` for one input, a list of them for a list (an iterator for a dataset or generator).
         """
+        _check_loader_options(kwargs)
         if isinstance(inputs, (np.ndarray, torch.Tensor)) and self.input_kind == "features" and inputs.ndim == 2:
             inputs = list(inputs)
         elif _is_sequence_like(inputs):  # e.g. a `datasets` Column, `dataset["text"]`

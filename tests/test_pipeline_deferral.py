@@ -292,3 +292,12 @@ def test_a_device_the_machine_lacks_is_an_error(device):
 def test_numpy_integer_top_k():
     out = pipeline("deferral", model=fixed_logit_model(LOGITS, 3, **NAMES))([0.0] * 4, top_k=np.int64(2))
     assert list(out["scores"]) == ["hate", "offensive"]
+
+
+@pytest.mark.parametrize(("option", "value"), [("batch_size", 0), ("batch_size", False), ("num_workers", -1)])
+def test_loader_options_are_checked(option, value):
+    model = fixed_logit_model(LOGITS, 3, **NAMES)
+    with pytest.raises(ValueError, match=rf"{option} must be an integer >= "):
+        pipeline("deferral", model=model)([[0.0] * 4] * 2, **{option: value})
+    with pytest.raises(ValueError, match=rf"{option} must be an integer >= "):
+        pipeline("deferral", model=model, **{option: value})
