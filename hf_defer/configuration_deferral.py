@@ -14,13 +14,68 @@ from typing import Any, ClassVar
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
-# Kept in sync by hand with ``hf_defer.surrogates.SURROGATES`` (this module cannot import it).
-SURROGATE_NAMES: tuple[str, ...] = ("asm", "ssm", "sova", "aova")
-POOLING_MODES: tuple[str, ...] = ("cls", "mean", "max")
+from .surrogates import SURROGATES as SURROGATE_NAMES  # a sibling module: remote code copies it too
+
+POOLING_MODES: tuple[str, ...] = ("cls", "mean", "max", "last")
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def is_decoder_only(encoder: PretrainedConfig | dict) -> bool:
+    """Whether an encoder config describes a decoder-only (causal) model, whose tokens see only earlier tokens.
+
+    The signal is the one `transformers` keeps for every architecture: a model type with a causal-LM class and no
+    masked-LM class (Llama, Qwen2, Gemma, GPT-2, ...; BERT and RoBERTa have both), a config with `is_decoder=True`,
+    or, for model types transformers does not know, an `architectures` entry ending in `ForCausalLM`.
+    """
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    get = encoder.get if isinstance(encoder, dict) else lambda key, default=None: getattr(encoder, key, default)
+    model_type = get("model_type")
+    if get("is_encoder_decoder", False):
+        return False
+    if get("is_decoder", False):
+        return True
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    return any(str(name).endswith("ForCausalLM") for name in get("architectures", None) or ())
+
+
+def resolve_pooling(encoder: PretrainedConfig | dict | None, pooling: str | None) -> str:
+    """The pooling of a deferral model over `encoder`: checks `pooling`, or picks the default when it is `None`.
+
+    The default follows the backbone: `"last"` (the last non-padding token) for decoder-only models, `"cls"` for
+    encoders and head-only models. `"cls"` on a decoder-only model is refused: its first token attends to nothing
+    after it, so the logits would not depend on the rest of the input. Encoder-decoder models (T5, BART) are refused.
+
+    Raises:
+        `ValueError`: an unknown pooling mode, `"cls"` on a decoder-only model, or an encoder-decoder model.
+    """
+    if pooling is not None and pooling not in POOLING_MODES:
+        raise ValueError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}.")
+    if encoder is None:
+        return pooling or "cls"
+    get = encoder.get if isinstance(encoder, dict) else lambda key, default=None: getattr(encoder, key, default)
+    if get("is_encoder_decoder", False):
+        raise ValueError(
+            f"encoder must be an encoder-only or decoder-only model, got the encoder-decoder {get('model_type')!r}: "
+            "its AutoModel needs decoder inputs. Use an encoder-only model (BERT, RoBERTa, ModernBERT) or a "
+            "decoder-only one (Llama, Qwen2, Gemma)."
+        )
+    if not is_decoder_only(encoder):
+        return pooling or "cls"
+    if pooling == "cls":
+        raise ValueError(
+            f"pooling='cls' reads the first token, but {get('model_type')!r} is decoder-only (causal attention): "
+            "its first token sees no other token, so the prediction would ignore the input. Use pooling='last' "
+            "(the default for decoder-only models), 'mean' or 'max'."
+        )
+    return pooling or "last"
 
 
 class DeferralConfig(PretrainedConfig):
@@ -44,9 +99,11 @@ class DeferralConfig(PretrainedConfig):
             Number of experts M (at least 1).
         surrogate (`str`, *optional*, defaults to `"asm"`):
             Training loss: `"asm"` (asymmetric softmax), `"ssm"`, `"sova"` or `"aova"`.
-        pooling (`str`, *optional*, defaults to `"cls"`):
-            How the encoder's last hidden state becomes one vector: `"cls"` (first token), or `"mean"` / `"max"`
-            over the tokens that `attention_mask` keeps.
+        pooling (`str`, *optional*):
+            How the encoder's last hidden state becomes one vector: `"cls"` (first token), `"last"` (last token that
+            `attention_mask` keeps, for left and right padding alike), or `"mean"` / `"max"` over the tokens that
+            `attention_mask` keeps. Defaults to `"last"` for decoder-only encoders (Llama, Qwen2, Gemma, ...), where
+            `"cls"` is refused, and to `"cls"` otherwise (see [`resolve_pooling`]).
         normalize_pooled (`bool`, *optional*, defaults to `False`):
             L2-normalize the pooled vector before the head, as sentence-transformers models such as
             all-MiniLM-L6-v2 do (mean pooling + normalization reproduces their embeddings, so a head trained on
@@ -95,7 +152,7 @@ class DeferralConfig(PretrainedConfig):
     feature_size: int | None = None
     num_experts: int = 1
     surrogate: str = "asm"
-    pooling: str = "cls"
+    pooling: str | None = None
     normalize_pooled: bool = False
     head_hidden_sizes: list[int] = field(default_factory=list)
     head_dropout: int | float = 0.0
@@ -151,8 +208,7 @@ class DeferralConfig(PretrainedConfig):
             raise ValueError(f"num_experts must be an integer >= 1, got {self.num_experts!r}.")
         if self.surrogate not in SURROGATE_NAMES:
             raise ValueError(f"surrogate must be one of {SURROGATE_NAMES}, got {self.surrogate!r}.")
-        if self.pooling not in POOLING_MODES:
-            raise ValueError(f"pooling must be one of {POOLING_MODES}, got {self.pooling!r}.")
+        self.pooling = resolve_pooling(self.encoder, self.pooling)
         if not isinstance(self.normalize_pooled, bool):
             raise ValueError(f"normalize_pooled must be a bool, got {self.normalize_pooled!r}.")
         sizes = self.head_hidden_sizes

@@ -8,6 +8,9 @@ Every function here takes a `datasets.Dataset` and returns a new one with an add
   random annotator, drawn from the per-example annotator counts.
 - [`class_subset_expert`]: the CIFAR-style synthetic expert: accurate (with probability `p`) on the first `k`
   classes, uniformly random elsewhere.
+- [`dialect_biased_expert`]: the "synthetic" HateSpeech expert of Mozannar et al. (2023), whose accuracy depends on
+  the dialect of the text (flag it with [`~hf_defer.aae.TwitterAAE`]).
+- [`annotator_accuracy`]: the exact accuracy of [`annotator_expert`] on each example, `counts[label] / sum(counts)`.
 - [`stack_experts`]: turns M single-expert columns into the list column `expert_labels` of an M-expert dataset.
 """
 
@@ -19,7 +22,7 @@ from collections.abc import Sequence
 import datasets
 import numpy as np
 
-__all__ = ["annotator_expert", "class_subset_expert", "stack_experts"]
+__all__ = ["annotator_accuracy", "annotator_expert", "class_subset_expert", "dialect_biased_expert", "stack_experts"]
 
 SeedLike = int | np.random.Generator
 
@@ -35,10 +38,8 @@ def _make_rng(seed: SeedLike) -> np.random.Generator:
 
 def _check_dataset(dataset: object) -> datasets.Dataset:
     if isinstance(dataset, datasets.DatasetDict):
-        raise ValueError(
-            "`dataset` must be a datasets.Dataset, got a DatasetDict; apply the expert to each split "
-            "(or, better, to the full dataset before splitting so every example keeps one expert label)."
-        )
+        raise ValueError("`dataset` must be a datasets.Dataset, got a DatasetDict; apply the expert to each split "
+                         "(or, better, to the full dataset before splitting so every example keeps one expert label).")
     if not isinstance(dataset, datasets.Dataset):
         raise ValueError(f"`dataset` must be a datasets.Dataset, got {type(dataset).__name__}.")
     return dataset
@@ -53,10 +54,8 @@ def _check_column_name(name: object, argument: str) -> str:
 def _require_columns(dataset: datasets.Dataset, names: Sequence[str], argument: str) -> None:
     missing = [name for name in names if name not in dataset.column_names]
     if missing:
-        raise ValueError(
-            f"`{argument}` names column(s) {missing} that the dataset does not have; "
-            f"available columns: {dataset.column_names}."
-        )
+        raise ValueError(f"`{argument}` names column(s) {missing} that the dataset does not have; "
+                         f"available columns: {dataset.column_names}.")
 
 
 def _numeric_columns(dataset: datasets.Dataset, names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -70,12 +69,83 @@ def _first_rows(mask: np.ndarray, limit: int = 5) -> list[int]:
     return np.flatnonzero(mask)[:limit].tolist()
 
 
+def _class_labels(dataset: datasets.Dataset, label_column: str, num_classes: int) -> np.ndarray:
+    """The integer labels in `label_column`, checked to lie in `[0, num_classes)`."""
+    labels = _numeric_columns(dataset, [label_column])[label_column]
+    if labels.ndim != 1 or (len(labels) and not np.issubdtype(labels.dtype, np.integer)):
+        raise ValueError(f"`label_column` {label_column!r} must hold one integer class id per row, got dtype "
+                         f"{labels.dtype} and shape {labels.shape}.")
+    labels = labels.astype(np.int64)
+    bad = (labels < 0) | (labels >= num_classes)
+    if bad.any():
+        raise ValueError(f"`label_column` {label_column!r} must hold labels in [0, {num_classes}) "
+                         f"(`num_classes`={num_classes}); rows {_first_rows(bad)} have {labels[bad][:5].tolist()}.")
+    return labels
+
+
+def _check_probability(p: object, argument: str) -> float:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"`{argument}` must be a probability in [0, 1], got {p!r}.")
+    return float(p)
+
+
 def _replace_column(
     dataset: datasets.Dataset, column: str, values: np.ndarray | list, feature: datasets.features.FeatureType
 ) -> datasets.Dataset:
     if column in dataset.column_names:
         dataset = dataset.remove_columns(column)
     return dataset.add_column(column, values, feature=feature)
+
+
+def _count_matrix(dataset: datasets.Dataset, count_columns: str | Sequence[str], column: str) -> np.ndarray:
+    """The `[N, K]` annotator counts named by `count_columns`, checked (`column` is the one to be written)."""
+    if isinstance(count_columns, str):
+        _require_columns(dataset, [count_columns], "count_columns")
+        if column == count_columns:
+            raise ValueError(f"`column` ({column!r}) must differ from the count column {count_columns!r}.")
+        raw = _numeric_columns(dataset, [count_columns])[count_columns]
+        if len(dataset) == 0:
+            raw = raw.reshape(0, 1)
+        if raw.dtype == object:
+            lengths = sorted({len(row) for row in raw})
+            raise ValueError(f"`count_columns` column {count_columns!r} must hold one list of K counts per row with "
+                             f"the same K in every row; got lists of lengths {lengths}.")
+        if raw.ndim != 2:
+            raise ValueError(f"`count_columns` column {count_columns!r} must be list-valued (K counts per row); got "
+                             "a column of scalars. Pass the K per-class count columns as a list instead.")
+        counts = raw
+    else:
+        if not isinstance(count_columns, Sequence) or len(count_columns) == 0:
+            raise ValueError("`count_columns` must be a column name or a non-empty sequence of column names, got "
+                             f"{count_columns!r}.")
+        names = [_check_column_name(name, "count_columns") for name in count_columns]
+        if len(set(names)) != len(names):
+            raise ValueError(f"`count_columns` must not repeat a column, got {names}.")
+        _require_columns(dataset, names, "count_columns")
+        if column in names:
+            raise ValueError(f"`column` ({column!r}) must differ from the count columns {names}.")
+        arrays = _numeric_columns(dataset, names)
+        for name in names:
+            if arrays[name].ndim != 1:
+                raise ValueError(f"`count_columns` entry {name!r} must be a scalar numeric column, got values of shape "
+                                 f"{arrays[name].shape[1:]} per row.")
+        counts = np.stack([arrays[name] for name in names], axis=1) if len(dataset) else np.zeros((0, len(names)))
+
+    if not (np.issubdtype(counts.dtype, np.number) and not np.issubdtype(counts.dtype, np.complexfloating)):
+        raise ValueError(f"`count_columns` must hold real numbers, got values of dtype {counts.dtype}.")
+    counts = counts.astype(np.float64) if not np.issubdtype(counts.dtype, np.integer) else counts.astype(np.int64)
+    num_rows, num_classes = counts.shape
+    if num_rows and not np.all(np.isfinite(counts)):
+        raise ValueError("`count_columns` must hold finite counts; rows "
+                         f"{_first_rows(~np.isfinite(counts).all(axis=1))} have NaN or infinite values.")
+    if num_rows and (counts < 0).any():
+        raise ValueError(f"`count_columns` must hold non-negative counts; rows {_first_rows((counts < 0).any(axis=1))} "
+                         "have negative values.")
+    totals = counts.sum(axis=1)
+    if num_rows and (totals <= 0).any():
+        raise ValueError("every row needs a positive total count to draw an annotator, but rows "
+                         f"{_first_rows(totals <= 0)} have counts summing to 0 (`count_columns`={count_columns!r}).")
+    return counts
 
 
 def annotator_expert(
@@ -123,67 +193,9 @@ def annotator_expert(
     dataset = _check_dataset(dataset)
     column = _check_column_name(column, "column")
     rng = _make_rng(seed)
-
-    if isinstance(count_columns, str):
-        _require_columns(dataset, [count_columns], "count_columns")
-        if column == count_columns:
-            raise ValueError(f"`column` ({column!r}) must differ from the count column {count_columns!r}.")
-        raw = _numeric_columns(dataset, [count_columns])[count_columns]
-        if len(dataset) == 0:
-            raw = raw.reshape(0, 1)
-        if raw.dtype == object:
-            lengths = sorted({len(row) for row in raw})
-            raise ValueError(
-                f"`count_columns` column {count_columns!r} must hold one list of K counts per row with the same K "
-                f"in every row; got lists of lengths {lengths}."
-            )
-        if raw.ndim != 2:
-            raise ValueError(
-                f"`count_columns` column {count_columns!r} must be list-valued (K counts per row); got a column "
-                f"of scalars. Pass the K per-class count columns as a list instead."
-            )
-        counts = raw
-    else:
-        if not isinstance(count_columns, Sequence) or len(count_columns) == 0:
-            raise ValueError(
-                f"`count_columns` must be a column name or a non-empty sequence of column names, got {count_columns!r}."
-            )
-        names = [_check_column_name(name, "count_columns") for name in count_columns]
-        if len(set(names)) != len(names):
-            raise ValueError(f"`count_columns` must not repeat a column, got {names}.")
-        _require_columns(dataset, names, "count_columns")
-        if column in names:
-            raise ValueError(f"`column` ({column!r}) must differ from the count columns {names}.")
-        arrays = _numeric_columns(dataset, names)
-        for name in names:
-            if arrays[name].ndim != 1:
-                raise ValueError(
-                    f"`count_columns` entry {name!r} must be a scalar numeric column, got values of shape "
-                    f"{arrays[name].shape[1:]} per row."
-                )
-        counts = np.stack([arrays[name] for name in names], axis=1) if len(dataset) else np.zeros((0, len(names)))
-
-    if not (np.issubdtype(counts.dtype, np.number) and not np.issubdtype(counts.dtype, np.complexfloating)):
-        raise ValueError(f"`count_columns` must hold real numbers, got values of dtype {counts.dtype}.")
-    counts = counts.astype(np.float64) if not np.issubdtype(counts.dtype, np.integer) else counts.astype(np.int64)
+    counts = _count_matrix(dataset, count_columns, column)
     num_rows, num_classes = counts.shape
-    if num_rows and not np.all(np.isfinite(counts)):
-        raise ValueError(
-            f"`count_columns` must hold finite counts; rows {_first_rows(~np.isfinite(counts).all(axis=1))} "
-            "have NaN or infinite values."
-        )
-    if num_rows and (counts < 0).any():
-        raise ValueError(
-            f"`count_columns` must hold non-negative counts; rows {_first_rows((counts < 0).any(axis=1))} "
-            "have negative values."
-        )
     totals = counts.sum(axis=1)
-    if num_rows and (totals <= 0).any():
-        raise ValueError(
-            f"every row needs a positive total count to draw an annotator, but rows {_first_rows(totals <= 0)} "
-            f"have counts summing to 0 (`count_columns`={count_columns!r})."
-        )
-
     cumulative = np.cumsum(counts, axis=1)
     if np.all(counts == np.floor(counts)):
         # Integer counts: pick annotator u ~ Uniform{0, ..., total-1} and report the class it falls in.
@@ -255,28 +267,14 @@ def class_subset_expert(
         raise ValueError(f"`num_classes` must be a positive int, got {num_classes!r}.")
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 < k <= num_classes:
         raise ValueError(f"`k` must be an int with 0 < k <= num_classes ({num_classes}), got {k!r}.")
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
-        raise ValueError(f"`p` must be a probability in [0, 1], got {p!r}.")
+    p = _check_probability(p, "p")
     label_column = _check_column_name(label_column, "label_column")
     column = _check_column_name(column, "column")
     if column == label_column:
         raise ValueError(f"`column` ({column!r}) must differ from `label_column` ({label_column!r}).")
     _require_columns(dataset, [label_column], "label_column")
     rng = _make_rng(seed)
-
-    labels = _numeric_columns(dataset, [label_column])[label_column]
-    if labels.ndim != 1 or (len(labels) and not np.issubdtype(labels.dtype, np.integer)):
-        raise ValueError(
-            f"`label_column` {label_column!r} must hold one integer class id per row, got dtype {labels.dtype} "
-            f"and shape {labels.shape}."
-        )
-    labels = labels.astype(np.int64)
-    bad = (labels < 0) | (labels >= num_classes)
-    if bad.any():
-        raise ValueError(
-            f"`label_column` {label_column!r} must hold labels in [0, {num_classes}) (`num_classes`={num_classes}); "
-            f"rows {_first_rows(bad)} have {labels[bad][:5].tolist()}."
-        )
+    labels = _class_labels(dataset, label_column, num_classes)
     num_rows = len(labels)
     correct = rng.random(num_rows) < float(p)
     random_labels = rng.integers(0, int(num_classes), size=num_rows)
@@ -331,17 +329,14 @@ def stack_experts(
         raise ValueError(f"`columns` must not repeat a column, got {names}.")
     _require_columns(dataset, names, "columns")
     if not remove_columns and column in names:
-        raise ValueError(
-            f"`column` ({column!r}) is one of `columns` {names}; it can only be reused with remove_columns=True."
-        )
+        raise ValueError(f"`column` ({column!r}) is one of `columns` {names}; it can only be reused with "
+                         "remove_columns=True.")
     arrays = _numeric_columns(dataset, names)
     for name in names:
         values = arrays[name]
         if values.ndim != 1 or (len(values) and not np.issubdtype(values.dtype, np.integer)):
-            raise ValueError(
-                f"`columns` entry {name!r} must hold one integer label per row, got dtype {values.dtype} "
-                f"and shape {values.shape}."
-            )
+            raise ValueError(f"`columns` entry {name!r} must hold one integer label per row, got dtype {values.dtype} "
+                             f"and shape {values.shape}.")
     stacked = np.stack([arrays[name].astype(np.int64) for name in names], axis=1)
     feature = datasets.List(datasets.Value("int64"), length=len(names))
     # Add first, under a free temporary name, then drop: removing every column first would leave a 0-row table.
@@ -354,3 +349,97 @@ def stack_experts(
         drop.append(column)  # an existing column of that name is replaced
     dataset = dataset.remove_columns(drop)
     return dataset.rename_column(temporary, column) if temporary != column else dataset
+
+
+def annotator_accuracy(
+    dataset: datasets.Dataset, count_columns: str | Sequence[str], label_column: str = "labels"
+) -> np.ndarray:
+    """The true accuracy of [`annotator_expert`] per example, `counts[label] / sum(counts)`, as an `[N]` array.
+
+    On HateSpeech (`labels` = the majority class) it is the chance that a random annotator gives the majority label,
+    the truth an estimate of `Pr(M = Y | x)` is compared with. `count_columns` as for [`annotator_expert`].
+
+    Example:
+
+    ```python
+    >>> import datasets
+    >>> from hf_defer.experts import annotator_accuracy
+    >>> ds = datasets.Dataset.from_dict({"labels": [1, 2], "a": [0, 1], "b": [3, 1], "c": [0, 2]})
+    >>> annotator_accuracy(ds, ["a", "b", "c"]).tolist()
+    [1.0, 0.5]
+
+    ```
+    """
+    dataset = _check_dataset(dataset)
+    label_column = _check_column_name(label_column, "label_column")
+    _require_columns(dataset, [label_column], "label_column")
+    counts = _count_matrix(dataset, count_columns, label_column)
+    labels = _class_labels(dataset, label_column, counts.shape[1])
+    return counts[np.arange(len(labels)), labels] / counts.sum(axis=1)
+
+
+def dialect_biased_expert(
+    dataset: datasets.Dataset,
+    aae: str | Sequence[bool] | np.ndarray,
+    num_classes: int,
+    p_aae: float = 0.6,
+    p_other: float = 0.9,
+    seed: SeedLike = 0,
+    label_column: str = "labels",
+    column: str = "expert_labels",
+) -> datasets.Dataset:
+    """Add the labels of an annotator whose accuracy depends on the dialect of the text.
+
+    On an AAE example the expert gives the true label with probability `p_aae`, elsewhere with probability
+    `p_other`; otherwise a label drawn uniformly from the `num_classes` classes (which may be the true one).
+
+    Args:
+        dataset (`datasets.Dataset`): the examples; not modified.
+        aae (`str` or sequence of `bool`): a boolean column of `dataset`, or one flag per example
+            (e.g. `TwitterAAE(...).is_aae(dataset["text"])`).
+        num_classes (`int`): number of classes K (at least 2).
+        p_aae (`float`, *optional*, defaults to 0.6): probability of being right on AAE examples.
+        p_other (`float`, *optional*, defaults to 0.9): probability of being right on the other examples.
+        seed (`int` or `numpy.random.Generator`, *optional*, defaults to 0): seed of the draws.
+        label_column (`str`, *optional*, defaults to `"labels"`): column with the true labels.
+        column (`str`, *optional*, defaults to `"expert_labels"`): name of the added int64 column (replaced if present).
+
+    Returns:
+        `datasets.Dataset`: `dataset` with the expert's labels in `column`.
+
+    Example:
+
+    ```python
+    >>> import datasets
+    >>> from hf_defer.experts import dialect_biased_expert
+    >>> ds = datasets.Dataset.from_dict({"labels": [0, 1, 2, 1]})
+    >>> dialect_biased_expert(ds, [True, True, False, False], 3, p_aae=0.0, p_other=1.0)["expert_labels"][2:]
+    [2, 1]
+
+    ```
+    """
+    dataset = _check_dataset(dataset)
+    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 2:
+        raise ValueError(f"`num_classes` must be an int >= 2, got {num_classes!r}.")
+    p_aae, p_other = _check_probability(p_aae, "p_aae"), _check_probability(p_other, "p_other")
+    label_column = _check_column_name(label_column, "label_column")
+    column = _check_column_name(column, "column")
+    if column == label_column:
+        raise ValueError(f"`column` ({column!r}) must differ from `label_column`.")
+    _require_columns(dataset, [label_column], "label_column")
+    if isinstance(aae, str):
+        _require_columns(dataset, [aae], "aae")
+        flags = _numeric_columns(dataset, [aae])[aae]
+    else:
+        flags = np.asarray(aae)
+    if flags.size == 0:  # an empty column reads back as float
+        flags = flags.astype(bool)
+    if flags.shape != (len(dataset),) or flags.dtype != bool:
+        raise ValueError(f"`aae` must hold one bool per example ({len(dataset)}), got dtype {flags.dtype} and shape "
+                         f"{flags.shape}.")
+    labels = _class_labels(dataset, label_column, int(num_classes))
+    rng = _make_rng(seed)
+    right = rng.random(len(labels)) < np.where(flags, p_aae, p_other)
+    guess = rng.integers(0, int(num_classes), size=len(labels))
+    expert = np.where(right, labels, guess).astype(np.int64)
+    return _replace_column(dataset, column, expert, datasets.Value("int64"))

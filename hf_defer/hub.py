@@ -21,6 +21,7 @@ from typing import Any
 
 from transformers.dynamic_module_utils import custom_object_save
 
+from .adapters import has_adapters
 from .pipeline_deferral import CUSTOM_PIPELINES, DeferralPipeline, custom_pipelines_in_config
 
 _OWN_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "README.md")
@@ -53,7 +54,8 @@ def save_for_hub(
 
     Writes the weights (safetensors), ``config.json`` with ``auto_map`` and ``custom_pipelines``, the model, config,
     surrogate and pipeline modules, the tokenizer/image processor if given, and the model card if ``card_data``
-    is given. [`push_to_hub`] uploads such a folder; [`DeferralTrainer.push_to_hub`] does all of this by itself.
+    is given. A model with PEFT adapters ([`hf_defer.adapters`]) writes its adapter and head only, in peft's format.
+    [`push_to_hub`] uploads such a folder; [`DeferralTrainer.push_to_hub`] does all of this by itself.
 
     Args:
         model ([`EncoderForDeferral`]): the model.
@@ -92,9 +94,14 @@ def save_for_hub(
         raise FileExistsError(
             f"{str(folder)!r} already holds {existing}; pass overwrite=True to replace them, or pick another folder."
         )
-    with custom_pipelines_in_config(model):
+    if has_adapters(model):  # adapter + head in peft's format; the config and the code come with the base model
         model.save_pretrained(folder)
-    copy_pipeline_code(folder)
+        if card_data is None and not existing:  # peft's generic card would replace the repository's
+            (folder / "README.md").unlink(missing_ok=True)
+    else:
+        with custom_pipelines_in_config(model):
+            model.save_pretrained(folder)
+        copy_pipeline_code(folder)
     if processing_class is not None:
         processing_class.save_pretrained(folder)
     if card_data is not None:

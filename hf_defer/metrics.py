@@ -99,13 +99,7 @@ def expected_calibration_error(confidence: Any, correct: Any, n_bins: int = 15) 
     0.0
     ```
     """
-    bins = reliability_bins(confidence, correct, n_bins)
-    counts = np.asarray(bins["counts"], dtype=np.float64)
-    total = counts.sum()
-    if total == 0:
-        return 0.0
-    gap = np.abs(np.asarray(bins["mean_confidence"]) - np.asarray(bins["accuracy"]))
-    return float(np.sum(counts[counts > 0] / total * gap[counts > 0]))
+    return reliability_ece(reliability_bins(confidence, correct, n_bins))
 
 
 def _as_tensor(name: str, values: Any) -> torch.Tensor:
@@ -299,3 +293,109 @@ class DeferralMetrics:
         return deferral_metrics(
             logits, labels, expert_labels, self.surrogate, self.num_experts, self.n_bins, self.budgets
         )
+
+
+METRIC_NAMES: dict[str, tuple[str, str]] = {
+    "system_error": ("System error", "error of the classifier-plus-expert system (the expert's error where deferred)"),
+    "coverage": ("Coverage", "share of inputs the classifier answers (not deferred)"),
+    "classifier_error": ("Classifier error", "error of the classifier alone, on all inputs"),
+    "expert_ece": ("Expert ECE", "calibration error of the expert-accuracy estimate (15 bins)"),
+}
+"""Display name and meaning of each fixed key of [`deferral_metrics`]; [`metric_name_and_meaning`] adds the keys
+that carry a number (``budgeted_error_10``, ``expert_ece_0``, ``deferral_rate_1``)."""
+
+
+def metric_name_and_meaning(key: str) -> tuple[str, str]:
+    """Display name and one-line meaning of a key of [`deferral_metrics`] (for cards, tables and logs).
+
+    Args:
+        key (`str`): a metric key such as ``"coverage"`` or ``"budgeted_error_10"`` (no ``eval_`` prefix).
+
+    Returns:
+        `tuple[str, str]`: the name and its meaning.
+
+    Raises:
+        `ValueError`: ``key`` is not a key [`deferral_metrics`] returns.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.metrics import metric_name_and_meaning
+    >>> metric_name_and_meaning("budgeted_error_10")[0]
+    'Budgeted error @ 10%'
+
+    ```
+    """
+    if key in METRIC_NAMES:
+        return METRIC_NAMES[key]
+    prefix, _, number = key.rpartition("_")
+    percent = prefix == "budgeted_error" and number.replace(".", "", 1).isdigit()  # budgeted_error_9.6 too
+    if not (number.isdigit() or percent) or prefix not in ("budgeted_error", "expert_ece", "deferral_rate"):
+        raise ValueError(f"key must be a key of deferral_metrics (e.g. {tuple(METRIC_NAMES)}), got {key!r}.")
+    if prefix == "budgeted_error":
+        return f"Budgeted error @ {number}%", f"system error when at most {number}% of inputs may be deferred"
+    if prefix == "expert_ece":
+        return f"Expert ECE (expert {number})", f"calibration error of expert {number}'s accuracy estimate"
+    return f"Deferral rate (expert {number})", f"share of inputs deferred to expert {number}"
+
+
+def pool_reliability(diagrams: Sequence[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Merges the reliability-diagram data of several runs over the same bins: counts add, means are count-weighted.
+
+    The result equals [`reliability_bins`] of all the runs' inputs at once (up to rounding).
+
+    Args:
+        diagrams (sequence of `dict`): [`reliability_bins`] outputs with the same ``bin_edges``.
+
+    Returns:
+        `dict`: ``bin_edges``, ``counts``, ``mean_confidence`` and ``accuracy`` (NaN for empty bins).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.metrics import pool_reliability
+    >>> a = {"bin_edges": [0, 0.5, 1], "counts": [1, 1], "mean_confidence": [0.2, 0.9], "accuracy": [0.0, 1.0]}
+    >>> b = {"bin_edges": [0, 0.5, 1], "counts": [0, 3], "mean_confidence": [float("nan"), 0.7], "accuracy": [float("nan"), 0.5]}
+    >>> pool_reliability([a, b])["accuracy"]
+    [0.0, 0.625]
+
+    ```
+    """
+    if not diagrams:
+        raise ValueError("diagrams must hold at least one reliability diagram, got none.")
+    edges = diagrams[0]["bin_edges"]
+    if any(d["bin_edges"] != edges for d in diagrams):
+        raise ValueError("diagrams must share their bin edges.")
+    counts = np.sum([np.asarray(d["counts"], dtype=np.float64) for d in diagrams], axis=0)
+    pooled = {"bin_edges": list(edges), "counts": counts.astype(int).tolist()}
+    for key in ("mean_confidence", "accuracy"):
+        weighted = np.sum([np.nan_to_num(np.asarray(d[key], dtype=np.float64)) * np.asarray(d["counts"]) for d in diagrams],
+                          axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            pooled[key] = (weighted / counts).tolist()
+    return pooled
+
+
+def reliability_ece(bins: dict[str, list[float]]) -> float:
+    """Expected calibration error of reliability-diagram data: ``sum_b (n_b / N) |mean confidence_b - accuracy_b|``.
+
+    With [`pool_reliability`] it gives the ECE of several runs pooled. Returns 0.0 when every bin is empty.
+
+    Args:
+        bins (`dict`): [`reliability_bins`] or [`pool_reliability`] output.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.metrics import reliability_ece
+    >>> reliability_ece({"counts": [1, 1], "mean_confidence": [0.25, 0.75], "accuracy": [0.0, 1.0]})
+    0.25
+
+    ```
+    """
+    counts = np.asarray(bins["counts"], dtype=np.float64)
+    total = counts.sum()
+    if total == 0:
+        return 0.0
+    gap = np.abs(np.asarray(bins["mean_confidence"], dtype=np.float64) - np.asarray(bins["accuracy"], dtype=np.float64))
+    return float(np.sum(counts[counts > 0] / total * gap[counts > 0]))

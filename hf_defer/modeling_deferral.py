@@ -64,6 +64,7 @@ class DeferralPreTrainedModel(PreTrainedModel):
     base_model_prefix = "deferral"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
+    _keep_in_fp32_modules_strict = ["head"]  # loading in bf16/fp16 keeps the small head, and so the logits, in fp32
 
 
 class EncoderForDeferral(DeferralPreTrainedModel):
@@ -323,7 +324,7 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             pooled, hidden_states, attentions = self._encode(
                 input_ids, attention_mask, token_type_ids, pixel_values, output_hidden_states, output_attentions
             )
-        logits = self.head(pooled.to(self.head[-1].weight.dtype))
+        logits = self.head(pooled.to(next(self.head.parameters()).dtype))
 
         loss = None
         if labels is not None:
@@ -385,11 +386,26 @@ class EncoderForDeferral(DeferralPreTrainedModel):
         output_hidden_states: bool | None,
         output_attentions: bool | None,
     ) -> tuple[torch.Tensor, tuple | None, tuple | None]:
-        """Runs the encoder on the arguments its forward accepts and pools its last hidden state."""
+        """Runs the encoder on the arguments its forward accepts and pools its last hidden state.
+
+        Which tokens count comes from `attention_mask` (without it, from `input_ids != pad_token_id` for `"last"`,
+        else every token), so left and right padding pool the same tokens. With `"last"` the positions are counted
+        from the mask as well (`position_ids`), so that a left-padded input sees the positions a right-padded one does.
+        """
+        pooling = self.config.pooling
         main_input = pixel_values if self.main_input_name == "pixel_values" else input_ids
         if main_input is None:
             raise ValueError(f"this model's encoder needs {self.main_input_name}, got {self.main_input_name}=None.")
+        mask = None
+        if self.main_input_name == "input_ids":
+            pad_token_id = getattr(self.encoder.config, "pad_token_id", None)
+            if attention_mask is not None:
+                mask = attention_mask.bool()
+            elif pooling == "last" and isinstance(pad_token_id, int):
+                mask = input_ids != pad_token_id
         kwargs = {}
+        if pooling == "last" and mask is not None and "position_ids" in self._encoder_args:
+            kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
         named = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
                  "pixel_values": pixel_values}
         for name, value in named.items():
@@ -399,24 +415,27 @@ class EncoderForDeferral(DeferralPreTrainedModel):
                 kwargs[name] = value
             elif name != "token_type_ids":  # tokenizers add token_type_ids for encoders that ignore them
                 raise ValueError(f"{name} was given but {type(self.encoder).__name__} does not accept it.")
+        if "use_cache" in self._encoder_args:  # a decoder used as an encoder never generates: no key/value cache
+            kwargs["use_cache"] = False
         for name, value in (("output_hidden_states", output_hidden_states), ("output_attentions", output_attentions)):
             if value is not None and (name in self._encoder_args or self._encoder_var_kwargs):
                 kwargs[name] = value
         outputs = self.encoder(**kwargs)
         last = outputs[0]
-        if self.config.pooling == "cls":
+        if mask is None:
+            mask = torch.ones(last.shape[:2], dtype=torch.bool, device=last.device)
+        mask = mask.to(last.device)
+        if pooling == "cls":
             pooled = last[:, 0]
+        elif pooling == "last":  # the largest position the mask keeps (position 0 for an all-padding row)
+            positions = torch.arange(mask.shape[1], device=last.device)
+            pooled = last[torch.arange(last.shape[0], device=last.device), (positions * mask).argmax(-1)]
+        elif pooling == "mean":
+            weights = mask.unsqueeze(-1).to(last.dtype)
+            pooled = (last * weights).sum(1) / weights.sum(1).clamp(min=1)
         else:
-            if attention_mask is None or self.main_input_name != "input_ids":
-                mask = torch.ones(last.shape[:2], dtype=torch.bool, device=last.device)
-            else:
-                mask = attention_mask.to(device=last.device).bool()
-            if self.config.pooling == "mean":
-                weights = mask.unsqueeze(-1).to(last.dtype)
-                pooled = (last * weights).sum(1) / weights.sum(1).clamp(min=1)
-            else:
-                pooled = last.masked_fill(~mask.unsqueeze(-1), torch.finfo(last.dtype).min).amax(1)
-                pooled = pooled.masked_fill(~mask.any(1, keepdim=True), 0.0)  # no token kept: 0, as mean pooling gives
+            pooled = last.masked_fill(~mask.unsqueeze(-1), torch.finfo(last.dtype).min).amax(1)
+            pooled = pooled.masked_fill(~mask.any(1, keepdim=True), 0.0)  # no token kept: 0, as mean pooling gives
         if self.config.normalize_pooled:
             pooled = nn.functional.normalize(pooled, dim=-1)
         return pooled, getattr(outputs, "hidden_states", None), getattr(outputs, "attentions", None)
@@ -429,7 +448,7 @@ class EncoderForDeferral(DeferralPreTrainedModel):
         num_experts: int = 1,
         surrogate: str = "asm",
         *,
-        pooling: str = "cls",
+        pooling: str | None = None,
         normalize_pooled: bool = False,
         head_hidden_sizes: list[int] | tuple[int, ...] = (),
         head_dropout: float = 0.0,
@@ -447,7 +466,8 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             num_labels (`int`): number of classes K (at least 2).
             num_experts (`int`, *optional*, defaults to 1): number of experts M.
             surrogate (`str`, *optional*, defaults to `"asm"`): `"asm"`, `"ssm"`, `"sova"` or `"aova"`.
-            pooling (`str`, *optional*, defaults to `"cls"`): `"cls"`, `"mean"` or `"max"`.
+            pooling (`str`, *optional*): `"cls"`, `"last"`, `"mean"` or `"max"`; defaults to `"last"` for decoder-only
+                encoders and `"cls"` for the others.
             normalize_pooled (`bool`, *optional*, defaults to `False`): L2-normalize the pooled vector (with
                 `pooling="mean"` this reproduces sentence-transformers embeddings such as all-MiniLM-L6-v2's).
             head_hidden_sizes (`list[int]`, *optional*, defaults to `()`): hidden widths of an MLP head.
@@ -492,8 +512,9 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             id2label=id2label,
             expert_names=expert_names,
         )
-        model = cls(config, encoder=encoder)
-        return model.to(encoder.dtype)
+        model = cls(config, encoder=encoder).to(encoder.dtype)
+        model.head.float()  # as `_keep_in_fp32_modules_strict` does on loading: logits and loss in float32
+        return model
 
 
 class AutoModelForDeferral(_BaseAutoModelClass):

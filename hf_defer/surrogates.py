@@ -33,9 +33,6 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100
 """Label value that marks a row to ignore (the Hugging Face padding convention)."""
 
-SURROGATES: tuple[str, ...] = ("asm", "ssm", "sova", "aova")
-"""Names accepted by :func:`get_surrogate`; ``"asm"`` is the default."""
-
 MAX_ABS_LOGIT = 1e30
 """The largest logit magnitude accepted: beyond it, differences and sums of logits overflow float32 in the losses."""
 
@@ -63,7 +60,15 @@ class DeferralSurrogate:
     """
 
     name: str = ""
+    """The key of :func:`get_surrogate` (``"asm"``, ...)."""
+    display_name: str = ""
+    """How papers and reports write it (``"A-SM"``, ...)."""
+    description: str = ""
+    """What the loss is, in a few words (for model cards)."""
+    citation: str = ""
+    """Where it comes from (authors, venue, year)."""
     bounded: bool = True
+    """Whether the expert-accuracy estimator lies in [0, 1] by construction (unbounded ones are clipped)."""
 
     def __init__(self, num_classes: int, num_experts: int = 1) -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, Integral) or num_classes < 2:
@@ -272,6 +277,9 @@ class ASMSurrogate(DeferralSurrogate):
     """
 
     name = "asm"
+    display_name = "A-SM"
+    description = "asymmetric softmax"
+    citation = "Cao et al., NeurIPS 2023"
     bounded = True
 
     def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
@@ -308,6 +316,9 @@ class SSMSurrogate(DeferralSurrogate):
     """
 
     name = "ssm"
+    display_name = "S-SM"
+    description = "softmax cross-entropy over classes and experts"
+    citation = "Mozannar & Sontag, 2020"
     bounded = False
 
     def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
@@ -345,6 +356,9 @@ class SOvASurrogate(DeferralSurrogate):
     """
 
     name = "sova"
+    display_name = "S-OvA"
+    description = "symmetric one-vs-all logistic loss in the consistent L_phi construction"
+    citation = "baseline of Cao et al., NeurIPS 2023"
     bounded = False
 
     def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
@@ -382,6 +396,9 @@ class AOvASurrogate(DeferralSurrogate):
     """
 
     name = "aova"
+    display_name = "A-OvA"
+    description = "asymmetric one-vs-all"
+    citation = "Verma & Nalisnick, 2022"
     bounded = True
 
     def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
@@ -394,11 +411,28 @@ class AOvASurrogate(DeferralSurrogate):
 
 
 _REGISTRY: dict[str, type[DeferralSurrogate]] = {
-    "asm": ASMSurrogate,
-    "ssm": SSMSurrogate,
-    "sova": SOvASurrogate,
-    "aova": AOvASurrogate,
+    cls.name: cls for cls in (ASMSurrogate, SSMSurrogate, SOvASurrogate, AOvASurrogate)
 }
+
+SURROGATES: tuple[str, ...] = tuple(_REGISTRY)
+"""Names accepted by :func:`get_surrogate` (the one list of surrogates); ``"asm"`` is the default."""
+
+
+def surrogate_class(name: str) -> type[DeferralSurrogate]:
+    """The class of a surrogate, for its ``display_name``, ``description``, ``citation`` and ``bounded``.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.surrogates import surrogate_class
+    >>> surrogate_class("ssm").display_name, surrogate_class("ssm").bounded
+    ('S-SM', False)
+
+    ```
+    """
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"surrogate must be one of {SURROGATES}, got {name!r}.")
+    return _REGISTRY[name]
 
 
 def get_surrogate(name: str, num_classes: int, num_experts: int = 1) -> DeferralSurrogate:
@@ -425,6 +459,4 @@ def get_surrogate(name: str, num_classes: int, num_experts: int = 1) -> Deferral
     >>> defer, prediction, expert = surrogate.decide(logits)
     ```
     """
-    if not isinstance(name, str) or name not in _REGISTRY:
-        raise ValueError(f"surrogate must be one of {SURROGATES}, got {name!r}.")
-    return _REGISTRY[name](num_classes, num_experts)
+    return surrogate_class(name)(num_classes, num_experts)

@@ -11,11 +11,13 @@ from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.utils import logging
 from transformers.trainer_utils import EvalLoopOutput
 
+from .adapters import check_head_trainable, has_adapters, is_peft_model, load_adapter_checkpoint
 from .checks import check_deferral_dataset, last_complete_checkpoint
 from .data import DataCollatorForDeferral
 from .hub import copy_pipeline_code, custom_pipelines_in_config
 from .metrics import DeferralMetrics, deferral_metrics
 from .model_card import DeferralModelCardData, render_model_card
+from .tokenization import ensure_pad_token
 
 logger = logging.get_logger(__name__)
 
@@ -78,9 +80,12 @@ class DeferralTrainer(Trainer):
             raise ValueError(
                 f"model must be a deferral model (config.model_type == 'deferral'), got {type(model).__name__}."
             )
+        check_head_trainable(model)
+        processing_class = arguments.get("processing_class")
+        tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
+        if tokenizer is not None:
+            ensure_pad_token(tokenizer, model)
         if arguments.get("data_collator") is None:
-            processing_class = arguments.get("processing_class")
-            tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
             arguments["data_collator"] = DataCollatorForDeferral(tokenizer=tokenizer)
         if arguments.get("compute_metrics") is None:
             arguments["compute_metrics"] = DeferralMetrics(config.surrogate, config.num_experts)
@@ -121,11 +126,21 @@ class DeferralTrainer(Trainer):
             self._last_deferral_eval = (metric_key_prefix, logits, label_ids[0], label_ids[1])
         return output
 
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        """Resumes like the Trainer, plus the adapters that `add_adapter` gave the model (the Trainer resumes the
+        adapters of a `PeftModel` only)."""
+        unwrapped = self.accelerator.unwrap_model(model if model is not None else self.model)
+        if has_adapters(unwrapped) and not is_peft_model(unwrapped):
+            return load_adapter_checkpoint(unwrapped, resume_from_checkpoint)
+        return super()._load_from_checkpoint(resume_from_checkpoint, model)
+
     # ------------------------------------------------------------------ saving, Hub and model card
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Saves like the Trainer, plus what remote-code loading needs (see [`save_for_hub`]): `auto_map` and
         `custom_pipelines` in `config.json`, and the model, config, surrogate and pipeline modules."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if has_adapters(self.accelerator.unwrap_model(self.model)):  # the adapter and the head only (peft's format)
+            return super()._save(output_dir, state_dict)
         with custom_pipelines_in_config(self.accelerator.unwrap_model(self.model)):
             super()._save(output_dir, state_dict)
         if self.args.should_save:
@@ -189,7 +204,7 @@ class DeferralTrainer(Trainer):
         dataset_args: str | list[str] | None = None,
         *,
         save_directory: str | None = None,
-        overwrite_model_card: bool = False,
+        overwrite_model_card: bool | None = None,
         **card_fields: Any,
     ) -> None:
         """Writes the deferral model card (`README.md` and `reliability_diagram.png`) instead of the generic Trainer
@@ -200,8 +215,9 @@ class DeferralTrainer(Trainer):
                 (`finetuned_from` is the base encoder, `dataset` a Hub dataset id or a name). `tasks`,
                 `dataset_tags` and `dataset_args` are accepted for compatibility and not used.
             save_directory (`str`, *optional*): where to write; defaults to `args.output_dir`.
-            overwrite_model_card (`bool`, *optional*, defaults to `False`): replace a `README.md` that hf_defer did
-                not write (otherwise it is kept, with a warning).
+            overwrite_model_card (`bool`, *optional*): replace a `README.md` that hf_defer did not write (otherwise
+                it is kept, with a warning); defaults to `True` for a model with adapters, whose save writes peft's
+                generic card, and `False` otherwise.
             card_fields: any [`DeferralModelCardData`] field, e.g. `expert_description="..."`.
         """
         if not self.is_world_process_zero():
@@ -216,6 +232,8 @@ class DeferralTrainer(Trainer):
         if dataset is not None:
             fields["dataset_id"] = dataset
         fields = {key: value for key, value in fields.items() if value is not None}
+        if overwrite_model_card is None:
+            overwrite_model_card = has_adapters(self.accelerator.unwrap_model(self.model))
         data = self.model_card_data(**{**fields, **card_fields})
         try:
             render_model_card(data, save_directory or self.args.output_dir, overwrite=overwrite_model_card)

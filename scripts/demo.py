@@ -26,23 +26,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer, TrainingArguments, pipeline
+from transformers import AutoTokenizer, pipeline
 
 import hf_defer
 from hf_defer.data import HATESPEECH_CITATION, HATESPEECH_HUB_ID, load_hatespeech
 from hf_defer.embeddings import add_embeddings, resolve_sentence_encoder
+from hf_defer.experiments.hatespeech import DEFAULT_ENCODER, Protocol, training_arguments
+from hf_defer.metrics import metric_name_and_meaning
+from hf_defer.surrogates import surrogate_class
 
 MARKER = ".written_by_hf_defer_demo"
-
-ROWS = [
-    ("system_error", "System error (0-1-deferral loss)"),
-    ("coverage", "Coverage (share answered by the model)"),
-    ("classifier_error", "Classifier error (all inputs)"),
-    ("expert_ece", "ECE of expert-accuracy estimate"),
-    ("budgeted_error_10", "Error, at most 10 % deferred"),
-    ("budgeted_error_20", "Error, at most 20 % deferred"),
-    ("budgeted_error_30", "Error, at most 30 % deferred"),
-]
+METRICS = ("system_error", "coverage", "classifier_error", "expert_ece", "budgeted_error_10", "budgeted_error_20",
+           "budgeted_error_30")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="Davidson CSV, a folder with it, or a Hub dataset id (default: the copy shipped in hf_defer)")
     parser.add_argument("--max-rows", type=int, default=None,
                         help="use a random subset of this many tweets (a quick run; the splits keep their shares)")
-    parser.add_argument("--encoder", default="sentence-transformers/all-MiniLM-L6-v2")
+    parser.add_argument("--encoder", default=DEFAULT_ENCODER)
     parser.add_argument("--output-dir", default="demo_model")
     parser.add_argument("--epochs", type=float, default=50.0)
     parser.add_argument("--surrogate", default="asm", choices=hf_defer.SURROGATES)
@@ -79,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     splits = add_embeddings(splits, options.encoder, text_column="text", column="features")
     feature_size = len(splits["train"][0]["features"])
 
-    print(f"3/4 Training a {options.surrogate.upper()} deferral head with DeferralTrainer")
+    display_name = surrogate_class(options.surrogate).display_name
+    print(f"3/4 Training an {display_name} deferral head with DeferralTrainer")
     # A linear head over 384-d inputs gains nothing from intra-op threads; one thread avoids their contention.
     torch.set_num_threads(1)
     class_names = splits["train"].features["labels"].names
@@ -89,13 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     model = hf_defer.EncoderForDeferral(config)
     scratch = tempfile.TemporaryDirectory(prefix="hf_defer_demo_")  # the Trainer's output_dir; nothing is kept
-    args = TrainingArguments(
-        output_dir=scratch.name, num_train_epochs=options.epochs, learning_rate=0.1,
-        optim="sgd", optim_args="momentum=0.9", lr_scheduler_type="cosine", weight_decay=0.0,
-        per_device_train_batch_size=128, per_device_eval_batch_size=1024, save_strategy="no",
-        eval_strategy="no", logging_steps=500, report_to=[], use_cpu=True, seed=options.seed,
-        disable_tqdm=not sys.stdout.isatty(),
-    )
+    args = training_arguments(  # the paper's protocol, as in scripts/reproduce_hatespeech.py
+        scratch.name, options.seed, Protocol(epochs=options.epochs), logging_strategy="steps", logging_steps=500,
+        disable_tqdm=not sys.stdout.isatty())
     trainer = hf_defer.DeferralTrainer(
         model=model, args=args, train_dataset=splits["train"], eval_dataset=splits["validation"]
     )
@@ -104,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     scratch.cleanup()
 
     print("\nTest metrics (fractions; lower is better except coverage)")
-    width = max(len(label) for _, label in ROWS)
-    for key, label in ROWS:
-        print(f"  {label:<{width}}  {metrics[f'test_{key}']:.4f}")
+    width = max(len(metric_name_and_meaning(key)[0]) for key in METRICS)
+    for key in METRICS:
+        name, meaning = metric_name_and_meaning(key)
+        print(f"  {name:<{width}}  {metrics[f'test_{key}']:.4f}  ({meaning})")
 
     print(f"\n4/4 Putting the head on the encoder and saving a Hub-ready folder to {output_dir}")
     encoder_path = resolve_sentence_encoder(options.encoder)
@@ -121,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         dataset_id=HATESPEECH_HUB_ID,
         expert_description="One random CrowdFlower annotator per tweet, drawn from the tweet's annotator counts "
         "(the human expert of Mozannar et al. 2023 and Cao et al. 2023).",
-        training_description=f"Linear A-SM head over frozen, L2-normalised mean-pooled {options.encoder} embeddings.",
+        training_description=f"Linear {display_name} head over frozen, L2-normalised mean-pooled {options.encoder} "
+        "embeddings.",
     )
     tokenizer = AutoTokenizer.from_pretrained(encoder_path)
     hf_defer.save_for_hub(text_model, output_dir, processing_class=tokenizer, card_data=card, overwrite=True)

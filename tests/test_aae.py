@@ -1,14 +1,13 @@
-"""Tests of hf_defer.aae: tokenizer, CVB0 inference, the TwitterAAE model and the dialect-biased expert."""
+"""Tests of hf_defer.aae: tokenizer, CVB0 inference and the TwitterAAE model."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pytest
 
-from hf_defer.aae import TwitterAAE, cvb0_proportions, dialect_biased_expert, tokenize_tweet
+from hf_defer.aae import TwitterAAE, cvb0_proportions, tokenize_tweet
 
 
 
@@ -135,51 +134,6 @@ def test_real_model_on_hand_made_tweets():
     proportions = model.predict(aae + standard)
     np.testing.assert_allclose(proportions.sum(axis=1), 1.0)
     assert (proportions >= 0).all()
-
-
-# ----------------------------------------------------------------------------- dialect-biased expert
-def test_dialect_expert_deterministic_extremes():
-    ds = datasets.Dataset.from_dict({"labels": [0, 1, 2, 1, 0, 2], "aae": [True, True, True, False, False, False]})
-    out = dialect_biased_expert(ds, "aae", num_classes=3, p_aae=1.0, p_other=1.0, seed=3)
-    assert out["expert_labels"] == [0, 1, 2, 1, 0, 2]
-    assert out.column_names == ["labels", "aae", "expert_labels"]
-
-
-def test_dialect_expert_accuracy_rates():
-    n = 40_000
-    flags = np.arange(n) < n // 2
-    ds = datasets.Dataset.from_dict({"labels": np.arange(n) % 3})
-    out = dialect_biased_expert(ds, flags, num_classes=3, p_aae=0.4, p_other=0.9, seed=0)
-    table = out.with_format("numpy")[:]
-    right = table["expert_labels"] == table["labels"]
-    # right w.p. p, plus a uniform guess that is right 1/3 of the time: p + (1 - p) / 3.
-    assert right[flags].mean() == pytest.approx(0.4 + 0.6 / 3, abs=0.015)
-    assert right[~flags].mean() == pytest.approx(0.9 + 0.1 / 3, abs=0.01)
-    again = dialect_biased_expert(ds, flags, num_classes=3, p_aae=0.4, p_other=0.9, seed=0)
-    np.testing.assert_array_equal(again.with_format("numpy")[:]["expert_labels"], table["expert_labels"])
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "error", "message"),
-    [
-        ({"aae": [True]}, ValueError, "aae must hold one bool per example"),
-        ({"aae": "missing"}, ValueError, "aae column 'missing'"),
-        ({"p_aae": 1.5}, ValueError, "p_aae must be a probability"),
-        ({"num_classes": 1}, ValueError, "num_classes must be an integer >= 2"),
-        ({"num_classes": 2}, ValueError, r"labels in \[0, 2\)"),
-        ({"label_column": "y"}, ValueError, "label_column 'y'"),
-    ],
-)
-def test_dialect_expert_rejects_bad_input(kwargs, error, message):
-    ds = datasets.Dataset.from_dict({"labels": [0, 2], "aae": [True, False]})
-    arguments = {"aae": "aae", "num_classes": 3} | kwargs
-    with pytest.raises(error, match=message):
-        dialect_biased_expert(ds, **arguments)
-
-
-def test_dialect_expert_rejects_non_dataset():
-    with pytest.raises(TypeError, match="datasets.Dataset"):
-        dialect_biased_expert({"labels": [0]}, [True], num_classes=3)
 
 
 def test_gzip_tables_and_environment_variable(tiny_model_dir, tmp_path, monkeypatch):

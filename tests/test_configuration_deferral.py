@@ -112,7 +112,7 @@ def test_head_only_round_trip_and_from_dict(tmp_path):
         ({"feature_size": 8, "id2label": {0: "only"}}, "num_labels"),
         ({"feature_size": 8, "num_labels": 3, "id2label": {0: "a", 1: "b"}}, "num_labels=3"),
         ({"feature_size": 8, "surrogate": "softmax"}, "surrogate must be one of"),
-        ({"feature_size": 8, "pooling": "last"}, "pooling must be one of"),
+        ({"feature_size": 8, "pooling": "sum"}, "pooling must be one of"),
         ({"feature_size": 8, "num_experts": 0}, "num_experts"),
         ({"feature_size": 0}, "feature_size"),
         ({"feature_size": 8.0}, "feature_size"),

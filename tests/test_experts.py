@@ -15,7 +15,13 @@ from scipy import stats
 
 import hf_defer.experts as experts_module
 from hf_defer.bundled_data import bundled_bytes
-from hf_defer.experts import annotator_expert, class_subset_expert, stack_experts
+from hf_defer.experts import (
+    annotator_accuracy,
+    annotator_expert,
+    class_subset_expert,
+    dialect_biased_expert,
+    stack_experts,
+)
 
 
 
@@ -240,3 +246,68 @@ def test_stack_experts_validates(columns, kwargs, match):
 def test_docstring_examples_run():
     result = doctest.testmod(experts_module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+# ----------------------------------------------------------------------------- dialect-biased expert
+def test_dialect_expert_deterministic_extremes():
+    ds = datasets.Dataset.from_dict({"labels": [0, 1, 2, 1, 0, 2], "aae": [True, True, True, False, False, False]})
+    out = dialect_biased_expert(ds, "aae", num_classes=3, p_aae=1.0, p_other=1.0, seed=3)
+    assert out["expert_labels"] == [0, 1, 2, 1, 0, 2]
+    assert out.column_names == ["labels", "aae", "expert_labels"]
+
+
+def test_dialect_expert_accuracy_rates():
+    n = 40_000
+    flags = np.arange(n) < n // 2
+    ds = datasets.Dataset.from_dict({"labels": np.arange(n) % 3})
+    out = dialect_biased_expert(ds, flags, num_classes=3, p_aae=0.4, p_other=0.9, seed=0)
+    table = out.with_format("numpy")[:]
+    right = table["expert_labels"] == table["labels"]
+    # right w.p. p, plus a uniform guess that is right 1/3 of the time: p + (1 - p) / 3.
+    assert right[flags].mean() == pytest.approx(0.4 + 0.6 / 3, abs=0.015)
+    assert right[~flags].mean() == pytest.approx(0.9 + 0.1 / 3, abs=0.01)
+    again = dialect_biased_expert(ds, flags, num_classes=3, p_aae=0.4, p_other=0.9, seed=0)
+    np.testing.assert_array_equal(again.with_format("numpy")[:]["expert_labels"], table["expert_labels"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"aae": [True]}, ValueError, "`aae` must hold one bool per example"),
+        ({"aae": "missing"}, ValueError, r"`aae` names column\(s\) \['missing'\]"),
+        ({"p_aae": 1.5}, ValueError, "`p_aae` must be a probability"),
+        ({"num_classes": 1}, ValueError, "`num_classes` must be an int >= 2"),
+        ({"num_classes": 2}, ValueError, r"labels in \[0, 2\)"),
+        ({"label_column": "y"}, ValueError, r"`label_column` names column\(s\) \['y'\]"),
+    ],
+)
+def test_dialect_expert_rejects_bad_input(kwargs, error, message):
+    ds = datasets.Dataset.from_dict({"labels": [0, 2], "aae": [True, False]})
+    arguments = {"aae": "aae", "num_classes": 3} | kwargs
+    with pytest.raises(error, match=message):
+        dialect_biased_expert(ds, **arguments)
+
+
+def test_dialect_expert_rejects_non_dataset():
+    with pytest.raises(ValueError, match="datasets.Dataset"):  # the exception type of every expert here
+        dialect_biased_expert({"labels": [0]}, [True], num_classes=3)
+
+
+# ----------------------------------------------------------------------------- true accuracy of the annotator
+def test_annotator_accuracy_by_hand():
+    ds = datasets.Dataset.from_dict({"labels": [0, 1, 2], "count": [3, 6, 4], "hate_speech": [2, 1, 0],
+                                     "offensive_language": [1, 4, 1], "neither": [0, 1, 3]})
+    columns = ["hate_speech", "offensive_language", "neither"]
+    np.testing.assert_allclose(annotator_accuracy(ds, columns), [2 / 3, 4 / 6, 3 / 4])
+
+
+def test_annotator_accuracy_is_the_mean_correctness_of_annotator_expert():
+    # 2 of 3 annotators chose class 0 on every row: the expert is right 2/3 of the time.
+    n = 30_000
+    ds = datasets.Dataset.from_dict({"labels": [0] * n, "a": [2] * n, "b": [1] * n})
+    drawn = np.asarray(annotator_expert(ds, ["a", "b"], seed=0)["expert_labels"])
+    np.testing.assert_allclose(annotator_accuracy(ds, ["a", "b"]), 2 / 3)
+    assert (drawn == 0).mean() == pytest.approx(2 / 3, abs=0.01)
+    with pytest.raises(ValueError, match=r"labels in \[0, 2\)"):
+        annotator_accuracy(datasets.Dataset.from_dict({"labels": [2], "a": [1], "b": [1]}), ["a", "b"])
+

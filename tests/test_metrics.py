@@ -400,6 +400,45 @@ def test_metrics_reject_labels_and_expert_labels_and_nan():
         deferral_metrics(logits[0], labels[:1], experts[:1])  # 1-D logits
 
 
+# ----------------------------------------------------------------------------- pooled reliability, names
+def test_pool_reliability_matches_binning_everything_at_once():
+    from hf_defer.metrics import pool_reliability, reliability_ece
+
+    rng = np.random.default_rng(1)
+    confidence, correct = rng.random(300), rng.random(300) < 0.7
+    parts = [reliability_bins(confidence[i:i + 100], correct[i:i + 100]) for i in (0, 100, 200)]
+    pooled, direct = pool_reliability(parts), reliability_bins(confidence, correct)
+    assert pooled["counts"] == direct["counts"]
+    np.testing.assert_allclose(pooled["accuracy"], direct["accuracy"], equal_nan=True)
+    np.testing.assert_allclose(pooled["mean_confidence"], direct["mean_confidence"], equal_nan=True)
+    assert reliability_ece(pooled) == pytest.approx(expected_calibration_error(confidence, correct))
+    with pytest.raises(ValueError, match="at least one"):
+        pool_reliability([])
+    with pytest.raises(ValueError, match="bin edges"):
+        pool_reliability([parts[0], reliability_bins(confidence, correct, n_bins=5)])
+
+
+def test_reliability_ece_by_hand():
+    from hf_defer.metrics import reliability_ece
+
+    # |0.2 - 0| * 1/4 + |0.7 - 0.5| * 3/4 = 0.05 + 0.15; empty bins (NaN) carry no weight.
+    bins = {"counts": [1, 0, 3], "mean_confidence": [0.2, float("nan"), 0.7], "accuracy": [0.0, float("nan"), 0.5]}
+    assert reliability_ece(bins) == pytest.approx(0.2)
+    assert reliability_ece({"counts": [0, 0], "mean_confidence": [0.1, 0.2], "accuracy": [0.0, 0.0]}) == 0.0
+
+
+def test_every_metric_key_has_a_display_name():
+    from hf_defer.metrics import metric_name_and_meaning
+
+    logits = np.array([[3.0, 0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.5, 4.0, 2.0]])
+    keys = deferral_metrics(logits, [0, 2], [[1, 2], [2, 2]], num_experts=2)
+    names = {key: metric_name_and_meaning(key)[0] for key in keys}
+    assert names["system_error"] == "System error" and names["budgeted_error_20"] == "Budgeted error @ 20%"
+    assert names["expert_ece_1"] == "Expert ECE (expert 1)" and names["deferral_rate_0"] == "Deferral rate (expert 0)"
+    with pytest.raises(ValueError, match="key must be a key of deferral_metrics"):
+        metric_name_and_meaning("eval_loss")
+
+
 # --------------------------------------------------------------------------------------------
 # issue 11: numbers that used to be silently wrong
 # --------------------------------------------------------------------------------------------

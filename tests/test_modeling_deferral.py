@@ -249,12 +249,14 @@ def test_load_in_bfloat16_matches_cast_model(tmp_path, dtype_kwarg):
     model = make_model("bert", pooling="mean")
     model.save_pretrained(tmp_path)
     loaded = EncoderForDeferral.from_pretrained(tmp_path, **{dtype_kwarg: torch.bfloat16})
-    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in loaded.encoder.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in loaded.head.parameters()} == {torch.float32}  # _keep_in_fp32_modules_strict
     batch = text_batch()
     with torch.no_grad():
-        expected = model.to(torch.bfloat16)(**batch)
+        model.encoder.to(torch.bfloat16)
+        expected = model(**batch)
         out = loaded(**batch)
-    assert out.logits.dtype == torch.bfloat16
+    assert out.logits.dtype == torch.float32
     assert torch.equal(out.logits, expected.logits)
     assert out.class_probs.dtype == torch.float32  # the surrogate computes in float32
 
@@ -263,7 +265,8 @@ def test_bfloat16_model_round_trip(tmp_path):
     model = make_model("bert").to(torch.bfloat16)
     model.save_pretrained(tmp_path)
     loaded = AutoModelForDeferral.from_pretrained(tmp_path)
-    assert loaded.dtype == torch.bfloat16
+    assert loaded.dtype == torch.bfloat16 and loaded.head[-1].weight.dtype == torch.float32
+    model.head.float()  # exact: bfloat16 values are float32 values
     with torch.no_grad():
         assert torch.equal(loaded(**text_batch()).logits, model(**text_batch()).logits)
 
@@ -303,7 +306,8 @@ def test_from_encoder_pretrained_frozen_and_dtype(tmp_path):
     model = EncoderForDeferral.from_encoder_pretrained(
         str(tmp_path), num_labels=2, freeze_encoder=True, dtype=torch.bfloat16
     )
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.encoder.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.head.parameters()} == {torch.float32}  # logits and loss in float32
     assert not any(p.requires_grad for p in model.encoder.parameters())
     assert all(p.requires_grad for p in model.head.parameters())
 

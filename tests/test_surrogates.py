@@ -646,6 +646,23 @@ def test_rejects_wrong_number_of_expert_columns(name):
         s1(torch.zeros(4, 4), y, torch.zeros(4, 2, dtype=torch.long))
 
 
+def test_each_surrogate_class_carries_its_names_and_the_one_list_is_shared():
+    from hf_defer.configuration_deferral import SURROGATE_NAMES
+    from hf_defer.model_card import surrogate_description
+    from hf_defer.surrogates import SURROGATES, surrogate_class
+
+    assert SURROGATES == ("asm", "ssm", "sova", "aova") and SURROGATE_NAMES is SURROGATES
+    assert [surrogate_class(name).display_name for name in SURROGATES] == ["A-SM", "S-SM", "S-OvA", "A-OvA"]
+    for name in SURROGATES:
+        cls = surrogate_class(name)
+        assert cls.name == name and cls.citation and cls.description
+        assert get_surrogate(name, 3).display_name == cls.display_name
+    assert surrogate_description("ssm") == ("softmax cross-entropy over classes and experts (Mozannar & Sontag, 2020): "
+                                            "consistent, with an unbounded expert-accuracy estimator")
+    with pytest.raises(ValueError, match="surrogate must be one of"):
+        surrogate_class("focal")
+
+
 # --------------------------------------------------------------------------------------------
 # issue 11: logits too large for float32 arithmetic, numpy integer sizes
 # --------------------------------------------------------------------------------------------
