@@ -103,9 +103,6 @@ class EncoderForDeferral(DeferralPreTrainedModel):
                 "encoder was given but config is head-only (feature_size set, no encoder config); "
                 "build the config with encoder=encoder.config."
             )
-        if getattr(config.encoder, "is_encoder_decoder", False):  # T5, BART...: no forward without decoder inputs
-            raise ValueError(f"encoder must be an encoder-only or decoder-only model, got the encoder-decoder "
-                             f"{config.encoder.model_type!r}: its AutoModel needs decoder inputs.")
         super().__init__(config)
         if config.encoder is None:
             self.encoder = None

@@ -506,7 +506,8 @@ def test_numpy_features_and_empty_feature_batch():
 
 
 def test_encoder_decoder_config_is_refused_when_the_model_is_built():
-    """T5 used to be accepted and to fail at the first forward ("You have to specify either decoder_input_ids...")."""
+    """T5 used to be accepted and to fail at the first forward ("You have to specify either decoder_input_ids...");
+    DeferralConfig refuses it now (issue 12's check, kept here as issue 11's reproduction)."""
     t5 = T5Config(d_model=16, num_layers=1, num_heads=2, d_ff=8, d_kv=8, vocab_size=20)
     with pytest.raises(ValueError, match="encoder-decoder 't5'"):
         EncoderForDeferral(DeferralConfig(encoder=t5, num_labels=2))
