@@ -3,7 +3,8 @@
 from .metrics import DeferralMetrics, deferral_metrics, expected_calibration_error, reliability_bins
 from .surrogates import SURROGATES, DeferralSurrogate, get_surrogate
 from .configuration_deferral import DeferralConfig
-from .modeling_deferral import AutoModelForDeferral, DeferralOutput, EncoderForDeferral
+from .modeling_deferral import DeferralOutput, EncoderForDeferral
+from .auto import AutoModelForDeferral
 from .trainer import DeferralTrainer
 from .data import DataCollatorForDeferral, load_hatespeech
 from .embeddings import add_embeddings, embed_texts
@@ -15,8 +16,9 @@ from .model_card import DeferralModelCardData, render_model_card
 
 def _register_auto_classes() -> None:
     """Library mode: `AutoConfig`, `AutoModel` and `AutoModelForDeferral` load folders of model type "deferral".
-    Remote-code mode: `save_pretrained` copies the config/modeling/surrogates modules next to the weights and
-    writes `auto_map`, so `AutoModel.from_pretrained(path, trust_remote_code=True)` works without hf_defer."""
+    Remote-code mode: with the classes registered for auto classes (here, once), `save_pretrained` copies the code
+    modules next to the weights and writes `auto_map`, so `AutoModel.from_pretrained(path, trust_remote_code=True)`
+    works without hf_defer."""
     from transformers import AutoConfig, AutoModel
 
     AutoConfig.register(DeferralConfig.model_type, DeferralConfig, exist_ok=True)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from .pipeline_deferral import DeferralPipeline, deferral_margin
+from .metrics import budget_deferrals
+from .pipeline_deferral import DeferralPipeline
+
 
 def _pipeline_inputs(dataset: Any, input_kind: str) -> list[Any]:
     """The pipeline inputs held by ``dataset``: a list of inputs or a `datasets.Dataset` with an input column."""
@@ -44,16 +45,20 @@ def calibrate_deferral(
 ) -> float:
     """Sets the deferral threshold so that at most ``max_deferral_rate`` of held-out inputs go to an expert.
 
-    The deferral pipeline defers an input when its margin ``max_j (expert_accuracy_j - cost_j) - top class
-    probability`` exceeds ``defer_threshold``. With the ``N`` margins of ``dataset`` sorted from highest to lowest,
-    ``s_0 >= s_1 >= ...``, and the budget ``B = floor(max_deferral_rate * N)``, the threshold is
-    ``t = max(0, s_B)`` (``t = 0`` when ``B = N``): the inputs with the highest estimated gain from deferring are
-    deferred first, as in the paper's budgeted error, exactly ``B`` of them when the margins have no ties at
-    ``s_B``, fewer otherwise. It never goes below 0, so it never defers an input whose best expert is not
-    estimated to beat the classifier: if the model defers less than the budget on its own, it is left as is.
+    The deferral pipeline defers an input when its margin ``max_j (a_j - c_j) - max_y p(y|x)`` exceeds
+    ``defer_threshold`` ([`DeferralSurrogate.decide`]). Of the inputs deferred at threshold 0, the budget
+    ([`budget_deferrals`], ranked by margin) keeps the ``floor(max_deferral_rate * N)`` with the highest margins; the
+    threshold is then the midpoint between the lowest margin kept and the highest margin left out (or 0 when
+    the model defers within the budget on its own), strictly between the two, so that a rounding difference
+    between calibration and a later pipeline run does not flip an input. On the same inputs the pipeline then defers
+    exactly those kept inputs, and its system error is ``deferral_metrics(..., budget_ranking="margin")``'s
+    ``budgeted_error``; inputs whose margin ties the highest one left out cannot be told apart by a threshold and
+    stay with the classifier (fewer deferrals than the budget). The threshold is never negative: an input whose
+    best expert is not estimated to beat the classifier is never deferred.
 
-    The threshold is stored in ``model.config.defer_threshold`` (``save_pretrained`` keeps it; the pipeline applies
-    it by default) and returned. Labels are not needed: only the model's estimates enter.
+    The threshold is stored in ``model.config.defer_threshold``, and given costs in ``model.config.expert_costs``
+    (``save_pretrained`` keeps them; the pipeline, the model's `defer` output and [`deferral_metrics`] given the
+    model apply them by default), and returned. Labels are not needed: only the model's estimates enter.
 
     Args:
         model_or_pipeline ([`EncoderForDeferral`] or [`DeferralPipeline`]): the model, or a deferral pipeline.
@@ -62,8 +67,8 @@ def calibrate_deferral(
             model.
         max_deferral_rate (`float`, *optional*, defaults to 0.1): the budget, in (0, 1].
         batch_size (`int`, *optional*, defaults to 64): pipeline batch size.
-        expert_costs (sequence of `float`, *optional*): one cost per expert, as passed to the pipeline (defaults to
-            the costs the given pipeline was built with); pass the same costs to the pipeline when using the threshold.
+        expert_costs (sequence of `float`, *optional*): one cost per expert (defaults to the costs the given pipeline
+            was built with, else `model.config.expert_costs`); stored in `model.config.expert_costs`.
         tokenizer / image_processor (*optional*): needed to build a pipeline from a text / vision model.
 
     Returns:
@@ -105,18 +110,34 @@ def calibrate_deferral(
     # Validates expert_costs the way the pipeline does, before any forward pass; a pipeline built with costs keeps them.
     costs = pipe._sanitize_parameters(expert_costs=expert_costs)[2].get("expert_costs")
     if costs is None:
-        costs = pipe._postprocess_params.get("expert_costs")
-    outputs = pipe((item for item in inputs), batch_size=batch_size, expert_costs=costs)  # a generator streams
-    margins = np.array(
-        [deferral_margin(out["class_score"], out["expert_accuracy"], costs)[0]
-         for out in tqdm(outputs, total=len(inputs), desc="Calibrating deferral", disable=len(inputs) < 1000)]
-    )
-    budget = math.floor(max_deferral_rate * len(margins) + 1e-9)
-    ranked = np.sort(margins)[::-1]
-    threshold = 0.0 if budget >= len(ranked) else max(0.0, float(ranked[budget]))
-    pipe.model.config.defer_threshold = threshold
-    pipe._postprocess_params.pop("defer_threshold", None)  # a threshold fixed at construction would override it
+        costs = pipe._postprocess_params.get("expert_costs", getattr(pipe.model.config, "expert_costs", None))
+    outputs = pipe((item for item in inputs), batch_size=batch_size, expert_costs=costs, defer_threshold=0.0,
+                   return_margin=True)  # a generator streams
+    decided = [(out["defer"], out["margin"])
+               for out in tqdm(outputs, total=len(inputs), desc="Calibrating deferral", disable=len(inputs) < 1000)]
+    deferred, margins = np.array([d for d, _ in decided], dtype=bool), np.array([m for _, m in decided])
+    kept = budget_deferrals(deferred, margins, max_deferral_rate)
+    threshold = 0.0 if kept.sum() == deferred.sum() else _threshold_between(margins, kept)
+    config = pipe.model.config
+    config.defer_threshold = threshold
+    if costs is not None:
+        config.expert_costs = [float(cost) for cost in costs]
+    for name in ("defer_threshold", "expert_costs"):  # values fixed at construction would override the config's
+        pipe._postprocess_params.pop(name, None)
     return threshold
+
+
+def _threshold_between(margins: np.ndarray, kept: np.ndarray) -> float:
+    """A positive threshold ``t`` with ``margin > t`` exactly on the kept inputs whose margin beats every other one."""
+    lower = max(0.0, float(margins[~kept].max()))
+    above = margins[kept & (margins > lower)]
+    if above.size == 0:  # nothing separable: defer nothing
+        return lower if lower > 0 else float(np.nextafter(0.0, 1.0))
+    upper = float(above.min())
+    middle = (lower + upper) / 2
+    if lower < middle < upper:
+        return middle
+    return lower if lower > 0 else float(np.nextafter(0.0, 1.0))
 
 
 __all__ = ["calibrate_deferral"]

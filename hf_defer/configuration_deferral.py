@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import field
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Any, ClassVar
 
 from transformers import AutoConfig, PretrainedConfig
@@ -17,10 +17,15 @@ from transformers.configuration_utils import SubConfigSpec
 from .surrogates import SURROGATES as SURROGATE_NAMES  # a sibling module: remote code copies it too
 
 POOLING_MODES: tuple[str, ...] = ("cls", "mean", "max", "last")
+"""Values of `DeferralConfig.pooling`."""
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def is_decoder_only(encoder: PretrainedConfig | dict) -> bool:
@@ -86,7 +91,8 @@ class DeferralConfig(PretrainedConfig):
     The features come either from a nested `encoder` (any model `AutoModel` can build: BERT, RoBERTa, ViT, ...),
     serialized inside `config.json` the way `VisionTextDualEncoderConfig` nests its sub-models, or, for a
     head-only model, from precomputed feature vectors of width `feature_size` (e.g. 384-d sentence embeddings).
-    Exactly one of `encoder` and `feature_size` must be given.
+    Exactly one of `encoder` and `feature_size` must be given. Each field is checked by one `validate_*` method
+    (raising `ValueError`), at construction and again by `save_pretrained`.
 
     Args:
         encoder (`PretrainedConfig` or `dict`, *optional*):
@@ -118,8 +124,10 @@ class DeferralConfig(PretrainedConfig):
             One name per expert; defaults to `["expert_0", ..., "expert_{M-1}"]`.
         defer_threshold (`float`, *optional*, defaults to 0.0):
             Margin used by the deferral pipeline: defer when max_j (expert_accuracy_j - cost_j) exceeds the top class
-            probability by more than this; set by `hf_defer.calibrate_deferral` to meet a deferral budget. The
-            model's own `defer` output uses the plain logit rule.
+            probability by more than this; set by `hf_defer.calibrate_deferral` to meet a deferral budget. The model's
+            `defer` output, the pipeline and `deferral_metrics(..., config)` all decide with it.
+        expert_costs (`list[float]`, *optional*):
+            Cost `c_j` of asking each expert, in units of probability (zeros when unset); used with `defer_threshold`.
         kwargs (*optional*):
             Passed to [`PretrainedConfig`] (`id2label`, `label2id`, ...).
 
@@ -159,6 +167,7 @@ class DeferralConfig(PretrainedConfig):
     freeze_encoder: bool = False
     expert_names: list[str] | None = None
     defer_threshold: int | float = 0.0
+    expert_costs: list[int | float] | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         # numpy integers (`labels.max() + 1`) are integers too: stored as int, which config.json can hold.
@@ -169,6 +178,34 @@ class DeferralConfig(PretrainedConfig):
             kwargs["num_labels"] = int(kwargs["num_labels"])
         if isinstance(self.head_hidden_sizes, (list, tuple)):
             self.head_hidden_sizes = [int(size) if _is_int(size) else size for size in self.head_hidden_sizes]
+        num_labels = kwargs.get("num_labels")  # checked here: the base class would only warn
+        if num_labels is not None and not (_is_int(num_labels) and num_labels >= 2):
+            raise ValueError(
+                f"num_labels must be an integer >= 2 (learning to defer needs at least two classes), got {num_labels!r}."
+            )
+        if num_labels is not None and self.id2label is not None and len(self.id2label) != num_labels:
+            raise ValueError(f"num_labels={num_labels!r} disagrees with id2label, which has {len(self.id2label)} entries.")
+        self.validate_encoder()  # before the base class builds the sub-config from it
+        # The base class sets `_attn_implementation` on sub-configs; keep the one a loaded encoder already has.
+        encoder_attn = getattr(self.encoder, "_attn_implementation", None)
+        super().__post_init__(**kwargs)
+        if encoder_attn is not None and "attn_implementation" not in kwargs:
+            self.encoder._attn_implementation = encoder_attn
+        if self.label2id is None:
+            self.label2id = {label: index for index, label in self.id2label.items()}
+        self.pooling = resolve_pooling(self.encoder, self.pooling)  # None: the backbone's default
+        if self.expert_names is None and _is_int(self.num_experts):
+            self.expert_names = [f"expert_{j}" for j in range(self.num_experts)]
+        for name in ("head_hidden_sizes", "expert_names", "expert_costs"):
+            if isinstance(getattr(self, name), tuple):
+                setattr(self, name, list(getattr(self, name)))
+        self._validate_deferral_fields()
+
+    # One validator per field, in the `validate_*` style of `huggingface_hub.dataclasses.strict` (as transformers v5
+    # configs declare theirs). They raise `ValueError` naming the field; `validate()` (run by `save_pretrained`) runs
+    # them after the base class's own. The class is not decorated with `@strict`, whose wrapper errors are no
+    # `ValueError`.
+    def validate_encoder(self) -> None:
         has_encoder, has_features = self.encoder is not None, self.feature_size is not None
         if has_encoder == has_features:
             raise ValueError(
@@ -178,72 +215,67 @@ class DeferralConfig(PretrainedConfig):
         if has_encoder and not isinstance(self.encoder, (PretrainedConfig, dict)):
             raise ValueError(f"encoder must be a PretrainedConfig or a dict, got {type(self.encoder).__name__}.")
         if isinstance(self.encoder, dict) and "model_type" not in self.encoder:
-            raise ValueError(
-                f"encoder given as a dict must contain 'model_type', got keys {sorted(self.encoder)[:10]}."
-            )
+            raise ValueError(f"encoder given as a dict must contain 'model_type', got keys {sorted(self.encoder)[:10]}.")
         if has_features and not (_is_int(self.feature_size) and self.feature_size >= 1):
             raise ValueError(f"feature_size must be a positive integer, got {self.feature_size!r}.")
-        num_labels = kwargs.get("num_labels")
-        id2label = self.id2label
-        if num_labels is not None and id2label is not None and len(id2label) != num_labels:
-            raise ValueError(
-                f"num_labels={num_labels!r} disagrees with id2label, which has {len(id2label)} entries."
-            )
-        if num_labels is not None and not (_is_int(num_labels) and num_labels >= 2):
-            raise ValueError(
-                f"num_labels must be an integer >= 2 (learning to defer needs at least two classes), got {num_labels!r}."
-            )
-        # The base class sets `_attn_implementation` on sub-configs; keep the one a loaded encoder already has.
-        encoder_attn = getattr(self.encoder, "_attn_implementation", None)
-        super().__post_init__(**kwargs)
-        if encoder_attn is not None and "attn_implementation" not in kwargs:
-            self.encoder._attn_implementation = encoder_attn
+
+    def validate_num_labels(self) -> None:
         if self.num_labels < 2:
             raise ValueError(f"num_labels must be >= 2 (learning to defer needs two classes), got {self.num_labels}.")
         if sorted(self.id2label) != list(range(self.num_labels)):
             raise ValueError(f"id2label keys must be 0..{self.num_labels - 1}, got {sorted(self.id2label)}.")
-        if self.label2id is None:
-            self.label2id = {label: index for index, label in self.id2label.items()}
+
+    def validate_num_experts(self) -> None:
         if not (_is_int(self.num_experts) and self.num_experts >= 1):
             raise ValueError(f"num_experts must be an integer >= 1, got {self.num_experts!r}.")
+
+    def validate_surrogate(self) -> None:
         if self.surrogate not in SURROGATE_NAMES:
             raise ValueError(f"surrogate must be one of {SURROGATE_NAMES}, got {self.surrogate!r}.")
-        self.pooling = resolve_pooling(self.encoder, self.pooling)
-        if not isinstance(self.normalize_pooled, bool):
-            raise ValueError(f"normalize_pooled must be a bool, got {self.normalize_pooled!r}.")
+
+    def validate_pooling(self) -> None:
+        resolve_pooling(self.encoder, self.pooling)
+
+    def validate_flags(self) -> None:
+        for name in ("normalize_pooled", "freeze_encoder"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
+
+    def validate_head(self) -> None:
         sizes = self.head_hidden_sizes
-        if not isinstance(sizes, (list, tuple)) or not all(_is_int(size) and size >= 1 for size in sizes):
+        if not isinstance(sizes, list) or not all(_is_int(size) and size >= 1 for size in sizes):
             raise ValueError(f"head_hidden_sizes must be a list of positive integers, got {sizes!r}.")
-        self.head_hidden_sizes = list(sizes)
-        dropout = self.head_dropout
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"head_dropout must be a number in [0, 1), got {dropout!r}.")
-        if not isinstance(self.freeze_encoder, bool):
-            raise ValueError(f"freeze_encoder must be a bool, got {self.freeze_encoder!r}.")
-        if self.expert_names is None:
-            self.expert_names = [f"expert_{j}" for j in range(self.num_experts)]
+        if not (_is_number(self.head_dropout) and 0.0 <= self.head_dropout < 1.0):
+            raise ValueError(f"head_dropout must be a number in [0, 1), got {self.head_dropout!r}.")
+
+    def validate_expert_names(self) -> None:
         names = self.expert_names
-        if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) for name in names):
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
             raise ValueError(f"expert_names must be a list of strings, got {names!r}.")
         if len(names) != self.num_experts:
             raise ValueError(
                 f"expert_names must name each of the num_experts={self.num_experts} experts, got {len(names)} names: "
-                f"{list(names)!r}."
+                f"{names!r}."
             )
-        self.expert_names = list(names)
-        threshold = self.defer_threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
-            raise ValueError(f"defer_threshold must be a finite number, got {threshold!r}.")
-        # Library mode: `import hf_defer` registers the "deferral" pipeline itself, and a custom_pipelines["deferral"]
-        # entry (written for remote code) would make pipeline("deferral", ...) demand trust_remote_code=True. The
-        # copy that remote code runs (module transformers_modules.*) keeps it; saving writes it back.
-        if __name__.startswith("hf_defer."):
-            pipelines = dict(getattr(self, "custom_pipelines", None) or {})
-            if pipelines.pop("deferral", None) is not None:
-                if pipelines:
-                    self.custom_pipelines = pipelines
-                else:
-                    del self.custom_pipelines
+
+    def validate_decision(self) -> None:
+        if not _is_number(self.defer_threshold):
+            raise ValueError(f"defer_threshold must be a finite number, got {self.defer_threshold!r}.")
+        costs = self.expert_costs
+        if costs is not None and not (
+            isinstance(costs, list) and len(costs) == self.num_experts and all(_is_number(cost) for cost in costs)
+        ):
+            raise ValueError(f"expert_costs must be a list of {self.num_experts} finite numbers, got {costs!r}.")
+
+    def _validate_deferral_fields(self) -> None:
+        for name, member in vars(DeferralConfig).items():
+            if name.startswith("validate_") and callable(member):
+                member(self)
+
+    def validate(self) -> None:
+        """Runs the base class's validators, then those of the deferral fields."""
+        super().validate()
+        self._validate_deferral_fields()
 
 
 __all__ = ["DeferralConfig"]

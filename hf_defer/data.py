@@ -21,7 +21,7 @@ from typing import Any
 import datasets
 import numpy as np
 import pandas as pd
-from transformers import PreTrainedTokenizerBase
+from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 from transformers.utils import PaddingStrategy
 
 from .bundled_data import bundled_bytes
@@ -312,7 +312,8 @@ def _is_string_value(value: Any) -> bool:
 class DataCollatorForDeferral:
     """Collate examples for a deferral model: pad the text inputs and keep the class and expert labels.
 
-    Works like `transformers.DataCollatorWithPadding` with three differences: `expert_labels` is collated next to
+    The text inputs are padded by `transformers.DataCollatorWithPadding`, which alone would fail on a string column
+    and on head-only rows; around it, three differences: `expert_labels` is collated next to
     `labels` (a long tensor `[B]` for one expert, `[B, M]` for M experts); without a tokenizer it stacks the
     precomputed `features` vectors (float `[B, D]`) for head-only models; and string columns such as `text` are
     dropped instead of breaking the tensor conversion. `pixel_values` are stacked as float tensors. Any other
@@ -483,15 +484,10 @@ class DataCollatorForDeferral:
         rest = [key for key in keys if key not in handled and not _is_string_value(rows[0][key])]
         if not rest:
             return batch
-        if self.tokenizer is not None:
-            padded = self.tokenizer.pad(
-                [{key: row[key] for key in rest} for row in rows],
-                padding=self.padding,
-                max_length=self.max_length,
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                return_tensors=self.return_tensors,
-            )
-            batch.update(dict(padded))
+        if self.tokenizer is not None:  # the padding itself is DataCollatorWithPadding's, on the model inputs only
+            padder = DataCollatorWithPadding(self.tokenizer, self.padding, self.max_length, self.pad_to_multiple_of,
+                                             self.return_tensors)
+            batch.update(padder([{key: row[key] for key in rest} for row in rows]))
             return batch
         if "input_ids" in rest:
             raise ValueError(

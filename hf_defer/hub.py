@@ -1,30 +1,23 @@
 """Sharing deferral models on the Hugging Face Hub, for library mode and remote-code mode alike.
 
-A folder written by [`save_for_hub`] (or by [`DeferralTrainer`], which does the same on every save) holds
-
-* ``model.safetensors`` and ``config.json`` (weights as safetensors only: loading never unpickles);
-* the tokenizer or image processor, when given;
-* ``configuration_deferral.py``, ``modeling_deferral.py``, ``surrogates.py`` and ``pipeline_deferral.py``, with
-  ``auto_map`` and ``custom_pipelines`` in ``config.json``, so that without hf_defer installed
-  ``pipeline(model=folder, trust_remote_code=True)`` and ``AutoModel.from_pretrained(folder,
-  trust_remote_code=True)`` work;
-* optionally the deferral model card (``README.md`` and its reliability diagram).
-
-With hf_defer imported, ``pipeline("deferral", model=folder)`` uses the installed library instead.
+[`EncoderForDeferral.save_pretrained`] alone writes what a folder needs: ``model.safetensors`` (never a pickle),
+``config.json`` with ``auto_map`` and ``custom_pipelines``, and the code that remote loading runs
+(``configuration_deferral.py``, ``modeling_deferral.py``, ``surrogates.py`` and ``pipeline_deferral.py``), so that
+``pipeline(model=folder, trust_remote_code=True)`` and ``AutoModel.from_pretrained(folder, trust_remote_code=True)``
+work without hf_defer; with hf_defer imported,
+``pipeline("deferral", model=folder)`` uses the installed library. [`save_for_hub`] adds the tokenizer or image
+processor and the deferral model card; [`push_to_hub`] uploads such a folder.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from transformers.dynamic_module_utils import custom_object_save
-
 from .adapters import has_adapters
-from .pipeline_deferral import CUSTOM_PIPELINES, DeferralPipeline, custom_pipelines_in_config
-
-_OWN_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "README.md")
+from .modeling_deferral import move_saved_files
 
 
 def _check_model(model: Any) -> None:
@@ -34,15 +27,6 @@ def _check_model(model: Any) -> None:
         )
 
 
-def copy_pipeline_code(save_directory: str | os.PathLike) -> list[str]:
-    """Copies ``pipeline_deferral.py`` into ``save_directory`` (it imports nothing from hf_defer).
-
-    Returns:
-        `list[str]`: the files written.
-    """
-    return [str(path) for path in custom_object_save(DeferralPipeline, save_directory) or []]
-
-
 def save_for_hub(
     model: Any,
     save_directory: str | os.PathLike,
@@ -50,26 +34,27 @@ def save_for_hub(
     card_data: Any = None,
     overwrite: bool = False,
 ) -> list[str]:
-    """Saves a deferral model so that it loads in library mode and in remote-code mode, ready to upload.
+    """Saves a deferral model ready to upload: [`EncoderForDeferral.save_pretrained`], plus the tokenizer or image
+    processor if given and the model card if ``card_data`` is given.
 
-    Writes the weights (safetensors), ``config.json`` with ``auto_map`` and ``custom_pipelines``, the model, config,
-    surrogate and pipeline modules, the tokenizer/image processor if given, and the model card if ``card_data``
-    is given. A model with PEFT adapters ([`hf_defer.adapters`]) writes its adapter and head only, in peft's format.
-    [`push_to_hub`] uploads such a folder; [`DeferralTrainer.push_to_hub`] does all of this by itself.
+    Everything is written to a temporary folder first. Unless ``overwrite=True``, no file already in
+    ``save_directory`` is replaced (files with the same content excepted) and no stale weight shard deleted: a
+    `FileExistsError` lists them and nothing is written.
+    A model with PEFT adapters ([`hf_defer.adapters`]) writes its adapter and head only, in peft's format.
 
     Args:
         model ([`EncoderForDeferral`]): the model.
         save_directory (`str` or `os.PathLike`): where to write; created if missing.
         processing_class (*optional*): tokenizer or image processor, saved next to the model.
         card_data ([`DeferralModelCardData`], *optional*): renders ``README.md`` and the reliability diagram.
-        overwrite (`bool`, *optional*, defaults to `False`): replace a model or card already in ``save_directory``.
+        overwrite (`bool`, *optional*, defaults to `False`): replace the files already in ``save_directory``.
 
     Returns:
         `list[str]`: the names of the files in ``save_directory``.
 
     Raises:
         `ValueError`: ``model`` is not a deferral model.
-        `FileExistsError`: ``save_directory`` already holds a model or a card and ``overwrite`` is `False`.
+        `FileExistsError`: a file in ``save_directory`` would be replaced or deleted and ``overwrite`` is `False`.
 
     Example:
 
@@ -89,26 +74,19 @@ def save_for_hub(
     folder = Path(save_directory)
     if folder.is_file():
         raise ValueError(f"save_directory must be a directory, got the file {str(folder)!r}.")
-    existing = [name for name in _OWN_FILES if (folder / name).exists()]
-    if existing and not overwrite:
-        raise FileExistsError(
-            f"{str(folder)!r} already holds {existing}; pass overwrite=True to replace them, or pick another folder."
-        )
-    if has_adapters(model):  # adapter + head in peft's format; the config and the code come with the base model
-        model.save_pretrained(folder)
-        if card_data is None and not existing:  # peft's generic card would replace the repository's
-            (folder / "README.md").unlink(missing_ok=True)
-    else:
-        with custom_pipelines_in_config(model):
-            model.save_pretrained(folder)
-        copy_pipeline_code(folder)
-    if processing_class is not None:
-        processing_class.save_pretrained(folder)
-    if card_data is not None:
-        from .model_card import render_model_card
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".hf_defer_save_", dir=folder) as stage:
+        model.save_pretrained(stage)
+        if has_adapters(model):  # peft's generic card: the deferral card (or the repository's own) is kept instead
+            (Path(stage) / "README.md").unlink(missing_ok=True)
+        if processing_class is not None:
+            processing_class.save_pretrained(stage)
+        if card_data is not None:
+            from .model_card import render_model_card
 
-        render_model_card(card_data, folder, overwrite=True)
-    return sorted(os.listdir(folder))
+            render_model_card(card_data, stage)
+        move_saved_files(stage, folder, overwrite)
+    return sorted(name for name in os.listdir(folder) if not name.startswith(".hf_defer_save_"))
 
 
 def push_to_hub(
@@ -125,10 +103,10 @@ def push_to_hub(
 ) -> Any:
     """Uploads a deferral model with its code and deferral model card to the Hub (outside [`DeferralTrainer`]).
 
-    Everything [`save_for_hub`] writes goes up in one commit. `model.push_to_hub(...)` and
-    `pipeline("deferral", ...).push_to_hub(...)` call this function. Without ``card_data`` a model card that is
-    already in the repository is kept, as `transformers` does; a new repository gets the card built from the
-    model's configuration ([`DeferralModelCardData.from_model`]). Pass card data with metrics for a full card.
+    Everything [`save_for_hub`] writes goes up in one commit (from a temporary folder, removed afterwards).
+    `model.push_to_hub(...)` and `pipeline("deferral", ...).push_to_hub(...)` call this function. Without
+    ``card_data`` a model card that is already in the repository is kept, as `transformers` does; a new repository
+    gets the card built from the model's configuration ([`DeferralModelCardData.from_model`]). Pass card data with metrics for a full card.
 
     Args:
         model ([`EncoderForDeferral`]): the model.
@@ -153,14 +131,17 @@ def push_to_hub(
     >>> hf_defer.push_to_hub(model, "me/tiny-defer")  # doctest: +SKIP
     ```
     """
-    import tempfile
-
     from huggingface_hub import HfApi
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     from .model_card import DeferralModelCardData
 
     if not isinstance(repo_id, str) or not repo_id:
         raise TypeError(f"repo_id must be a non-empty str such as 'user/name', got {repo_id!r}.")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise ValueError(f"repo_id must be a Hub repository id such as 'user/name', got {repo_id!r}: {error}") from None
     _check_model(model)
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
@@ -174,4 +155,4 @@ def push_to_hub(
                                  revision=revision, create_pr=create_pr)
 
 
-__all__ = ["CUSTOM_PIPELINES", "copy_pipeline_code", "custom_pipelines_in_config", "push_to_hub", "save_for_hub"]
+__all__ = ["push_to_hub", "save_for_hub"]

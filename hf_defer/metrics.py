@@ -127,17 +127,88 @@ def _budget_key(budget: float) -> str:
     return f"budgeted_error_{format(percent.normalize(), 'f')}"
 
 
+BUDGET_RANKINGS: tuple[str, ...] = ("expert_accuracy", "margin")
+"""How a budget picks the deferred inputs that stay deferred; see [`budget_deferrals`]."""
+
+
+def budget_deferrals(deferred: Any, score: Any, max_deferral_rate: float) -> np.ndarray:
+    """The one deferral budget: of ``N`` inputs, at most ``floor(max_deferral_rate * N)`` stay deferred.
+
+    When more are deferred, those with the highest ``score`` stay (ties: earlier input first) and the classifier
+    answers the rest. [`deferral_metrics`] ranks by the estimated accuracy of each input's expert (the paper's
+    budgeted error) or by the deferral margin; [`calibrate_deferral`] ranks by the margin and puts the threshold
+    between the last margin kept and the highest margin left out.
+
+    Args:
+        deferred (array-like of `bool`, shape `[N]`): the inputs the decision rule defers.
+        score (array-like of `float`, shape `[N]`): the ranking score of each input.
+        max_deferral_rate (`float`): the budget, in (0, 1].
+
+    Returns:
+        `np.ndarray` of `bool`: the inputs that stay deferred.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.metrics import budget_deferrals
+    >>> budget_deferrals([True, True, False, True], [0.2, 0.9, 0.99, 0.9], max_deferral_rate=0.5).tolist()
+    [False, True, False, True]
+
+    ```
+    """
+    deferred = np.asarray(deferred, dtype=bool)
+    score = np.asarray(score, dtype=np.float64)
+    if isinstance(max_deferral_rate, bool) or not isinstance(max_deferral_rate, Real) or not (
+        0 < max_deferral_rate <= 1
+    ):
+        raise ValueError(f"budgets must lie in (0, 1], got {max_deferral_rate!r}.")
+    cap = math.floor(max_deferral_rate * deferred.shape[0] + 1e-9)
+    rows = np.flatnonzero(deferred)
+    if rows.size <= cap:
+        return deferred.copy()
+    kept = np.zeros(deferred.shape[0], dtype=bool)
+    kept[rows[np.argsort(-score[rows], kind="stable")[:cap]]] = True
+    return kept
+
+
+def _read_config(surrogate: Any, num_experts: int, width: int) -> tuple[DeferralSurrogate, Any, float]:
+    """The surrogate, costs and threshold that ``surrogate`` (a name, a surrogate, a config or a model) stands for."""
+    config = getattr(surrogate, "config", surrogate)
+    if getattr(config, "model_type", None) == "deferral":
+        scorer = get_surrogate(config.surrogate, config.num_labels, config.num_experts)
+        return scorer, getattr(config, "expert_costs", None), float(config.defer_threshold)
+    if isinstance(surrogate, DeferralSurrogate):
+        return surrogate, None, 0.0
+    if not _is_int(num_experts) or num_experts < 1:
+        raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
+    num_experts = int(num_experts)
+    if width - num_experts < 2:
+        raise ValueError(
+            f"logits must have num_classes + num_experts columns with num_classes >= 2; with num_experts="
+            f"{num_experts} that needs at least {num_experts + 2} columns, got {width}."
+        )
+    return get_surrogate(surrogate, width - num_experts, num_experts), None, 0.0
+
+
 def deferral_metrics(
     logits: Any,
     labels: Any,
     expert_labels: Any,
-    surrogate: str | DeferralSurrogate = "asm",
+    surrogate: Any = "asm",
     num_experts: int = 1,
     n_bins: int = 15,
     budgets: Sequence[float] = (0.1, 0.2, 0.3),
     return_reliability: bool = False,
+    *,
+    expert_costs: Any = None,
+    defer_threshold: float | None = None,
+    budget_ranking: str = "expert_accuracy",
 ) -> dict[str, Any]:
-    """Evaluates a deferral model from its logits.
+    """Evaluates a deferral model from its logits, with the decision of [`DeferralSurrogate.decide`].
+
+    Inputs are deferred by the one decision rule, ``max_j (a_j - c_j) - max_y p(y|x) > defer_threshold``; with zero
+    costs and threshold (the default for a surrogate name) that is the paper's logit rule. Given a model or its
+    config, the costs and threshold default to the config's, so the numbers are those of its pipeline.
 
     * ``system_error``: mean 0-1-deferral loss (classifier wrong where it answers, chosen expert wrong where
       the input is deferred).
@@ -146,9 +217,11 @@ def deferral_metrics(
     * ``expert_ece``: ECE (``n_bins`` equal-width bins) of the expert-accuracy estimate against
       ``[[m = y]]`` over all inputs. With ``M > 1`` experts, ``expert_ece_j`` for each expert (against that
       expert's correctness) and ``expert_ece`` their mean; ``deferral_rate_j`` is the share routed to expert ``j``.
-    * ``budgeted_error_{100x}`` for each ``x`` in ``budgets``: when more than ``floor(x N)`` inputs are deferred,
-      only the ``floor(x N)`` deferred inputs with the highest estimated accuracy of their expert stay
-      deferred (ties: earlier input first) and the classifier answers the rest; then the system error. The key
+    * ``budgeted_error_{100x}`` for each ``x`` in ``budgets``: the system error when at most ``floor(x N)`` inputs
+      stay deferred ([`budget_deferrals`]). With ``budget_ranking="expert_accuracy"`` (the paper's definition, the
+      default) the deferred inputs with the highest estimated (clipped) accuracy of their expert stay; with
+      ``"margin"`` those with the highest deferral margin, which is what [`calibrate_deferral`] with
+      ``max_deferral_rate=x`` followed by the pipeline delivers on the same inputs (when no two margins tie). The key
       writes the percentage exactly (``budgeted_error_10`` for 0.1, ``budgeted_error_9.6`` for 0.096), so two
       budgets never share a key.
 
@@ -156,13 +229,17 @@ def deferral_metrics(
         logits (`np.ndarray` or `torch.Tensor` of shape `[N, K + M]`): model outputs.
         labels (array-like of shape `[N]`): true classes; rows equal to -100 are dropped.
         expert_labels (array-like of shape `[N]` or `[N, M]`): the experts' predictions.
-        surrogate (`str` or [`DeferralSurrogate`], *optional*, defaults to `"asm"`): the surrogate the model
-            was trained with; it defines the expert-accuracy estimator.
-        num_experts (`int`, *optional*, defaults to 1): ``M`` (ignored when a surrogate object is passed).
+        surrogate (`str`, [`DeferralSurrogate`], [`DeferralConfig`] or model, *optional*, defaults to `"asm"`): what
+            reads the logits: a surrogate name (with ``num_experts``), a surrogate, or a deferral model or its
+            config (surrogate, experts, ``expert_costs`` and ``defer_threshold`` from the config).
+        num_experts (`int`, *optional*, defaults to 1): ``M``, with a surrogate name only.
         n_bins (`int`, *optional*, defaults to 15): ECE bins.
         budgets (sequence of `float`, *optional*): deferral budgets in (0, 1].
         return_reliability (`bool`, *optional*, defaults to `False`): also return ``"reliability"``, the
             reliability-diagram data of [`reliability_bins`] (a list with one entry per expert when ``M > 1``).
+        expert_costs (sequence of `float`, *optional*): one cost per expert; defaults to the config's, else zeros.
+        defer_threshold (`float`, *optional*): defaults to the config's, else 0.
+        budget_ranking (`str`, *optional*, defaults to `"expert_accuracy"`): `"expert_accuracy"` or `"margin"`.
 
     Returns:
         `dict[str, float]` (plus ``"reliability"`` on request).
@@ -183,18 +260,11 @@ def deferral_metrics(
         logits = logits.float()
     if logits.dim() != 2:
         raise ValueError(f"logits must have shape [N, num_classes + num_experts], got {tuple(logits.shape)}.")
-    if isinstance(surrogate, DeferralSurrogate):
-        scorer = surrogate
-    else:
-        if not _is_int(num_experts) or num_experts < 1:
-            raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
-        num_experts = int(num_experts)
-        if logits.shape[1] - num_experts < 2:
-            raise ValueError(
-                f"logits must have num_classes + num_experts columns with num_classes >= 2; with num_experts="
-                f"{num_experts} that needs at least {num_experts + 2} columns, got {logits.shape[1]}."
-            )
-        scorer = get_surrogate(surrogate, logits.shape[1] - num_experts, num_experts)
+    if budget_ranking not in BUDGET_RANKINGS:
+        raise ValueError(f"budget_ranking must be one of {BUDGET_RANKINGS}, got {budget_ranking!r}.")
+    scorer, config_costs, config_threshold = _read_config(surrogate, num_experts, logits.shape[1])
+    costs = config_costs if expert_costs is None else expert_costs
+    threshold = config_threshold if defer_threshold is None else defer_threshold
     M = scorer.num_experts
     logits = scorer.check_logits(logits)
     y, m, valid = scorer.check_targets(_as_tensor("labels", labels), _as_tensor("expert_labels", expert_labels),
@@ -205,15 +275,18 @@ def deferral_metrics(
     if n == 0:
         raise ValueError("labels has no row to evaluate: every label is -100.")
 
-    defer, prediction, expert = (t.numpy() for t in scorer._decide(logits))
-    _, accuracy = scorer._probabilities(logits)
+    defer, prediction, expert = (t.numpy() for t in scorer.decide(logits, costs, threshold))
+    _, accuracy = scorer.probabilities(logits)
     accuracy = accuracy.double().numpy()
     y, m = y.numpy(), m.numpy()
     rows = np.arange(n)
     classifier_right = prediction == y
     experts_right = m == y[:, None]
     chosen_right = experts_right[rows, expert]
-    chosen_accuracy = accuracy[rows, expert]
+    if budget_ranking == "margin":
+        rank_score = scorer.deferral_margin(logits, costs)[0].numpy()
+    else:
+        rank_score = accuracy[rows, expert]
 
     def system_error(deferred: np.ndarray) -> float:
         return float(np.mean(np.where(deferred, ~chosen_right, ~classifier_right)))
@@ -230,15 +303,8 @@ def deferral_metrics(
             metrics[f"expert_ece_{j}"] = eces[j]
         for j in range(M):
             metrics[f"deferral_rate_{j}"] = float(np.mean(defer & (expert == j)))
-    deferred_rows = np.flatnonzero(defer)
     for budget in budgets:
-        cap = math.floor(budget * n + 1e-9)
-        kept = defer
-        if deferred_rows.size > cap:
-            order = np.argsort(-chosen_accuracy[deferred_rows], kind="stable")
-            kept = np.zeros(n, dtype=bool)
-            kept[deferred_rows[order[:cap]]] = True
-        metrics[_budget_key(budget)] = system_error(kept)
+        metrics[_budget_key(budget)] = system_error(budget_deferrals(defer, rank_score, budget))
     if return_reliability:
         diagrams = [reliability_bins(accuracy[:, j], experts_right[:, j], n_bins) for j in range(M)]
         metrics["reliability"] = diagrams[0] if M == 1 else diagrams
@@ -252,10 +318,12 @@ class DeferralMetrics:
     ``label_ids = (labels, expert_labels)`` padded with -100; padded rows are dropped.
 
     Args:
-        surrogate (`str`, *optional*, defaults to `"asm"`): the surrogate the model was trained with.
-        num_experts (`int`, *optional*, defaults to 1): number of experts ``M``.
+        surrogate (`str`, [`DeferralConfig`] or model, *optional*, defaults to `"asm"`): the surrogate the model was
+            trained with, or the model's config (then its costs and threshold decide, read at each evaluation).
+        num_experts (`int`, *optional*, defaults to 1): number of experts ``M`` (with a surrogate name).
         n_bins (`int`, *optional*, defaults to 15): ECE bins.
         budgets (sequence of `float`, *optional*): deferral budgets for the budgeted errors.
+        budget_ranking (`str`, *optional*, defaults to `"expert_accuracy"`): see [`deferral_metrics`].
 
     Example:
 
@@ -272,12 +340,14 @@ class DeferralMetrics:
 
     def __init__(
         self,
-        surrogate: str = "asm",
+        surrogate: Any = "asm",
         num_experts: int = 1,
         n_bins: int = 15,
         budgets: Sequence[float] = (0.1, 0.2, 0.3),
+        budget_ranking: str = "expert_accuracy",
     ) -> None:
         self.surrogate, self.num_experts, self.n_bins, self.budgets = surrogate, num_experts, n_bins, tuple(budgets)
+        self.budget_ranking = budget_ranking
 
     def __call__(self, eval_prediction: Any) -> dict[str, float]:
         logits = eval_prediction.predictions
@@ -290,9 +360,8 @@ class DeferralMetrics:
                 f"'expert_labels']) or use DeferralTrainer. Got {type(label_ids).__name__}."
             )
         labels, expert_labels = label_ids
-        return deferral_metrics(
-            logits, labels, expert_labels, self.surrogate, self.num_experts, self.n_bins, self.budgets
-        )
+        return deferral_metrics(logits, labels, expert_labels, self.surrogate, self.num_experts, self.n_bins,
+                                self.budgets, budget_ranking=self.budget_ranking)
 
 
 METRIC_NAMES: dict[str, tuple[str, str]] = {

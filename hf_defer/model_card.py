@@ -53,9 +53,20 @@ def _hub_id(name: str | None) -> str | None:
     return None
 
 
+_BUDGET_TEXT = {
+    "expert_accuracy": "only the deferred inputs with the highest estimated expert accuracy stay deferred and the "
+    "classifier answers the rest (the paper's budgeted error).",
+    "margin": "only the deferred inputs with the highest deferral margin stay deferred and the classifier answers the "
+    "rest: what `hf_defer.calibrate_deferral(model, data, max_deferral_rate=b)` and the pipeline deliver on this data.",
+}
+
+
 @dataclass
-class DeferralModelCardData:
+class DeferralModelCardData(ModelCardData):
     """What the card of a deferral model says. [`DeferralTrainer`] fills it from training and evaluation.
+
+    A `huggingface_hub.ModelCardData`: `to_dict()` / `to_yaml()` give the card's metadata (``model-index`` with the
+    deferral metrics, tags, base model, dataset); the other fields fill the card's text.
 
     Args:
         model_name (`str`, *optional*, defaults to `"deferral-model"`): title of the card and `model-index` name.
@@ -67,6 +78,8 @@ class DeferralModelCardData:
         expert_description (`str`, *optional*): who the experts are and how their labels were obtained.
         input_kind (`str`, *optional*, defaults to `"text"`): `"text"`, `"image"` or `"features"`.
         defer_threshold (`float`, *optional*, defaults to 0.0): the pipeline's deferral margin.
+        budget_ranking (`str`, *optional*, defaults to `"expert_accuracy"`): which inputs the budgeted errors keep
+            deferred (see [`deferral_metrics`]): `"expert_accuracy"` (the paper's) or `"margin"` (calibration's).
         dataset_id / dataset_name / dataset_split (`str`, *optional*): the evaluation data.
         dataset_citation (`str`, *optional*): BibTeX of the data set, cited on the card next to the method.
         training_description (`str`, *optional*): free text on the training data.
@@ -100,6 +113,7 @@ class DeferralModelCardData:
     expert_description: str | None = None
     input_kind: str = "text"
     defer_threshold: float = 0.0
+    budget_ranking: str = "expert_accuracy"
     dataset_id: str | None = None
     dataset_name: str | None = None
     dataset_split: str | None = "validation"
@@ -125,6 +139,8 @@ class DeferralModelCardData:
                 setattr(self, item.name, list(value))
         if self.surrogate not in SURROGATES:
             raise ValueError(f"surrogate must be one of {SURROGATES}, got {self.surrogate!r}.")
+        if self.budget_ranking not in _BUDGET_TEXT:
+            raise ValueError(f"budget_ranking must be one of {tuple(_BUDGET_TEXT)}, got {self.budget_ranking!r}.")
         if self.input_kind not in _INPUTS:
             raise ValueError(f"input_kind must be one of {tuple(_INPUTS)}, got {self.input_kind!r}.")
         if not isinstance(self.metrics, dict):
@@ -140,6 +156,27 @@ class DeferralModelCardData:
         self.metrics = metrics
         if self.reliability is not None and not isinstance(self.reliability, (dict, list)):
             raise TypeError(f"reliability must be a dict or a list of dicts, got {type(self.reliability).__name__}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The card's metadata, as `huggingface_hub.ModelCardData` writes it (``model-index`` from the metrics)."""
+        task_type = _INPUTS[self.input_kind][2]
+        dataset_label = self.dataset_name or self.dataset_id or "held-out evaluation data"
+        eval_results = [
+            EvalResult(task_type=task_type, task_name="Learning to defer", dataset_type=self.dataset_id or "custom",
+                       dataset_name=dataset_label, dataset_split=self.dataset_split, metric_type=key,
+                       metric_name=metric_name_and_meaning(key)[0], metric_value=value)
+            for key, value in self.metrics.items()
+        ]
+        return ModelCardData(
+            model_name=self.model_name,
+            language=self.language,
+            license=self.license,
+            library_name="transformers",
+            base_model=_hub_id(self.base_model),
+            datasets=[self.dataset_id] if _hub_id(self.dataset_id) else None,
+            tags=list(dict.fromkeys(["learning-to-defer", "hf_defer", f"surrogate-{self.surrogate}", *self.tags])),
+            eval_results=eval_results or None,
+        ).to_dict()
 
     @classmethod
     def from_model(cls, model: Any, **kwargs: Any) -> DeferralModelCardData:
@@ -249,33 +286,8 @@ def render_model_card(
         except ImportError:
             logger.warning("matplotlib is not installed: the model card has no reliability diagram.")
 
-    input_description, example_input, task_type = _INPUTS[data.input_kind]
+    input_description, example_input, _ = _INPUTS[data.input_kind]
     dataset_label = data.dataset_name or data.dataset_id or "held-out evaluation data"
-    eval_results = [
-        EvalResult(
-            task_type=task_type,
-            task_name="Learning to defer",
-            dataset_type=data.dataset_id or "custom",
-            dataset_name=dataset_label,
-            dataset_split=data.dataset_split,
-            metric_type=key,
-            metric_name=metric_name_and_meaning(key)[0],
-            metric_value=value,
-        )
-        for key, value in data.metrics.items()
-    ]
-    base_model = _hub_id(data.base_model)
-    card_data = ModelCardData(
-        model_name=data.model_name,
-        language=data.language,
-        license=data.license,
-        library_name="transformers",
-        base_model=base_model,
-        datasets=[data.dataset_id] if _hub_id(data.dataset_id) else None,
-        tags=list(dict.fromkeys(["learning-to-defer", "hf_defer", f"surrogate-{data.surrogate}", *data.tags])),
-        eval_results=eval_results or None,
-    )
-
     metric_rows = [
         {"name": metric_name_and_meaning(key)[0], "value": f"{value:.4f}", "meaning": metric_name_and_meaning(key)[1]}
         for key, value in data.metrics.items()
@@ -290,7 +302,8 @@ def render_model_card(
         size = f" ({data.num_eval_examples} examples)" if data.num_eval_examples else ""
         split = f", split `{data.dataset_split}`" if data.dataset_split else ""
         evaluation_text = (
-            f"Evaluated on {dataset_label}{split}{size}, with the pipeline's default decision rule. All metrics are "
+            f"Evaluated on {dataset_label}{split}{size}, with the pipeline's default decision rule (its costs and "
+            "threshold, as saved in the model's config). All metrics are "
             "fractions in [0, 1] (Cao et al., 2023, appendix \"Details of Evaluation Metrics\")."
         )
     else:
@@ -303,7 +316,7 @@ def render_model_card(
         training += f" Training examples: {data.num_train_examples}."
     threshold = data.defer_threshold
     card = ModelCard.from_template(
-        card_data,
+        data,
         template_path=str(template_path or default_template_path()),
         model_name=data.model_name,
         repo_id=data.repo_id or data.model_name,
@@ -323,6 +336,7 @@ def render_model_card(
         evaluation_text=evaluation_text,
         metric_rows=metric_rows,
         budget_rows=budget_rows,
+        budget_text=_BUDGET_TEXT[data.budget_ranking],
         coverage_text=f"{data.metrics['coverage']:.4f}" if "coverage" in data.metrics else None,
         system_error_text=f"{data.metrics['system_error']:.4f}" if "system_error" in data.metrics else "n/a",
         reliability_image=image,

@@ -1,29 +1,65 @@
 """Learning-to-defer model: an encoder (or precomputed features) followed by a head with K + M outputs.
 
-This module imports only ``torch``, ``transformers`` and, relatively, ``.configuration_deferral`` and
-``.surrogates``: those three files are what remote-code loading (``trust_remote_code=True``) copies.
-Registration with the auto classes happens in ``hf_defer/__init__.py``.
+This module imports only ``torch``, ``transformers`` and, relatively, ``.configuration_deferral``, ``.surrogates`` and
+``.pipeline_deferral``: with it, those are the files that `save_pretrained` copies next to the weights for remote-code
+loading (``trust_remote_code=True``). Registration with the auto classes happens, once, in ``hf_defer/__init__.py``.
 """
 
 from __future__ import annotations
 
+import filecmp
 import inspect
 import os
-from collections import OrderedDict
-from dataclasses import dataclass
+import re
+import tempfile
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import AutoModel, PreTrainedModel
-from transformers.models.auto.auto_factory import _BaseAutoModelClass, _LazyAutoMapping
 from transformers.utils import ModelOutput
 
 from .configuration_deferral import DeferralConfig
+from .pipeline_deferral import CUSTOM_PIPELINES, REMOTE_TASK
 from .surrogates import get_surrogate
 
 _ENCODER_INPUTS = ("input_ids", "pixel_values")
+WEIGHTS_FILE = re.compile(r"(adapter_)?model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json")
+STANDARD_CONFIGS = ("config.json", "adapter_config.json")  # with the weights, what save_pretrained always replaces
+
+
+def move_saved_files(stage: str | os.PathLike, folder: str | os.PathLike, overwrite: bool = False,
+                     replace_standard: bool = False) -> list[str]:
+    """Moves the files saved into ``stage`` into ``folder``, never losing a file the caller did not mean to replace.
+
+    A file of ``folder`` is replaced only when it is a code file (``.py``) with the same content (hf_defer's own),
+    ``config.json``, ``adapter_config.json`` or a weight file with ``replace_standard=True`` (what `PreTrainedModel.save_pretrained` always
+    replaces), or with ``overwrite=True``; weight files (``model-00001-of-00002.safetensors``, the index) that the new
+    save lacks would be stale: they are deleted with ``overwrite=True`` only. Otherwise a `FileExistsError` lists the
+    files and nothing moves. Returns the names of the files moved.
+    """
+    stage, folder = Path(stage), Path(folder)
+    staged = sorted(path.name for path in stage.iterdir())
+    standard = {name for name in staged if replace_standard and (name in STANDARD_CONFIGS or WEIGHTS_FILE.fullmatch(name))}
+    clash = [name for name in staged if (folder / name).exists() and name not in standard
+             and not (name.endswith(".py") and filecmp.cmp(stage / name, folder / name, shallow=False))]
+    stale = [name for name in sorted(os.listdir(folder)) if name not in staged and WEIGHTS_FILE.fullmatch(name)]
+    if (clash or stale) and not overwrite:
+        raise FileExistsError(
+            f"{str(folder)!r} holds files that saving would overwrite ({clash}) or delete as stale weights ({stale}); "
+            "pass overwrite=True to replace them, or save into another folder."
+        )
+    for name in stale:
+        (folder / name).unlink()
+    for name in staged:
+        os.replace(stage / name, folder / name)
+    return staged
+
+
+_ENCODER_LOADING_KWARGS = ("dtype", "revision", "cache_dir", "token", "local_files_only", "force_download",
+                           "subfolder", "trust_remote_code", "attn_implementation", "device_map")
 
 
 @dataclass
@@ -40,7 +76,8 @@ class DeferralOutput(ModelOutput):
         expert_accuracy (`torch.FloatTensor` of shape `(batch_size, num_experts)`):
             The surrogate's estimate of each expert's probability of being right.
         defer (`torch.BoolTensor` of shape `(batch_size,)`):
-            Whether the input is deferred: the best expert logit beats every class logit.
+            Whether the input is deferred, by [`DeferralSurrogate.decide`] with the config's `expert_costs` and
+            `defer_threshold` (with neither: the best expert logit beats every class logit).
         hidden_states (`tuple(torch.FloatTensor)`, *optional*):
             The encoder's hidden states, when `output_hidden_states=True`.
         attentions (`tuple(torch.FloatTensor)`, *optional*):
@@ -165,47 +202,55 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             self.encoder.requires_grad_(False)
         self.config.freeze_encoder = True
 
-    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
-        """[`PreTrainedModel.save_pretrained`]; with `push_to_hub=True` the upload goes through
-        [`EncoderForDeferral.push_to_hub`] (deferral card, remote code) and no generic card is written to the folder.
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, overwrite: bool = False,
+                        **kwargs: Any) -> None:
+        """Writes everything a folder needs, for library mode and remote-code mode alike: the weights (safetensors),
+        `config.json` with `auto_map` and `custom_pipelines`, and the code files `configuration_deferral.py`,
+        `modeling_deferral.py`, `surrogates.py` and `pipeline_deferral.py`. The Trainer, the pipeline,
+        `save_for_hub` and `push_to_hub` all save through it. The files go to a temporary folder first, then move in.
+
+        A file of the folder is never lost silently: `config.json` and the weights are replaced (as transformers
+        always does), a code file only when it is the same as hf_defer's; stale weight shards are deleted and other
+        files overwritten only with `overwrite=True` (otherwise a `FileExistsError` lists them and nothing changes).
 
         Args:
-            save_directory (`str` or `os.PathLike`): the folder.
-            args, kwargs: as for [`PreTrainedModel.save_pretrained`]; with `push_to_hub=True`, `repo_id` (defaults to
-                the folder's name), `commit_message`, `create_pr`, `private` and `token` go to the upload.
+            save_directory (`str` or `os.PathLike`): the folder; created if missing.
+            overwrite (`bool`, *optional*, defaults to `False`): replace any file in the way.
+            args, kwargs: as for [`PreTrainedModel.save_pretrained`]; with `push_to_hub=True`, the upload goes through
+                [`EncoderForDeferral.push_to_hub`] (deferral card) and `repo_id` (defaults to the folder's name),
+                `commit_message`, `create_pr`, `private` and `token` go to it.
         """
-        if not kwargs.pop("push_to_hub", False):
-            return super().save_pretrained(save_directory, *args, **kwargs)
+        push = kwargs.pop("push_to_hub", False)
         upload = {key: kwargs.pop(key) for key in ("repo_id", "commit_message", "create_pr", "private") if key in kwargs}
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True) and (not args or args[0]):
-            repo_id = upload.pop("repo_id", os.path.basename(os.path.normpath(save_directory)))
+        folder = Path(save_directory)
+        if folder.is_file():
+            raise ValueError(f"save_directory must be a directory, got the file {str(folder)!r}.")
+        folder.mkdir(parents=True, exist_ok=True)
+        is_main_process = args[0] if args else kwargs.get("is_main_process", True)
+        config = self.config
+        previous = config.__dict__.get("custom_pipelines")
+        others = {task: spec for task, spec in (previous or {}).items()  # an older entry of ours goes
+                  if spec.get("impl") != CUSTOM_PIPELINES[REMOTE_TASK]["impl"]}
+        config.custom_pipelines = {**others, **CUSTOM_PIPELINES}
+        try:
+            with tempfile.TemporaryDirectory(prefix=".hf_defer_save_", dir=folder) as stage:
+                super().save_pretrained(stage, *args, **kwargs)
+                if is_main_process:
+                    move_saved_files(stage, folder, overwrite, replace_standard=True)
+        finally:
+            if previous is None:
+                del config.custom_pipelines
+            else:
+                config.custom_pipelines = previous
+        if push and is_main_process:
+            repo_id = upload.pop("repo_id", folder.resolve().name)
             self.push_to_hub(repo_id, token=kwargs.get("token"), **upload)
 
-    def push_to_hub(
-        self,
-        repo_id: str,
-        *,
-        processing_class: Any = None,
-        card_data: Any = None,
-        commit_message: str | None = None,
-        commit_description: str | None = None,
-        private: bool | None = None,
-        token: str | None = None,
-        revision: str | None = None,
-        create_pr: bool = False,
-        **kwargs: Any,
-    ) -> Any:
-        """Uploads the model with the deferral model card and the code for `trust_remote_code` loading
-        ([`hf_defer.push_to_hub`]), instead of `transformers`' generic card. Needs hf_defer installed.
-
-        Args:
-            repo_id (`str`): the Hub repository, `"user/name"`; created if missing.
-            processing_class (*optional*): tokenizer or image processor to upload with the model.
-            card_data ([`DeferralModelCardData`], *optional*): the card's content; without it a card already in the
-                repository is kept and a new repository gets a card built from the configuration.
-            commit_message, commit_description, private, token, revision, create_pr: as for
-                [`PreTrainedModel.push_to_hub`]; other keyword arguments of it are not supported.
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
+        """Uploads the model with the deferral model card and the code for `trust_remote_code` loading, instead of
+        `transformers`' generic card: [`hf_defer.push_to_hub`]`(self, repo_id, **kwargs)`, whose keyword arguments
+        (`processing_class`, `card_data`, `commit_message`, `commit_description`, `private`, `token`, `revision`,
+        `create_pr`) it takes. Needs hf_defer installed.
 
         Example:
 
@@ -215,8 +260,6 @@ class EncoderForDeferral(DeferralPreTrainedModel):
         >>> model.push_to_hub("me/tiny-defer")  # doctest: +SKIP
         ```
         """
-        if kwargs:
-            raise TypeError(f"push_to_hub() of a deferral model got unsupported arguments {sorted(kwargs)}.")
         try:  # absolute, inside try: transformers then neither copies hub.py into saved folders nor requires it
             from hf_defer.hub import push_to_hub
         except ImportError:  # loaded with trust_remote_code, hf_defer not installed
@@ -224,9 +267,10 @@ class EncoderForDeferral(DeferralPreTrainedModel):
                 "push_to_hub of a deferral model needs hf_defer (pip install hf-defer) to write the deferral card "
                 "and the code for remote loading."
             ) from None
-        return push_to_hub(self, repo_id, processing_class=processing_class, card_data=card_data, private=private,
-                           token=token, commit_message=commit_message, commit_description=commit_description,
-                           revision=revision, create_pr=create_pr)
+        unsupported = sorted(set(kwargs) - set(inspect.signature(push_to_hub).parameters))
+        if unsupported:
+            raise TypeError(f"push_to_hub() of a deferral model got unsupported arguments {unsupported}.")
+        return push_to_hub(self, repo_id, **kwargs)
 
     @classmethod
     def from_pretrained(cls, *args: Any, **kwargs: Any) -> EncoderForDeferral | tuple[EncoderForDeferral, dict]:
@@ -329,7 +373,7 @@ class EncoderForDeferral(DeferralPreTrainedModel):
         with torch.no_grad():  # the logits are checked once per step: by the loss, or here
             u = logits.detach().float() if loss is not None else self.surrogate.check_logits(logits)
             class_probs, expert_accuracy = self.surrogate._probabilities(u)
-            defer = self.surrogate._decide(u)[0]
+            defer = self.surrogate._decide(u, self.config.expert_costs, self.config.defer_threshold)[0]
         output = DeferralOutput(
             loss=loss,
             logits=logits,
@@ -439,20 +483,7 @@ class EncoderForDeferral(DeferralPreTrainedModel):
 
     @classmethod
     def from_encoder_pretrained(
-        cls,
-        name_or_path: str,
-        num_labels: int,
-        num_experts: int = 1,
-        surrogate: str = "asm",
-        *,
-        pooling: str | None = None,
-        normalize_pooled: bool = False,
-        head_hidden_sizes: list[int] | tuple[int, ...] = (),
-        head_dropout: float = 0.0,
-        freeze_encoder: bool = False,
-        id2label: dict[int, str] | None = None,
-        expert_names: list[str] | None = None,
-        **encoder_kwargs: Any,
+        cls, name_or_path: str, *, encoder_kwargs: dict[str, Any] | None = None, **kwargs: Any
     ) -> EncoderForDeferral:
         r"""
         Builds a deferral model around a pretrained encoder loaded with `AutoModel.from_pretrained`; the head
@@ -460,19 +491,12 @@ class EncoderForDeferral(DeferralPreTrainedModel):
 
         Args:
             name_or_path (`str`): Hub id or local folder of the encoder.
-            num_labels (`int`): number of classes K (at least 2).
-            num_experts (`int`, *optional*, defaults to 1): number of experts M.
-            surrogate (`str`, *optional*, defaults to `"asm"`): `"asm"`, `"ssm"`, `"sova"` or `"aova"`.
-            pooling (`str`, *optional*): `"cls"`, `"last"`, `"mean"` or `"max"`; defaults to `"last"` for decoder-only
-                encoders and `"cls"` for the others.
-            normalize_pooled (`bool`, *optional*, defaults to `False`): L2-normalize the pooled vector (with
-                `pooling="mean"` this reproduces sentence-transformers embeddings such as all-MiniLM-L6-v2's).
-            head_hidden_sizes (`list[int]`, *optional*, defaults to `()`): hidden widths of an MLP head.
-            head_dropout (`float`, *optional*, defaults to 0.0): dropout before every head layer.
-            freeze_encoder (`bool`, *optional*, defaults to `False`): train the head only.
-            id2label (`dict[int, str]`, *optional*): class names; must have `num_labels` entries.
-            expert_names (`list[str]`, *optional*): one name per expert.
-            encoder_kwargs (*optional*): passed to `AutoModel.from_pretrained` (`dtype`, `revision`, ...).
+            encoder_kwargs (`dict`, *optional*): passed to `AutoModel.from_pretrained`.
+            kwargs: the [`DeferralConfig`] fields (`num_labels`, `num_experts`, `surrogate`, `pooling` (default: `"last"` for decoder-only
+                encoders, `"cls"` otherwise), `id2label`,
+                ...); the common loading arguments `dtype`, `revision`, `cache_dir`, `token`, `local_files_only`,
+                `force_download`, `subfolder`, `trust_remote_code`, `attn_implementation` and `device_map` go to the
+                encoder, as in `encoder_kwargs`.
 
         Returns:
             [`EncoderForDeferral`]: the model, its encoder holding exactly the loaded weights.
@@ -491,47 +515,19 @@ class EncoderForDeferral(DeferralPreTrainedModel):
         'bert'
         ```
         """
+        loading = {**(encoder_kwargs or {}), **{k: kwargs.pop(k) for k in _ENCODER_LOADING_KWARGS if k in kwargs}}
+        unknown = sorted(set(kwargs) - {f.name for f in fields(DeferralConfig)} - {"num_labels"})
+        if unknown:
+            raise TypeError(f"from_encoder_pretrained() got arguments that are no DeferralConfig field: {unknown}; "
+                            "pass encoder loading arguments in encoder_kwargs.")
         try:
-            encoder = AutoModel.from_pretrained(name_or_path, **encoder_kwargs)
+            encoder = AutoModel.from_pretrained(name_or_path, **loading)
         except (OSError, ValueError) as err:
             kind = OSError if isinstance(err, OSError) else ValueError
             raise kind(f"could not load an encoder from name_or_path={str(name_or_path)!r}: {err}") from err
-        config = DeferralConfig(
-            encoder=encoder.config,
-            num_labels=num_labels,
-            num_experts=num_experts,
-            surrogate=surrogate,
-            pooling=pooling,
-            normalize_pooled=normalize_pooled,
-            head_hidden_sizes=list(head_hidden_sizes),
-            head_dropout=head_dropout,
-            freeze_encoder=freeze_encoder,
-            id2label=id2label,
-            expert_names=expert_names,
-        )
-        model = cls(config, encoder=encoder).to(encoder.dtype)
+        model = cls(DeferralConfig(encoder=encoder.config, **kwargs), encoder=encoder).to(encoder.dtype)
         model.head.float()  # as `_keep_in_fp32_modules_strict` does on loading: logits and loss in float32
         return model
 
 
-class AutoModelForDeferral(_BaseAutoModelClass):
-    """Auto class for deferral models: `AutoModelForDeferral.from_pretrained(path)` after `import hf_defer`.
-
-    Its mapping starts empty; `hf_defer/__init__.py` registers `DeferralConfig -> EncoderForDeferral`.
-
-    Example:
-
-    ```python
-    >>> import tempfile
-    >>> from hf_defer import AutoModelForDeferral, DeferralConfig, EncoderForDeferral
-    >>> path = tempfile.mkdtemp()
-    >>> EncoderForDeferral(DeferralConfig(feature_size=8, num_labels=2)).save_pretrained(path)
-    >>> type(AutoModelForDeferral.from_pretrained(path)).__name__
-    'EncoderForDeferral'
-    ```
-    """
-
-    _model_mapping = _LazyAutoMapping(OrderedDict(), OrderedDict())
-
-
-__all__ = ["AutoModelForDeferral", "DeferralOutput", "DeferralPreTrainedModel", "EncoderForDeferral"]
+__all__ = ["DeferralOutput", "DeferralPreTrainedModel", "EncoderForDeferral", "move_saved_files"]

@@ -2,94 +2,41 @@
 
 This module imports only ``numpy``, ``torch`` and ``transformers``: it is copied next to the weights for
 remote-code loading (``pipeline(model=..., trust_remote_code=True)``) and must stay free of ``hf_defer`` imports.
-Registration of the task happens in ``hf_defer/__init__.py``.
+Registration of the task happens in ``hf_defer/__init__.py``. The decision is the model's surrogate's
+(`DeferralSurrogate.decide`), the one rule that the model output, the metrics and calibration use too.
 """
 
 from __future__ import annotations
 
-import copy
 import difflib
 import inspect
 import math
 import os
-from collections.abc import Iterator, Sized
-from contextlib import contextmanager
+from collections.abc import Sized
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 from transformers import Pipeline
-from transformers.dynamic_module_utils import custom_object_save
 from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
 
 DEFER_LABEL = "defer"
 """The ``"label"`` of a deferred input."""
 
+REMOTE_TASK = "deferral-remote-code"
+"""The task name under which ``config.json`` lists the pipeline for remote code.
+
+It differs from the library's task ``"deferral"`` on purpose: `transformers.pipeline` gives a task listed in
+``config.custom_pipelines`` precedence over its registry and then demands ``trust_remote_code=True``, so the same
+name would stop ``pipeline("deferral", model=folder)`` from using the installed library. Remote code never needs the
+name: ``pipeline(model=folder, trust_remote_code=True)`` infers it.
+"""
+
 CUSTOM_PIPELINES: dict[str, dict[str, Any]] = {
-    "deferral": {"impl": "pipeline_deferral.DeferralPipeline", "pt": ["AutoModel"], "tf": [], "type": "multimodal"}
+    REMOTE_TASK: {"impl": "pipeline_deferral.DeferralPipeline", "pt": ["AutoModel"], "tf": [], "type": "multimodal"}
 }
-"""The ``custom_pipelines`` entry of ``config.json`` that remote-code loading reads."""
-
-
-@contextmanager
-def custom_pipelines_in_config(model: Any) -> Iterator[None]:
-    """Within this context, ``model.save_pretrained`` writes what remote-code loading needs.
-
-    Registers the model and config classes for `AutoModel`/`AutoConfig` (so ``save_pretrained`` copies their modules
-    and writes ``auto_map``) and adds the ``"deferral"`` entry to ``config.custom_pipelines``, removed again on exit:
-    the in-memory config stays as it was. The pipeline module itself is copied by ``custom_object_save``.
-
-    Args:
-        model ([`EncoderForDeferral`]): the model to save.
-    """
-    if getattr(getattr(model, "config", None), "model_type", None) != "deferral":
-        raise ValueError(
-            f"model must be a deferral model (config.model_type == 'deferral'), got {type(model).__name__}."
-        )
-    type(model).register_for_auto_class("AutoModel")
-    type(model.config).register_for_auto_class()
-    config = model.config
-    had, previous = "custom_pipelines" in config.__dict__, config.__dict__.get("custom_pipelines")
-    config.custom_pipelines = {**(previous or {}), **copy.deepcopy(CUSTOM_PIPELINES)}
-    try:
-        yield
-    finally:
-        if had:
-            config.custom_pipelines = previous
-        else:
-            del config.custom_pipelines
-
-
-def deferral_margin(class_score: float, expert_accuracy: Any, expert_costs: Any = None) -> tuple[float, int]:
-    """The cost-sensitive deferral margin of one input and the expert it would go to.
-
-    The margin is ``max_j (expert_accuracy_j - cost_j) - class_score``; the pipeline defers when it exceeds the
-    threshold. This one function serves the pipeline and [`calibrate_deferral`], so both compare the very same
-    floating-point numbers.
-
-    Args:
-        class_score (`float`): estimated probability of the top class.
-        expert_accuracy (sequence of `float`): estimated accuracy of each expert.
-        expert_costs (sequence of `float`, *optional*): cost of asking each expert; zeros when `None`.
-
-    Returns:
-        `tuple(float, int)`: the margin and the index of the best expert (the first one on ties).
-
-    Example:
-
-    ```python
-    >>> from hf_defer.pipeline_deferral import deferral_margin
-    >>> deferral_margin(0.5, [0.75, 0.875], expert_costs=[0.0, 0.25])
-    (0.25, 0)
-
-    ```
-    """
-    gains = np.asarray(expert_accuracy, dtype=np.float64)
-    if expert_costs is not None:
-        gains = gains - np.asarray(expert_costs, dtype=np.float64)
-    best = int(np.argmax(gains))
-    return float(gains[best] - float(class_score)), best
+"""The ``custom_pipelines`` entry that [`EncoderForDeferral.save_pretrained`] writes into ``config.json``."""
 
 
 def _is_number(value: Any) -> bool:
@@ -178,10 +125,11 @@ class DeferralPipeline(Pipeline):
 
         defer  iff  max_j (a_j(x) - c_j) - max_y p(y|x) > defer_threshold,
 
-    and then to `argmax_j (a_j(x) - c_j)`. This compares *probabilities*, which is the point of calibrated
-    estimates: costs and thresholds are in units of probability. The model's own `defer` output compares logits
-    instead. With zero costs and threshold the two rules agree for the bounded estimators (`asm`, `aova`); the
-    unbounded ones (`ssm`, `sova`) are clipped into [0, 1], and where clipped estimates tie at 1 the rules can differ.
+    and then to `argmax_j (a_j(x) - c_j)` ([`DeferralSurrogate.decide`], the rule of the model's `defer` output and of
+    [`deferral_metrics`] too). This compares *probabilities*, which is the point of calibrated estimates: costs and
+    thresholds are in units of probability. With zero costs and threshold it is exactly the logit rule
+    `max_j u_{K+j} > max_y u_y`. The unbounded estimators (`ssm`, `sova`) enter the margin unclipped (their
+    `expert_accuracy` and `scores` below are clipped into [0, 1]).
 
     Inputs: a text, a text pair `{"text": ..., "text_pair": ...}`, an image (PIL image, path or URL) for a vision
     encoder, or a feature vector (list, `np.ndarray` or `torch.Tensor` of length `feature_size`) for a head-only
@@ -199,9 +147,12 @@ class DeferralPipeline(Pipeline):
     Call parameters (also accepted when building the pipeline):
 
     - **top_k** (`int`, *optional*) -- how many classes `scores` keeps; all when `None`.
-    - **expert_costs** (sequence of `float`, *optional*) -- one cost per expert, zeros by default.
+    - **expert_costs** (sequence of `float`, *optional*) -- one cost per expert; defaults to
+      `model.config.expert_costs` (zeros when unset).
     - **defer_threshold** (`float`, *optional*) -- the margin; defaults to `model.config.defer_threshold`, which
       [`calibrate_deferral`] sets to meet a deferral budget.
+    - **return_margin** (`bool`, *optional*, defaults to `False`) -- add **margin** (`float`), the deferral margin
+      `max_j (a_j - c_j) - max_y p(y|x)` that the threshold is compared with.
     - tokenizer keyword arguments (`truncation`, `max_length`, `padding`, ...) for text, image-processor ones for
       images, as in the text-classification pipeline; `batch_size` batches the forward passes.
 
@@ -257,21 +208,17 @@ class DeferralPipeline(Pipeline):
                     "the model)."
                 )
 
-    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
-        """Saves the model (safetensors), its tokenizer or image processor and the code that loads them, so that the
-        folder works in library mode (`pipeline("deferral", model=folder)`) and in remote-code mode
-        (`pipeline(model=folder, trust_remote_code=True)`, no hf_defer needed).
+    def save_pretrained(self, save_directory: str | os.PathLike, overwrite: bool = False, **kwargs: Any) -> None:
+        """Saves the model with [`EncoderForDeferral.save_pretrained`] (weights, config, remote code), then its tokenizer
+        or image processor, so that the folder works in library mode (`pipeline("deferral", model=folder)`) and in
+        remote-code mode (`pipeline(model=folder, trust_remote_code=True)`, no hf_defer needed).
 
         Args:
             save_directory (`str` or `os.PathLike`): the folder; created if missing.
+            overwrite (`bool`, *optional*, defaults to `False`): see [`EncoderForDeferral.save_pretrained`].
             kwargs: passed to each component's `save_pretrained`.
         """
-        if os.path.isfile(save_directory):
-            raise ValueError(f"save_directory must be a directory, got the file {str(save_directory)!r}.")
-        os.makedirs(save_directory, exist_ok=True)
-        with custom_pipelines_in_config(self.model):
-            self.model.save_pretrained(save_directory, **kwargs)
-        custom_object_save(self, save_directory)
+        self.model.save_pretrained(save_directory, overwrite=overwrite, **kwargs)
         for component in (self.tokenizer, self.image_processor):
             if component is not None:
                 component.save_pretrained(save_directory, **kwargs)
@@ -289,34 +236,25 @@ class DeferralPipeline(Pipeline):
         top_k: int | None | str = "",
         expert_costs: Any = None,
         defer_threshold: float | None = None,
+        return_margin: bool | None = None,
         **processor_kwargs: Any,
     ) -> tuple[dict, dict, dict]:
         postprocess: dict[str, Any] = {}
-        if top_k != "":
+        if not (isinstance(top_k, str) and top_k == ""):  # "": not given (None means all classes)
             if top_k is not None and (not isinstance(top_k, (int, np.integer)) or isinstance(top_k, bool) or top_k < 1):
                 raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}.")
             postprocess["top_k"] = None if top_k is None else int(top_k)
         if expert_costs is not None:
-            num_experts = self.model.config.num_experts
-            if isinstance(expert_costs, (np.ndarray, torch.Tensor)):
-                expert_costs = expert_costs.tolist()
-            if isinstance(expert_costs, (str, bytes, dict)) or not hasattr(expert_costs, "__len__"):
-                raise TypeError(
-                    f"expert_costs must be a sequence of {num_experts} numbers, got {type(expert_costs).__name__}."
-                )
-            costs = list(expert_costs)
-            if len(costs) != num_experts:
-                raise ValueError(
-                    f"expert_costs must have one cost per expert (num_experts={num_experts}), got {len(costs)}: "
-                    f"{list(expert_costs)!r}."
-                )
-            if not all(_is_number(cost) and math.isfinite(cost) for cost in costs):
-                raise ValueError(f"expert_costs must be finite numbers, got {list(expert_costs)!r}.")
-            postprocess["expert_costs"] = [float(cost) for cost in costs]
+            costs = self.model.surrogate.check_costs(expert_costs)
+            postprocess["expert_costs"] = [0.0] * self.model.config.num_experts if costs is None else costs.tolist()
         if defer_threshold is not None:
             if not _is_number(defer_threshold) or not math.isfinite(defer_threshold):
                 raise ValueError(f"defer_threshold must be a finite number, got {defer_threshold!r}.")
             postprocess["defer_threshold"] = float(defer_threshold)
+        if return_margin is not None:
+            if not isinstance(return_margin, bool):
+                raise ValueError(f"return_margin must be a bool, got {return_margin!r}.")
+            postprocess["return_margin"] = return_margin
         return self._check_processor_kwargs(processor_kwargs), {}, postprocess
 
     def _check_processor_kwargs(self, processor_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -461,7 +399,7 @@ class DeferralPipeline(Pipeline):
         if "pixel_values" in model_inputs:
             model_inputs["pixel_values"] = model_inputs["pixel_values"].to(self.model.dtype)
         outputs = self.model(**model_inputs, return_dict=True)
-        return {"class_probs": outputs.class_probs, "expert_accuracy": outputs.expert_accuracy}
+        return {"logits": outputs.logits, "class_probs": outputs.class_probs, "expert_accuracy": outputs.expert_accuracy}
 
     def postprocess(
         self,
@@ -469,25 +407,28 @@ class DeferralPipeline(Pipeline):
         top_k: int | None = None,
         expert_costs: list[float] | None = None,
         defer_threshold: float | None = None,
+        return_margin: bool = False,
     ) -> dict[str, Any]:
         config = self.model.config
-        probs = model_outputs["class_probs"][0].float().numpy()
-        accuracy = [float(a) for a in model_outputs["expert_accuracy"][0].float().numpy()]
+        costs = getattr(config, "expert_costs", None) if expert_costs is None else expert_costs
         threshold = float(config.defer_threshold) if defer_threshold is None else defer_threshold
-        top = int(np.argmax(probs))
-        class_score = float(probs[top])
-        margin, expert = deferral_margin(class_score, accuracy, expert_costs)
-        defer = margin > threshold
+        logits = model_outputs["logits"][:1].float()
+        defer, prediction, expert = (int(t[0]) for t in self.model.surrogate.decide(logits, costs, threshold))
+        probs = model_outputs["class_probs"][0].float().numpy()
+        top = prediction
         order = sorted(range(len(probs)), key=lambda k: -probs[k])[:top_k]
-        return {
+        output = {
             "label": DEFER_LABEL if defer else config.id2label[top],
-            "defer": defer,
+            "defer": bool(defer),
             "expert": config.expert_names[expert] if defer else None,
             "class_label": config.id2label[top],
-            "class_score": class_score,
-            "expert_accuracy": accuracy,
+            "class_score": float(probs[top]),
+            "expert_accuracy": [float(a) for a in model_outputs["expert_accuracy"][0].float().numpy()],
             "scores": {config.id2label[k]: float(probs[k]) for k in order},
         }
+        if return_margin:
+            output["margin"] = float(self.model.surrogate.deferral_margin(logits, costs)[0][0])
+        return output
 
 
-__all__ = ["CUSTOM_PIPELINES", "DEFER_LABEL", "DeferralPipeline", "custom_pipelines_in_config", "deferral_margin"]
+__all__ = ["CUSTOM_PIPELINES", "DEFER_LABEL", "REMOTE_TASK", "DeferralPipeline"]

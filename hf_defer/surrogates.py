@@ -5,27 +5,24 @@ A deferral model scores ``K`` classes and ``M`` experts: ``logits`` has shape ``
 
 * a training loss given the true label ``y`` and the experts' labels ``m_j``,
 * estimates of the class posterior ``eta(x)`` and of each expert's accuracy ``Pr(M_j = Y | x)``,
-* a decision: predict ``argmax_{y<=K} u_y``, or defer to ``argmax_j u_{K+j}`` when that expert's logit
-  beats every class logit. The four surrogates are maxima-preserving, so one rule serves them all.
+* a decision (:meth:`DeferralSurrogate.decide`): defer iff ``max_j (a_j - c_j) - max_y p(y|x) > threshold``; with zero
+  costs and threshold, iff the best expert logit beats every class logit (all four surrogates are maxima-preserving).
 
 The four surrogates are those compared in Cao et al., NeurIPS 2023 ("In Defense of Softmax
 Parametrization for Calibrated and Consistent Learning to Defer"):
 
-========  ===========================================  ==========================
-name      loss                                         expert-accuracy estimator
-========  ===========================================  ==========================
-``asm``   asymmetric softmax (the paper's proposal)    bounded in [0, 1]
-``ssm``   softmax cross-entropy (Mozannar & Sontag)    unbounded, clipped
-``sova``  symmetric one-vs-all in ``L_phi``             unbounded, clipped
-``aova``  asymmetric one-vs-all (Verma & Nalisnick)    bounded in [0, 1]
-========  ===========================================  ==========================
+``asm`` (asymmetric softmax, the paper's proposal) and ``aova`` (asymmetric one-vs-all, Verma & Nalisnick) have
+bounded expert-accuracy estimators; ``ssm`` (softmax, Mozannar & Sontag) and ``sova`` (symmetric one-vs-all in
+``L_phi``) unbounded ones, clipped into [0, 1] by :meth:`DeferralSurrogate.probabilities`.
 
 This module only imports ``torch``: it is copied next to the model code for remote-code loading.
 """
 
 from __future__ import annotations
 
-from numbers import Integral
+import math
+from numbers import Integral, Real
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,11 +45,15 @@ def _as_target_tensor(name: str, values: object, device: torch.device | None) ->
         ) from None
 
 
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 class DeferralSurrogate:
     """Base class of the deferral surrogates. Use :func:`get_surrogate` to build one.
 
-    Subclasses implement ``_per_example_loss`` and ``_log_estimates`` in float32; the base class does
-    the validation, the ``-100`` masking, the reduction and the decision rule.
+    Subclasses implement ``_per_example_loss`` and ``_log_estimates`` (float32; float64 for the margin); the base class does
+    the validation, the ``-100`` masking, the reduction and the decision rule (:meth:`decide`).
 
     Args:
         num_classes (`int`): number of classes ``K`` (at least 2).
@@ -207,14 +208,44 @@ class DeferralSurrogate:
         """
         return self._probabilities(self.check_logits(logits), clip)
 
-    def decide(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The maxima-preserving decision rule.
+    def decide(self, logits: torch.Tensor, expert_costs: Any = None, defer_threshold: float = 0.0) -> tuple[torch.Tensor, ...]:
+        r"""The deferral decision, the one rule of the model output, the pipeline, the metrics and calibration.
+
+        Defer iff ``max_j (a_j - c_j) - max_y p(y|x) > defer_threshold`` (:meth:`deferral_margin`, on the estimates
+        *before clipping*), to ``argmax_j (a_j - c_j)``; the prediction is ``argmax_y u_y``. With zero costs and
+        threshold this is exactly the logit rule ``max_j u_{K+j} > max_{y<=K} u_y`` and is evaluated so (no rounding):
+        each estimate increases with its own logit over a normaliser shared with its rivals (``asm``:
+        ``sigmoid(u - LSE(u_{[K] minus y*}))`` for the top class and the experts; ``ssm``: ``exp(u - LSE(u_{1..K}))``;
+        ``sova``: ``a > p_y`` iff ``sigmoid(u_{K+1}) > sigmoid(u_y)`` (one expert), ``sigmoid(u) / sum_k sigmoid(u_k)``
+        (several); ``aova``: ``sigmoid(u)``). Clipped at 1, the ``ssm``/``sova`` estimates could tie where the logits do
+        not, hence the raw ones: their margin is in units of an unbounded estimator, a probability only below 1.
+
+        Args:
+            logits (`torch.Tensor` of shape `[B, K + M]`); expert_costs (sequence of `float`, *optional*): ``c_j``, one
+            per expert, zeros when `None`; defer_threshold (`float`, *optional*, defaults to 0.0): margin to defer.
 
         Returns:
-            `tuple`: ``defer [B]`` (bool, ``max_j u_{K+j} > max_{y<=K} u_y``), ``prediction [B]``
-            (``argmax_{y<=K} u_y``) and ``expert [B]`` (``argmax_j u_{K+j}``, meaningful where deferring).
+            `tuple`: ``defer [B]`` (bool), ``prediction [B]`` and ``expert [B]`` (meaningful where deferring).
         """
-        return self._decide(self.check_logits(logits))
+        return self._decide(self.check_logits(logits), expert_costs, defer_threshold)
+
+    def deferral_margin(self, logits: torch.Tensor, expert_costs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``max_j (a_j - c_j) - max_y p(y|x)`` on the raw estimates (float64) and ``argmax_j (a_j - c_j)``: see `decide`."""
+        return self._margin(self.check_logits(logits), self.check_costs(expert_costs))
+
+    def check_costs(self, expert_costs: Any) -> torch.Tensor | None:
+        """Validates ``expert_costs`` (``M`` finite numbers): float64 ``[M]``, or `None` when not given or all zero."""
+        if expert_costs is None:
+            return None
+        costs = expert_costs.tolist() if hasattr(expert_costs, "tolist") else expert_costs  # np.ndarray, torch.Tensor
+        if isinstance(costs, (str, bytes, dict)) or not hasattr(costs, "__len__"):
+            raise TypeError(f"expert_costs must be a sequence of {self.num_experts} numbers, got {type(costs).__name__}.")
+        costs = list(costs)
+        if len(costs) != self.num_experts:
+            raise ValueError(f"expert_costs must have one cost per expert (num_experts={self.num_experts}), got {costs!r}.")
+        if not all(_is_finite_number(cost) for cost in costs):
+            raise ValueError(f"expert_costs must be finite numbers, got {costs!r}.")
+        return torch.tensor(costs, dtype=torch.float64) if any(costs) else None
 
     # ------------------------------------------------------------------ on logits already checked (check_logits)
     def _probabilities(self, u: torch.Tensor, clip: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,10 +254,22 @@ class DeferralSurrogate:
             log_classes, log_experts = log_classes.clamp(max=0.0), log_experts.clamp(max=0.0)
         return log_classes.exp(), log_experts.exp()
 
-    def _decide(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _margin(self, u: torch.Tensor, costs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        log_classes, log_experts = self._log_estimates(u.double())  # float64; e^700 keeps raw ssm/sova estimates finite
+        gains = log_experts.clamp(max=700.0).exp()
+        best, expert = (gains if costs is None else gains - costs.to(gains.device)).max(dim=1)
+        return best - log_classes.clamp(max=700.0).exp().amax(dim=1), expert
+
+    def _decide(self, u: torch.Tensor, expert_costs: Any = None, defer_threshold: float = 0.0) -> tuple[torch.Tensor, ...]:
+        if not _is_finite_number(defer_threshold):
+            raise ValueError(f"defer_threshold must be a finite number, got {defer_threshold!r}.")
+        costs = self.check_costs(expert_costs)
         class_max, prediction = u[:, : self.num_classes].max(dim=1)
-        expert_max, expert = u[:, self.num_classes :].max(dim=1)
-        return expert_max > class_max, prediction, expert
+        if costs is None and defer_threshold == 0:
+            expert_max, expert = u[:, self.num_classes :].max(dim=1)
+            return expert_max > class_max, prediction, expert
+        margin, expert = self._margin(u, costs)
+        return margin > float(defer_threshold), prediction, expert
 
     # ------------------------------------------------------------------ to implement
     def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,6 @@ from transformers.trainer_utils import EvalLoopOutput
 from .adapters import check_head_trainable, has_adapters, is_peft_model, load_adapter_checkpoint
 from .checks import check_deferral_dataset, last_complete_checkpoint
 from .data import DataCollatorForDeferral
-from .hub import copy_pipeline_code, custom_pipelines_in_config
 from .metrics import DeferralMetrics, deferral_metrics
 from .model_card import DeferralModelCardData, render_model_card
 from .tokenization import ensure_pad_token
@@ -30,7 +29,9 @@ class DeferralTrainer(Trainer):
     * the loss comes from the model (the configured surrogate); the Trainer scales it for gradient
       accumulation, so accumulating ``n`` batches of ``b`` gives the loss scale of one batch of ``n * b``;
     * ``compute_metrics`` defaults to [`DeferralMetrics`], so ``evaluate()`` reports ``eval_system_error``,
-      ``eval_coverage``, ``eval_classifier_error``, ``eval_expert_ece`` and the budgeted errors;
+      ``eval_coverage``, ``eval_classifier_error``, ``eval_expert_ece`` and the budgeted errors, all of the
+      saved model's pipeline (the decision with the config's ``expert_costs`` and ``defer_threshold``; budgets ranked
+      by margin, as [`calibrate_deferral`] meets them: ``deferral_metrics(..., budget_ranking="margin")``);
     * ``eval_loss`` is recomputed from the gathered logits of the whole evaluation set, so it is the mean
       surrogate loss over every example exactly once, however many processes evaluated it;
     * ``train_dataset`` and ``eval_dataset`` (and a dataset given to ``evaluate``) are checked before anything runs
@@ -88,7 +89,8 @@ class DeferralTrainer(Trainer):
         if arguments.get("data_collator") is None:
             arguments["data_collator"] = DataCollatorForDeferral(tokenizer=tokenizer)
         if arguments.get("compute_metrics") is None:
-            arguments["compute_metrics"] = DeferralMetrics(config.surrogate, config.num_experts)
+            # The numbers of the saved model's pipeline: its costs and threshold decide, budgets as calibration's.
+            arguments["compute_metrics"] = DeferralMetrics(config, budget_ranking="margin")
         for name in ("train_dataset", "eval_dataset"):
             dataset = arguments.get(name)
             if isinstance(dataset, dict):
@@ -135,17 +137,6 @@ class DeferralTrainer(Trainer):
         return super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     # ------------------------------------------------------------------ saving, Hub and model card
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Saves like the Trainer, plus what remote-code loading needs (see [`save_for_hub`]): `auto_map` and
-        `custom_pipelines` in `config.json`, and the model, config, surrogate and pipeline modules."""
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if has_adapters(self.accelerator.unwrap_model(self.model)):  # the adapter and the head only (peft's format)
-            return super()._save(output_dir, state_dict)
-        with custom_pipelines_in_config(self.accelerator.unwrap_model(self.model)):
-            super()._save(output_dir, state_dict)
-        if self.args.should_save:
-            copy_pipeline_code(output_dir)
-
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Saves the model like the Trainer and, when called by the user, writes the deferral model card next to it."""
         super().save_model(output_dir, _internal_call)
@@ -153,15 +144,18 @@ class DeferralTrainer(Trainer):
             self.create_model_card(save_directory=output_dir)
 
     def model_card_data(self, **fields: Any) -> DeferralModelCardData:
-        """The [`DeferralModelCardData`] of the trained model: its configuration, the metrics and reliability data
-        of the last evaluation, the training data size and the main hyperparameters; `fields` override them."""
+        """The [`DeferralModelCardData`] of the trained model: its configuration, the metrics (with the config's
+        costs and threshold, budgets ranked by margin) and reliability data of the last evaluation, the training
+        data size and the main hyperparameters; `fields` override them."""
         model = self.accelerator.unwrap_model(self.model)
         values: dict[str, Any] = {}
         last = getattr(self, "_last_deferral_eval", None)
         if last is not None:
             prefix, logits, labels, expert_labels = last
-            metrics = deferral_metrics(logits, labels, expert_labels, model.config.surrogate, model.config.num_experts,
-                                       return_reliability=True)
+            # The same numbers as evaluate()'s (see __init__): those of the saved model's pipeline.
+            metrics = deferral_metrics(logits, labels, expert_labels, model.config, return_reliability=True,
+                                       budget_ranking="margin")
+            values["budget_ranking"] = "margin"
             values["reliability"] = metrics.pop("reliability")
             values["metrics"] = metrics
             values["num_eval_examples"] = int(np.sum(np.asarray(labels) != -100))
@@ -170,6 +164,7 @@ class DeferralTrainer(Trainer):
             logged = [entry for entry in self.state.log_history if any(k.endswith("_system_error") for k in entry)]
             if logged:
                 values["metrics"] = {k: v for k, v in logged[-1].items() if isinstance(v, (int, float))}
+                values["budget_ranking"] = getattr(self.compute_metrics, "budget_ranking", "expert_accuracy")
         train_dataset = self.train_dataset
         if train_dataset is not None and hasattr(train_dataset, "__len__"):
             values["num_train_examples"] = len(train_dataset)

@@ -10,7 +10,7 @@ import torch
 from datasets import Dataset
 from transformers import BertConfig, BertTokenizer, pipeline
 
-import hf_defer  # noqa: F401  (registers the "deferral" task)
+import hf_defer  # registers the "deferral" task
 from hf_defer import DeferralConfig, EncoderForDeferral
 from hf_defer.calibration import calibrate_deferral
 
@@ -135,6 +135,36 @@ def test_a_pipeline_built_with_costs_and_a_threshold_is_calibrated_with_its_cost
     threshold = calibrate_deferral(classify, list(features), max_deferral_rate=0.2)
     assert (margins_by_hand(model, features, costs) > threshold).sum() == 6
     assert sum(out["defer"] for out in classify(list(features))) == 6
+
+
+@pytest.mark.parametrize(("num_experts", "costs"), [(1, None), (2, [0.0, 0.05])])
+def test_calibrated_pipeline_delivers_the_budgeted_error_that_deferral_metrics_reports(num_experts, costs):
+    # Calibrate at 10 % on a set, run the pipeline on the same set: at most 10 % deferred, and its system error is
+    # exactly deferral_metrics' budgeted error @10 % (margin ranking) on the model's logits at threshold 0.
+    n = 300
+    model, features = eager_deferrer(num_experts, seed=3), held_out(n, seed=4)
+    rng = np.random.default_rng(5)
+    labels, experts = rng.integers(0, 3, n), rng.integers(0, 3, (n, num_experts))
+    with torch.no_grad():
+        logits = model(features=torch.tensor(features)).logits
+    before = hf_defer.deferral_metrics(logits, labels, experts, model, expert_costs=costs, budget_ranking="margin")
+    assert before["coverage"] < 0.5  # the budget binds
+
+    threshold = calibrate_deferral(model, list(features), max_deferral_rate=0.1, batch_size=16, expert_costs=costs)
+    outputs = pipeline("deferral", model=model)(features, batch_size=7)
+    deferred = np.array([out["defer"] for out in outputs])
+    assert deferred.sum() <= math.floor(0.1 * n)
+    expert_index = {name: j for j, name in enumerate(model.config.expert_names)}
+    wrong = [experts[i, expert_index[out["expert"]]] != labels[i] if out["defer"]
+             else model.config.label2id[out["class_label"]] != labels[i] for i, out in enumerate(outputs)]
+    assert float(np.mean(wrong)) == before["budgeted_error_10"]
+    # The threshold lies strictly between two margins, halfway: no input sits on it.
+    margins = model.surrogate.deferral_margin(logits, costs)[0].numpy()
+    below, above = margins[margins < threshold].max(), margins[margins > threshold].min()
+    assert threshold == pytest.approx((below + above) / 2) and not (margins == threshold).any()
+    # And the metrics of the saved model (its config's threshold and costs) are those of its pipeline.
+    after = hf_defer.deferral_metrics(logits, labels, experts, model)
+    assert after["system_error"] == float(np.mean(wrong)) and after["coverage"] == 1 - deferred.mean()
 
 
 def test_numpy_numbers_are_accepted():

@@ -136,6 +136,43 @@ def test_both_encoder_and_feature_size_rejected():
         DeferralConfig(encoder=tiny_bert(), feature_size=32)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"expert_costs": [0.1, 0.2]}, "expert_costs must be a list of 1"),
+     ({"expert_costs": [float("inf")]}, "expert_costs"),
+     ({"num_experts": 2, "expert_costs": (0.0, 0.1)}, None)],
+)
+def test_expert_costs_are_one_finite_number_per_expert(kwargs, message):
+    if message is None:
+        assert DeferralConfig(feature_size=8, **kwargs).expert_costs == [0.0, 0.1]
+    else:
+        with pytest.raises(ValueError, match=message):
+            DeferralConfig(feature_size=8, **kwargs)
+
+
+def test_each_field_has_one_validator_and_save_runs_them(tmp_path):
+    validators = sorted(name for name in vars(DeferralConfig) if name.startswith("validate_"))
+    assert validators == ["validate_decision", "validate_encoder", "validate_expert_names", "validate_flags",
+                          "validate_head", "validate_num_experts", "validate_num_labels", "validate_pooling",
+                          "validate_surrogate"]
+    config = DeferralConfig(feature_size=8)
+    config.pooling = "sum"  # set after construction: caught when saving
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        config.save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()
+
+
+def test_a_loaded_config_keeps_custom_pipelines_and_library_mode_still_works(tmp_path):
+    from transformers import pipeline
+
+    from hf_defer import EncoderForDeferral
+
+    EncoderForDeferral(DeferralConfig(feature_size=4)).save_pretrained(tmp_path)
+    loaded = DeferralConfig.from_pretrained(tmp_path)
+    assert set(loaded.custom_pipelines) == {hf_defer.pipeline_deferral.REMOTE_TASK}  # no special case on loading
+    assert type(pipeline("deferral", model=str(tmp_path))) is hf_defer.DeferralPipeline
+
+
 def test_numpy_integer_sizes_are_stored_as_int(tmp_path):
     """np.int64 sizes (e.g. labels.max() + 1) used to be refused as "not an integer"."""
     import numpy as np

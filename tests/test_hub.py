@@ -23,6 +23,7 @@ from transformers import AutoTokenizer, BertConfig, BertTokenizer, TrainingArgum
 import hf_defer
 from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral
 from hf_defer.hub import push_to_hub, save_for_hub
+from hf_defer.pipeline_deferral import REMOTE_TASK
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat is good bad very".split()]
 TEXTS = ["the cat sat on the mat", "a very bad dog", "good"]
@@ -64,8 +65,8 @@ def test_save_for_hub_writes_safetensors_code_and_remote_code_config(saved):
     config = json.loads((folder / "config.json").read_text())
     assert config["auto_map"] == {"AutoConfig": "configuration_deferral.DeferralConfig",
                                   "AutoModel": "modeling_deferral.EncoderForDeferral"}
-    assert config["custom_pipelines"]["deferral"]["impl"] == "pipeline_deferral.DeferralPipeline"
-    assert config["custom_pipelines"]["deferral"]["pt"] == ["AutoModel"]
+    assert config["custom_pipelines"][REMOTE_TASK]["impl"] == "pipeline_deferral.DeferralPipeline"
+    assert config["custom_pipelines"][REMOTE_TASK]["pt"] == ["AutoModel"]
     for name in CODE_FILES:
         assert (folder / name).read_bytes() == (PACKAGE / name).read_bytes()
     # The pipeline module must not need hf_defer: remote code only has the copied siblings.
@@ -236,7 +237,7 @@ def test_model_and_pipeline_push_to_hub_upload_the_deferral_card_and_remote_code
     model.push_to_hub("someone/model-push")
     files = fake_hub["someone/model-push"]
     assert set(files) == CODE_FILES | {"config.json", "model.safetensors", "README.md"}
-    assert "deferral" in json.loads(files["config.json"])["custom_pipelines"]
+    assert REMOTE_TASK in json.loads(files["config.json"])["custom_pipelines"]
     assert 'pipeline("deferral", model="someone/model-push")' in files["README.md"].decode()
     assert "has been pushed on the Hub" not in files["README.md"].decode()  # not transformers' generic card
 
@@ -286,7 +287,7 @@ def test_trainer_push_to_hub_uploads_a_complete_deferral_repo(tmp_path, fake_hub
     assert set(files) == CODE_FILES | {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                                        "README.md", "reliability_diagram.png", "training_args.bin"}
     config = json.loads(files["config.json"])
-    assert set(config["auto_map"]) == {"AutoConfig", "AutoModel"} and "deferral" in config["custom_pipelines"]
+    assert set(config["auto_map"]) == {"AutoConfig", "AutoModel"} and REMOTE_TASK in config["custom_pipelines"]
     for name in CODE_FILES:
         assert files[name] == (PACKAGE / name).read_bytes()
     assert files["reliability_diagram.png"][:8] == b"\x89PNG\r\n\x1a\n"
@@ -319,3 +320,11 @@ def test_trainer_push_to_hub_uploads_a_complete_deferral_repo(tmp_path, fake_hub
     (out / "README.md").write_text("# mine\n")
     trainer.push_to_hub()
     assert uploads["someone/tiny-defer"]["README.md"] == b"# mine\n"
+
+
+def test_push_to_hub_checks_the_repo_id_with_huggingface_hub_before_any_call(fake_hub):
+    model, _ = text_model()
+    for bad in ("a/b/c", "bad id", "-starts-with-dash/x"):
+        with pytest.raises(ValueError, match="repo_id must be a Hub repository id"):
+            push_to_hub(model, bad)
+    assert fake_hub == {}

@@ -153,3 +153,19 @@ def test_card_cites_the_dataset_when_given(tmp_path):
     assert "davidson2017automated" in text and "Automated Hate Speech Detection" in text
     plain = render_model_card(DeferralModelCardData(class_names=["a", "b"], expert_names=["h"]), tmp_path / "b").content
     assert "The data set:" not in plain
+
+
+def test_card_data_is_a_model_card_data_and_states_its_budget_definition(tmp_path):
+    from huggingface_hub import ModelCardData
+
+    data = card_data()
+    assert isinstance(data, ModelCardData)
+    metadata = data.to_dict()
+    assert metadata["library_name"] == "transformers" and "learning-to-defer" in metadata["tags"]
+    assert {result["metrics"][0]["type"] for result in metadata["model-index"][0]["results"]} >= {"system_error"}
+    assert "class_names" not in metadata and "metrics" not in metadata  # the text's fields stay out of the YAML
+    assert "paper's budgeted error" in render_model_card(data, tmp_path / "paper").text
+    text = render_model_card(card_data(budget_ranking="margin"), tmp_path / "margin").text
+    assert "calibrate_deferral(model, data, max_deferral_rate=b)" in text
+    with pytest.raises(ValueError, match="budget_ranking"):
+        card_data(budget_ranking="by-luck")

@@ -449,6 +449,39 @@ def test_bad_config_values_raise_through_from_encoder_pretrained(tmp_path):
         EncoderForDeferral.from_encoder_pretrained(str(tmp_path), num_labels=2, pooling="sum")
 
 
+def test_from_encoder_pretrained_forwards_config_fields_and_separates_encoder_kwargs(tmp_path):
+    BertModel(ENCODERS["bert"]()).save_pretrained(tmp_path)
+    model = EncoderForDeferral.from_encoder_pretrained(
+        str(tmp_path), num_labels=3, defer_threshold=0.125, expert_costs=[0.05], normalize_pooled=True,
+        encoder_kwargs={"dtype": torch.bfloat16, "attn_implementation": "eager"},
+    )
+    assert (model.config.defer_threshold, model.config.expert_costs, model.config.normalize_pooled) == (
+        0.125, [0.05], True)
+    assert model.encoder.dtype == torch.bfloat16 and model.config.encoder._attn_implementation == "eager"
+    with pytest.raises(TypeError, match="poolng"):
+        EncoderForDeferral.from_encoder_pretrained(str(tmp_path), num_labels=3, poolng="mean")
+    with pytest.raises(ValueError, match="expert_costs"):
+        EncoderForDeferral.from_encoder_pretrained(str(tmp_path), num_labels=3, expert_costs=[0.1, 0.2])
+
+
+def test_auto_model_for_deferral_is_a_small_explicit_mapping(tmp_path):
+    config = DeferralConfig(feature_size=8, num_labels=2)
+    model = AutoModelForDeferral.from_config(config)
+    assert type(model) is EncoderForDeferral
+    model.save_pretrained(tmp_path)
+    assert type(AutoModelForDeferral.from_pretrained(tmp_path, dtype=torch.bfloat16)).__name__ == "EncoderForDeferral"
+    # loading arguments reach the model class: dtype=bfloat16 is applied, and the head stays float32 by design
+    # (`_keep_in_fp32_modules_strict`), which for a head-only model is every weight
+    assert AutoModelForDeferral.from_pretrained(tmp_path, dtype=torch.bfloat16).head[-1].weight.dtype == torch.float32
+    with pytest.raises(ValueError, match="no model for BertConfig"):
+        AutoModelForDeferral.from_config(BertConfig())
+    with pytest.raises(OSError, match="from_pretrained"):
+        AutoModelForDeferral()
+    import hf_defer.auto
+
+    assert "_BaseAutoModelClass" not in open(hf_defer.auto.__file__).read()
+
+
 # ---------------------------------------------------------------------------------------------------- issue 11
 # Ordinary mistakes get an error naming the argument, what was expected and what came (they used to fail deep
 # inside the encoder with "The size of tensor a (20002) must match...", "index out of range in self", ...).

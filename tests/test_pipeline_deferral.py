@@ -82,16 +82,17 @@ def test_threshold_is_a_margin_on_probabilities_and_defaults_to_the_config():
     assert classify([0.0] * 4, defer_threshold=0.0)["defer"] is True
 
 
-def test_probability_rule_can_differ_from_the_models_logit_rule():
-    # S-OvA with u = (1, -3 | 1.5): the expert logit beats every class logit, so the model's own rule defers; but the
-    # estimates are clipped: class 0 gets min(1, sigmoid(1)(1 + e^1.5)) = 1 and the expert min(1, e^1.5) = 1, and
-    # 1 > 1 is false, so the pipeline (probability rule) does not defer.
+def test_pipeline_and_model_agree_where_clipped_estimates_tie():
+    # S-OvA with u = (1, -3 | 1.5): the expert logit beats every class logit, so the logit rule defers. Clipped, the
+    # estimates tie (class 0: min(1, sigmoid(1)(1 + e^1.5)) = 1, the expert: min(1, e^1.5) = 1); unclipped, the
+    # margin is e^1.5 - sigmoid(1)(1 + e^1.5) = (e^1.5 - e^1) / (1 + e^1) > 0. One rule: the pipeline defers too.
     model = fixed_logit_model([1.0, -3.0, 1.5], 2, surrogate="sova")
     assert bool(model(features=torch.zeros(1, 4)).defer[0]) is True
-    out = pipeline("deferral", model=model)([0.0] * 4)
+    out = pipeline("deferral", model=model)([0.0] * 4, return_margin=True)
     assert out["class_score"] == 1.0 and out["expert_accuracy"] == [1.0]
     assert out["scores"]["LABEL_1"] == pytest.approx(sigmoid(-3.0) * (1 + math.exp(1.5)), abs=1e-6)
-    assert out["defer"] is False and out["label"] == "LABEL_0"
+    assert out["margin"] == pytest.approx((math.exp(1.5) - math.exp(1.0)) / (1 + math.exp(1.0)), rel=1e-5)
+    assert out["defer"] is True and out["label"] == "defer"
 
 
 def test_top_k_limits_and_sorts_scores():
