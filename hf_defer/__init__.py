@@ -7,9 +7,11 @@ from .modeling_deferral import DeferralOutput, EncoderForDeferral
 from .auto import AutoModelForDeferral
 from .trainer import DeferralTrainer
 from .data import DataCollatorForDeferral, load_hatespeech
+from .preparation import PreparedDeferralData, prepare_deferral_dataset
 from .embeddings import add_embeddings, embed_texts
 from .experts import annotator_expert, class_subset_expert, stack_experts
 from .calibration import calibrate_deferral
+from .evaluate_metric import load_metric
 from .hub import push_to_hub, save_for_hub
 from .model_card import DeferralModelCardData, render_model_card
 
@@ -57,6 +59,7 @@ __all__ = [
     "DeferralTrainer",
     "DataCollatorForDeferral",
     "DeferralModelCardData",
+    "PreparedDeferralData",
     "calibrate_deferral",
     "push_to_hub",
     "render_model_card",
@@ -67,8 +70,10 @@ __all__ = [
     "deferral_metrics",
     "embed_texts",
     "load_hatespeech",
+    "prepare_deferral_dataset",
     "stack_experts",
     "expected_calibration_error",
     "get_surrogate",
+    "load_metric",
     "reliability_bins",
 ]

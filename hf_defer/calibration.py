@@ -34,6 +34,23 @@ def _pipeline_inputs(dataset: Any, input_kind: str) -> list[Any]:
     return list(dataset[column])
 
 
+def _saved_processor(model: Any, kind: str) -> Any:
+    """The tokenizer / image processor saved with ``model``: in the folder it was loaded from, else its encoder's."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    loader = AutoTokenizer if kind == "tokenizer" else AutoImageProcessor
+    tried: list[str] = []
+    for source in (getattr(model, "name_or_path", None), getattr(model.config.encoder, "_name_or_path", None)):
+        if source and str(source) not in tried:
+            tried.append(str(source))
+            try:
+                return loader.from_pretrained(source)
+            except (OSError, ValueError, TypeError):
+                continue
+    raise ValueError(f"found no {kind} saved with the model (looked in {tried or 'nothing: the model was not loaded'}"
+                     f" from a folder); pass {kind}= to calibrate_deferral.")
+
+
 def calibrate_deferral(
     model_or_pipeline: Any,
     dataset: Any,
@@ -42,6 +59,7 @@ def calibrate_deferral(
     expert_costs: Any = None,
     tokenizer: Any = None,
     image_processor: Any = None,
+    **processor_kwargs: Any,
 ) -> float:
     """Sets the deferral threshold so that at most ``max_deferral_rate`` of held-out inputs go to an expert.
 
@@ -69,7 +87,10 @@ def calibrate_deferral(
         batch_size (`int`, *optional*, defaults to 64): pipeline batch size.
         expert_costs (sequence of `float`, *optional*): one cost per expert (defaults to the costs the given pipeline
             was built with, else `model.config.expert_costs`); stored in `model.config.expert_costs`.
-        tokenizer / image_processor (*optional*): needed to build a pipeline from a text / vision model.
+        tokenizer / image_processor (*optional*): for a text / vision model; by default the one saved with the model
+            (in the folder it was loaded from, else with its encoder).
+        processor_kwargs (*optional*): the tokenizer (or image-processor) settings the pipeline will be called with,
+            e.g. `truncation=True, max_length=128`: the margins, hence the threshold, depend on them.
 
     Returns:
         `float`: the threshold, also in ``model.config.defer_threshold``.
@@ -97,8 +118,13 @@ def calibrate_deferral(
     if isinstance(model_or_pipeline, DeferralPipeline):
         pipe = model_or_pipeline
     elif getattr(getattr(model_or_pipeline, "config", None), "model_type", None) == "deferral":
-        pipe = DeferralPipeline(model=model_or_pipeline, tokenizer=tokenizer, image_processor=image_processor,
-                                device=model_or_pipeline.device)
+        model = model_or_pipeline
+        if model.config.encoder is not None and model.main_input_name == "pixel_values" and image_processor is None:
+            image_processor = _saved_processor(model, "image_processor")
+        elif model.config.encoder is not None and model.main_input_name != "pixel_values" and tokenizer is None:
+            tokenizer = _saved_processor(model, "tokenizer")
+        pipe = DeferralPipeline(model=model.eval(), tokenizer=tokenizer, image_processor=image_processor,
+                                device=model.device)  # eval(): no dropout in the margins, as in a loaded model
     else:
         raise ValueError(
             "model_or_pipeline must be a deferral model (config.model_type == 'deferral') or a DeferralPipeline, got "
@@ -112,7 +138,7 @@ def calibrate_deferral(
     if costs is None:
         costs = pipe._postprocess_params.get("expert_costs", getattr(pipe.model.config, "expert_costs", None))
     outputs = pipe((item for item in inputs), batch_size=batch_size, expert_costs=costs, defer_threshold=0.0,
-                   return_margin=True)  # a generator streams
+                   return_margin=True, **processor_kwargs)  # a generator streams
     decided = [(out["defer"], out["margin"])
                for out in tqdm(outputs, total=len(inputs), desc="Calibrating deferral", disable=len(inputs) < 1000)]
     deferred, margins = np.array([d for d, _ in decided], dtype=bool), np.array([m for _, m in decided])

@@ -56,7 +56,8 @@ def _integer_column(dataset: datasets.Dataset, column: str, name: str) -> np.nda
                          "fill them (-100 marks a row to ignore) or drop those rows.")
     if not pa.types.is_integer(values.type):
         sample = values.slice(0, 3).to_pylist()
-        hint = (f"; map class names to ids first, e.g. dataset.class_encode_column('{column}')"
+        hint = (f"; map class names to ids first (hf_defer.prepare_deferral_dataset, or "
+                f"dataset.class_encode_column('{column}'))"
                 if pa.types.is_string(values.type) or pa.types.is_large_string(values.type) else "")
         raise ValueError(f"{name}: column '{column}' must hold class ids (int), got {values.type} values such as "
                          f"{sample}{hint}.")
@@ -98,9 +99,9 @@ def _check_model_inputs(dataset: datasets.Dataset, model: Any, name: str) -> Non
         return
     main = model.main_input_name
     if main not in columns:
-        fix = ("tokenize it first, e.g. dataset.map(lambda batch: tokenizer(batch['text'], truncation=True), "
-               "batched=True)" if main == "input_ids" else "process the images first (image processor, e.g. with "
-               "dataset.with_transform)")
+        fix = ("it was not tokenized; tokenize it first, e.g. dataset.map(lambda batch: tokenizer(batch['text'], "
+               "truncation=True), batched=True)" if main == "input_ids" else "it was not processed; process the "
+               "images first (image processor, e.g. with dataset.with_transform)")
         raise ValueError(f"{name} has no '{main}' column: {fix}; its columns are {columns}.")
     if main != "input_ids":
         return
@@ -170,7 +171,8 @@ def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset") -> N
     label_column = "label" if "labels" not in columns and "label" in columns else "labels"  # the collator renames it
     for column in (label_column, "expert_labels"):
         if column not in columns:
-            hint = " (add an expert's predictions, e.g. with hf_defer.experts)" if column == "expert_labels" else ""
+            hint = (" (map your annotator columns with hf_defer.prepare_deferral_dataset(..., expert_columns=[...]), "
+                    "or simulate an expert with hf_defer.experts)") if column == "expert_labels" else ""
             raise ValueError(f"{name} must have a '{column}' column{hint}; its columns are {columns}.")
     if len(dataset) == 0:
         raise ValueError(f"{name} is empty.")

@@ -507,3 +507,7 @@ class DataCollatorForDeferral:
                 raise ValueError(f"`features`: column {key!r} is not numeric (dtype {array.dtype}); remove it.")
             batch[key] = self._to_output(array)
         return batch
+
+
+from .preparation import PreparedDeferralData, prepare_deferral_dataset  # noqa: E402  (re-exported)
+__all__ += ["PreparedDeferralData", "prepare_deferral_dataset"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any
 
 import numpy as np
@@ -183,6 +184,8 @@ class DeferralTrainer(Trainer):
         if repo_id:
             values["repo_id"] = repo_id
             values["model_name"] = repo_id.split("/")[-1]
+        elif args.output_dir:  # the card is named after the model, not "deferral-model"
+            values["model_name"] = os.path.basename(os.path.normpath(args.output_dir))
         values.update(fields)
         return DeferralModelCardData.from_model(model, **values)
 

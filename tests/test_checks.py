@@ -80,7 +80,8 @@ def test_features_of_the_wrong_width(tmp_path):
 def test_a_text_dataset_never_tokenized(tmp_path):
     model, tokenizer = text_model()
     raw = Dataset.from_dict({"text": ["the cat", "a dog"], "labels": [0, 1], "expert_labels": [0, 0]})
-    with pytest.raises(ValueError, match=r"train_dataset has no 'input_ids' column: tokenize it first, e\.g\. "
+    with pytest.raises(ValueError, match=r"train_dataset has no 'input_ids' column: it was not tokenized; tokenize it "
+                                         r"first, e\.g\. "
                                          r"dataset\.map\(lambda batch: tokenizer\(batch\['text'\], truncation=True\)"):
         DeferralTrainer(model=model, args=args(tmp_path), train_dataset=raw, processing_class=tokenizer)
     lazy = raw.with_transform(lambda batch: {**tokenizer(batch["text"]), "labels": batch["labels"],
@@ -115,7 +116,7 @@ def test_token_ids_outside_the_vocabulary_and_empty_rows():
     [
         ({"labels": ["hate", "offensive", "neither", "hate"]},
          r"column 'labels' must hold class ids \(int\), got string values such as \['hate', 'offensive', 'neither'\]; "
-         r"map class names to ids first, e\.g\. dataset\.class_encode_column\('labels'\)"),
+         r"map class names to ids first \(hf_defer\.prepare_deferral_dataset, or dataset\.class_encode_column\('labels'\)\)"),
         ({"labels": [0.0, 1.0, 2.0, 0.5]}, r"column 'labels' must hold class ids \(int\), got double"),
         ({"labels": [0, None, 1, 2]}, r"column 'labels' has missing values \(None\), e\.g\. in rows \[1\]"),
         ({"expert_labels": [[0, 1], [1], [0, 2], [1, 1]]},
