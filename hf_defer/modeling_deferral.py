@@ -387,9 +387,10 @@ class EncoderForDeferral(DeferralPreTrainedModel):
 
     _checked_token_ids = False
 
-    def _check_inputs(self, tensors: dict[str, Any]) -> None:
-        """Types and shapes of the inputs (metadata only), and the range of the token ids: one min/max reduction, on
-        every batch on the CPU, on the first batch only on an accelerator (where it would cost a device sync)."""
+    def _check_inputs(self, tensors: dict[str, Any], values: bool = True) -> None:
+        """Types and shapes of the inputs (metadata only), and, with ``values``, the range of the token ids: one min/max
+        reduction, on every batch on the CPU, on the first batch only on an accelerator (where it costs a device sync).
+        """
         for name, value in tensors.items():
             if value is not None and not isinstance(value, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}"
@@ -409,7 +410,7 @@ class EncoderForDeferral(DeferralPreTrainedModel):
                 f"with truncation=True and max_length <= {limit} (the pipeline: pipe(text, truncation=True))."
             )
         vocab = self.input_vocab_size
-        if vocab is not None and (main.device.type == "cpu" or not self._checked_token_ids):
+        if values and vocab is not None and (main.device.type == "cpu" or not self._checked_token_ids):
             self._checked_token_ids = True
             low, high = (int(value) for value in torch.aminmax(main))
             if low < 0 or high >= vocab:
