@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -107,12 +108,13 @@ def calibrate_deferral(
 
     ```
     """
-    if isinstance(max_deferral_rate, bool) or not isinstance(max_deferral_rate, (int, float)):
+    if isinstance(max_deferral_rate, bool) or not isinstance(max_deferral_rate, Real):
         raise TypeError(f"max_deferral_rate must be a number in (0, 1], got {type(max_deferral_rate).__name__}.")
     if not 0 < max_deferral_rate <= 1:
         raise ValueError(f"max_deferral_rate must lie in (0, 1], got {max_deferral_rate!r}.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    max_deferral_rate, batch_size = float(max_deferral_rate), int(batch_size)
     if isinstance(model_or_pipeline, DeferralPipeline):
         pipe = model_or_pipeline
     elif getattr(getattr(model_or_pipeline, "config", None), "model_type", None) == "deferral":

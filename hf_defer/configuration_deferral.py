@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import field
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any, ClassVar
 
 from transformers import AutoConfig, PretrainedConfig
@@ -21,7 +21,7 @@ POOLING_MODES: tuple[str, ...] = ("cls", "mean", "max", "last")
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def _is_number(value: Any) -> bool:
@@ -170,6 +170,14 @@ class DeferralConfig(PretrainedConfig):
     expert_costs: list[int | float] | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
+        # numpy integers (`labels.max() + 1`) are integers too: stored as int, which config.json can hold.
+        for name in ("feature_size", "num_experts"):
+            if _is_int(getattr(self, name)):
+                setattr(self, name, int(getattr(self, name)))
+        if _is_int(kwargs.get("num_labels")):
+            kwargs["num_labels"] = int(kwargs["num_labels"])
+        if isinstance(self.head_hidden_sizes, (list, tuple)):
+            self.head_hidden_sizes = [int(size) if _is_int(size) else size for size in self.head_hidden_sizes]
         num_labels = kwargs.get("num_labels")  # checked here: the base class would only warn
         if num_labels is not None and not (_is_int(num_labels) and num_labels >= 2):
             raise ValueError(

@@ -388,7 +388,10 @@ class DataCollatorForDeferral:
         for row, value in enumerate(values):
             if value is None:
                 raise ValueError(f"`features` row {row} has {key}=None; expected an int label.")
-            array = np.asarray(value.tolist() if hasattr(value, "tolist") else value)
+            try:
+                array = np.asarray(value.tolist() if hasattr(value, "tolist") else value)
+            except (TypeError, ValueError):  # a ragged nested list
+                array = np.empty((0, 0))
             if array.ndim > 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
                 raise ValueError(
                     f"`features` row {row}: {key} must be an int"

@@ -20,6 +20,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterable
+from numbers import Integral
 from pathlib import Path
 
 import datasets
@@ -251,8 +252,9 @@ def embed_texts(
     ```
     """
     texts = _check_texts(texts)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
         raise ValueError(f"`batch_size` must be a positive int, got {batch_size!r}.")
+    batch_size = int(batch_size)
     path = resolve_sentence_encoder(_check_name(model_name_or_path))
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_embedding_cache_dir()
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from decimal import Decimal
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -15,13 +17,26 @@ import torch
 from .surrogates import DeferralSurrogate, get_surrogate
 
 
+MAX_BINS = 100_000
+"""The most bins [`reliability_bins`] takes: its lists have one entry per bin."""
+
+
 def _to_numpy_1d(name: str, values: Any) -> np.ndarray:
+    """``values`` as a 1-D float64 array, with errors naming ``name``."""
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().float().numpy() if values.is_floating_point() else values.detach().cpu().numpy()
-    array = np.asarray(values)
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be a one-dimensional array of numbers, got {type(values).__name__} ({err}).") from None
     if array.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}.")
     return array
+
+
+def _is_int(value: Any) -> bool:
+    """An integer, Python's or numpy's, but not a bool."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15) -> dict[str, list[float]]:
@@ -47,12 +62,15 @@ def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15) -> dict[st
     [0.0, 1.0]
     ```
     """
-    conf = _to_numpy_1d("confidence", confidence).astype(np.float64)
-    hits = _to_numpy_1d("correct", correct).astype(np.float64)
+    conf = _to_numpy_1d("confidence", confidence)
+    hits = _to_numpy_1d("correct", correct)
     if conf.shape != hits.shape:
         raise ValueError(f"confidence and correct must have the same length, got {conf.shape[0]} and {hits.shape[0]}.")
-    if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
-        raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}.")
+    if not _is_int(n_bins) or not 1 <= n_bins <= MAX_BINS:
+        raise ValueError(f"n_bins must be an integer in [1, {MAX_BINS}], got {n_bins!r}.")
+    n_bins = int(n_bins)
+    if not np.isin(hits, (0.0, 1.0)).all():
+        raise ValueError(f"correct must hold outcomes 0/1 (or bool), got {np.unique(hits[~np.isin(hits, (0.0, 1.0))])[:5].tolist()}.")
     if conf.size and (np.isnan(conf).any() or conf.min() < 0 or conf.max() > 1):
         raise ValueError(f"confidence must lie in [0, 1], got values in [{np.nanmin(conf)}, {np.nanmax(conf)}].")
     index = np.minimum((conf * n_bins).astype(np.int64), n_bins - 1)
@@ -84,14 +102,29 @@ def expected_calibration_error(confidence: Any, correct: Any, n_bins: int = 15) 
     return reliability_ece(reliability_bins(confidence, correct, n_bins))
 
 
-def _as_tensor(values: Any) -> torch.Tensor:
+def _as_tensor(name: str, values: Any) -> torch.Tensor:
     if isinstance(values, torch.Tensor):
         return values.detach().cpu()
-    return torch.as_tensor(np.asarray(values))
+    try:
+        return torch.as_tensor(np.asarray(values))
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{name} must be a rectangular array of numbers, got {type(values).__name__} ({err}).") from None
+
+
+def _check_budgets(budgets: Any) -> list[float]:
+    if isinstance(budgets, (str, bytes)) or not (isinstance(budgets, Sequence) or np.ndim(budgets) == 1):
+        raise ValueError(f"budgets must be a sequence of numbers in (0, 1], got {budgets!r}.")
+    for budget in budgets:
+        if isinstance(budget, bool) or not isinstance(budget, Real) or not 0 < budget <= 1:
+            raise ValueError(f"budgets must lie in (0, 1], got {budget!r}.")
+    return [float(str(budget)) for budget in budgets]  # str: np.float32(0.1) is the budget 0.1
 
 
 def _budget_key(budget: float) -> str:
-    return f"budgeted_error_{round(budget * 100):d}"
+    """``budgeted_error_{100 x}``, the percentage written exactly: 0.1 gives ``budgeted_error_10``, 0.096
+    ``budgeted_error_9.6`` and 0.004 ``budgeted_error_0.4``, so that two different budgets never share a key."""
+    percent = Decimal(repr(float(budget))) * 100  # exact: the shortest decimal of the float, times 100
+    return f"budgeted_error_{format(percent.normalize(), 'f')}"
 
 
 BUDGET_RANKINGS: tuple[str, ...] = ("expert_accuracy", "margin")
@@ -125,7 +158,7 @@ def budget_deferrals(deferred: Any, score: Any, max_deferral_rate: float) -> np.
     """
     deferred = np.asarray(deferred, dtype=bool)
     score = np.asarray(score, dtype=np.float64)
-    if isinstance(max_deferral_rate, bool) or not isinstance(max_deferral_rate, (int, float)) or not (
+    if isinstance(max_deferral_rate, bool) or not isinstance(max_deferral_rate, Real) or not (
         0 < max_deferral_rate <= 1
     ):
         raise ValueError(f"budgets must lie in (0, 1], got {max_deferral_rate!r}.")
@@ -146,8 +179,9 @@ def _read_config(surrogate: Any, num_experts: int, width: int) -> tuple[Deferral
         return scorer, getattr(config, "expert_costs", None), float(config.defer_threshold)
     if isinstance(surrogate, DeferralSurrogate):
         return surrogate, None, 0.0
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+    if not _is_int(num_experts) or num_experts < 1:
         raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
+    num_experts = int(num_experts)
     if width - num_experts < 2:
         raise ValueError(
             f"logits must have num_classes + num_experts columns with num_classes >= 2; with num_experts="
@@ -187,7 +221,9 @@ def deferral_metrics(
       stay deferred ([`budget_deferrals`]). With ``budget_ranking="expert_accuracy"`` (the paper's definition, the
       default) the deferred inputs with the highest estimated (clipped) accuracy of their expert stay; with
       ``"margin"`` those with the highest deferral margin, which is what [`calibrate_deferral`] with
-      ``max_deferral_rate=x`` followed by the pipeline delivers on the same inputs (when no two margins tie).
+      ``max_deferral_rate=x`` followed by the pipeline delivers on the same inputs (when no two margins tie). The key
+      writes the percentage exactly (``budgeted_error_10`` for 0.1, ``budgeted_error_9.6`` for 0.096), so two
+      budgets never share a key.
 
     Args:
         logits (`np.ndarray` or `torch.Tensor` of shape `[N, K + M]`): model outputs.
@@ -219,7 +255,7 @@ def deferral_metrics(
     (0.0, 0.5)
     ```
     """
-    logits = _as_tensor(logits)
+    logits = _as_tensor("logits", logits)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if logits.dim() != 2:
@@ -231,10 +267,9 @@ def deferral_metrics(
     threshold = config_threshold if defer_threshold is None else defer_threshold
     M = scorer.num_experts
     logits = scorer.check_logits(logits)
-    y, m, valid = scorer.check_targets(_as_tensor(labels), _as_tensor(expert_labels), logits.shape[0])
-    for budget in budgets:
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
-            raise ValueError(f"budgets must lie in (0, 1], got {budget!r}.")
+    y, m, valid = scorer.check_targets(_as_tensor("labels", labels), _as_tensor("expert_labels", expert_labels),
+                                       logits.shape[0])
+    budgets = _check_budgets(budgets)
     logits, y, m = logits[valid], y[valid], m[valid]
     n = int(y.shape[0])
     if n == 0:
@@ -363,7 +398,8 @@ def metric_name_and_meaning(key: str) -> tuple[str, str]:
     if key in METRIC_NAMES:
         return METRIC_NAMES[key]
     prefix, _, number = key.rpartition("_")
-    if not number.isdigit() or prefix not in ("budgeted_error", "expert_ece", "deferral_rate"):
+    percent = prefix == "budgeted_error" and number.replace(".", "", 1).isdigit()  # budgeted_error_9.6 too
+    if not (number.isdigit() or percent) or prefix not in ("budgeted_error", "expert_ece", "deferral_rate"):
         raise ValueError(f"key must be a key of deferral_metrics (e.g. {tuple(METRIC_NAMES)}), got {key!r}.")
     if prefix == "budgeted_error":
         return f"Budgeted error @ {number}%", f"system error when at most {number}% of inputs may be deferred"

@@ -37,7 +37,7 @@ def surrogate_description(name: str) -> str:
 
 
 _PATTERN = re.compile(r"^(system_error|coverage|classifier_error|expert_ece|expert_ece_\d+|deferral_rate_\d+|"
-                      r"budgeted_error_\d+)$")
+                      r"budgeted_error_\d+(?:\.\d+)?)$")
 _INPUTS = {
     "text": ("text (a string, or a pair `{\"text\": ..., \"text_pair\": ...}`)", '"An example input."',
              "text-classification"),
@@ -294,9 +294,9 @@ def render_model_card(
         if not key.startswith("budgeted_error_")
     ]
     budget_rows = [
-        {"budget": f"{int(key.rsplit('_', 1)[1])}%", "value": f"{value:.4f}"}
-        for key, value in sorted(data.metrics.items(), key=lambda item: item[0])
-        if key.startswith("budgeted_error_")
+        {"budget": f"{key.rsplit('_', 1)[1]}%", "value": f"{value:.4f}"}
+        for key, value in sorted(((key, value) for key, value in data.metrics.items() if key.startswith("budgeted_error_")),
+                                 key=lambda item: float(item[0].rsplit("_", 1)[1]))
     ]
     if data.metrics:
         size = f" ({data.num_eval_examples} examples)" if data.num_eval_examples else ""

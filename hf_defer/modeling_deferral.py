@@ -175,6 +175,28 @@ class EncoderForDeferral(DeferralPreTrainedModel):
         if config.freeze_encoder:
             self.freeze_encoder()
 
+    @property
+    def input_vocab_size(self) -> int | None:
+        """How many token ids the text encoder's embedding takes (`input_ids` must lie in `[0, input_vocab_size)`);
+        `None` without a text encoder."""
+        if self.encoder is None or self.main_input_name != "input_ids":
+            return None
+        try:
+            size = getattr(self.encoder.get_input_embeddings(), "num_embeddings", None)
+        except (NotImplementedError, AttributeError):
+            size = None
+        return size if isinstance(size, int) else getattr(self.encoder.config, "vocab_size", None)
+
+    @property
+    def max_input_length(self) -> int | None:
+        """The longest `input_ids` the text encoder takes: the rows of its learned position table (less the offset of
+        RoBERTa-style ones); `None` when its positions are not such a table (rotary, relative) or without a text encoder.
+        """
+        table = getattr(getattr(self.encoder, "embeddings", None), "position_embeddings", None)
+        if self.main_input_name != "input_ids" or not isinstance(table, nn.Embedding):
+            return None
+        return table.num_embeddings - (0 if table.padding_idx is None else table.padding_idx + 1)
+
     def freeze_encoder(self) -> None:
         """Freezes the encoder's weights (only the head trains) and records it in `config.freeze_encoder`."""
         if self.encoder is not None:
@@ -254,8 +276,17 @@ class EncoderForDeferral(DeferralPreTrainedModel):
     @classmethod
     def from_pretrained(cls, *args: Any, **kwargs: Any) -> EncoderForDeferral | tuple[EncoderForDeferral, dict]:
         """[`PreTrainedModel.from_pretrained`], then re-freezes the encoder when `config.freeze_encoder` is set
-        (loading replaces the parameters built in `__init__`, and with them their `requires_grad`)."""
-        loaded = super().from_pretrained(*args, **kwargs)
+        (loading replaces the parameters built in `__init__`, and with them their `requires_grad`). A weights file
+        that cannot be read (truncated, corrupt) raises an `OSError` naming it."""
+        try:
+            loaded = super().from_pretrained(*args, **kwargs)
+        except Exception as err:  # safetensors' SafetensorError names no file
+            if type(err).__name__ != "SafetensorError":
+                raise
+            source = str(args[0] if args else kwargs.get("pretrained_model_name_or_path"))
+            files = sorted(str(path) for path in Path(source).glob("*.safetensors")) or [source]
+            raise OSError(f"could not read the weights in {', '.join(files)}: {err}. The file is truncated or corrupt; "
+                          "save or download it again.") from err
         model = loaded[0] if isinstance(loaded, tuple) else loaded
         if model.config.freeze_encoder:
             model.freeze_encoder()
@@ -321,6 +352,8 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             )
         if expert_labels is not None and labels is None:
             raise ValueError("labels are required with expert_labels to compute the deferral loss, got labels=None.")
+        self._check_inputs({"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
+                            "pixel_values": pixel_values, "features": features}, values=check_inputs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         hidden_states = attentions = None
         if self.encoder is None:
@@ -360,6 +393,40 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             attentions=attentions,
         )
         return output if return_dict else output.to_tuple()
+
+    _checked_token_ids = False
+
+    def _check_inputs(self, tensors: dict[str, Any], values: bool = True) -> None:
+        """Types and shapes of the inputs (metadata only), and, with ``values``, the range of the token ids: one min/max
+        reduction, on every batch on the CPU, on the first batch only on an accelerator (where it costs a device sync).
+        """
+        for name, value in tensors.items():
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}"
+                                f"{' (convert it with torch.from_numpy)' if type(value).__module__ == 'numpy' else ''}.")
+        main = tensors.get(self.main_input_name)
+        if main is not None and (main.dim() == 0 or main.shape[0] == 0):
+            raise ValueError(f"{self.main_input_name} must hold at least one example, got shape {tuple(main.shape)}.")
+        if self.main_input_name != "input_ids" or main is None:
+            return
+        if main.dim() != 2 or main.shape[1] == 0 or main.is_floating_point() or main.dtype == torch.bool:
+            raise ValueError("input_ids must be integer token ids of shape [batch, sequence_length >= 1], got "
+                             f"{main.dtype} of shape {tuple(main.shape)}.")
+        limit = self.max_input_length
+        if limit is not None and main.shape[1] > limit:
+            raise ValueError(
+                f"input_ids has {main.shape[1]} tokens per row, more than the {limit} positions of the encoder; tokenize "
+                f"with truncation=True and max_length <= {limit} (the pipeline: pipe(text, truncation=True))."
+            )
+        vocab = self.input_vocab_size
+        if values and vocab is not None and (main.device.type == "cpu" or not self._checked_token_ids):
+            self._checked_token_ids = True
+            low, high = (int(value) for value in torch.aminmax(main))
+            if low < 0 or high >= vocab:
+                raise ValueError(
+                    f"input_ids must lie in [0, {vocab}) (the encoder's vocabulary), got ids from {low} to {high}: "
+                    "tokenize with the model's own tokenizer (or resize_token_embeddings after adding tokens)."
+                )
 
     def _encode(
         self,
@@ -419,6 +486,7 @@ class EncoderForDeferral(DeferralPreTrainedModel):
             pooled = (last * weights).sum(1) / weights.sum(1).clamp(min=1)
         else:
             pooled = last.masked_fill(~mask.unsqueeze(-1), torch.finfo(last.dtype).min).amax(1)
+            pooled = pooled.masked_fill(~mask.any(1, keepdim=True), 0.0)  # no token kept: 0, as mean pooling gives
         if self.config.normalize_pooled:
             pooled = nn.functional.normalize(pooled, dim=-1)
         return pooled, getattr(outputs, "hidden_states", None), getattr(outputs, "attentions", None)

@@ -8,6 +8,8 @@ Registration of the task happens in ``hf_defer/__init__.py``. The decision is th
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import os
 from collections.abc import Sized
@@ -52,6 +54,67 @@ def _stack_features(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
     return {"features": torch.cat([item["features"] for item in items], dim=0)}
 
 
+# Tokenizer arguments the pipeline sets itself (the input, return_tensors) or that would change what the model receives
+# (several rows per input, extra outputs the model does not take).
+_RESERVED_TOKENIZER_ARGS = {"self", "text", "text_pair", "text_target", "text_pair_target", "return_tensors",
+                            "is_split_into_words", "return_overflowing_tokens", "return_special_tokens_mask",
+                            "return_offsets_mapping", "return_length", "tokenizer_kwargs"}
+
+
+def _processor_options(processor: Any) -> set[str]:
+    """The keyword arguments of a tokenizer's ``__call__`` (or an image processor's ``preprocess`` and its
+    ``valid_kwargs``) that the pipeline passes on."""
+    if hasattr(processor, "pad"):  # a tokenizer
+        parameters = inspect.signature(processor.__call__).parameters
+        reserved = _RESERVED_TOKENIZER_ARGS
+    else:
+        parameters = inspect.signature(processor.preprocess).parameters
+        reserved = {"self", "images", "return_tensors", "image_like_kwargs"}
+    named = {name for name, parameter in parameters.items()
+             if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    typed = getattr(getattr(processor, "valid_kwargs", None), "__annotations__", {})  # v5 image processors
+    return (named | set(typed)) - reserved
+
+
+def _check_loader_options(options: dict[str, Any]) -> None:
+    """``batch_size`` and ``num_workers``, which the base class hands to a `DataLoader` unchecked."""
+    for name, least in (("batch_size", 1), ("num_workers", 0)):
+        value = options.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least):
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
+
+
+def _check_device(device: Any) -> None:
+    """Refuses a ``device`` this machine does not have (transformers would fall back to the CPU without a word)."""
+    integer = isinstance(device, (int, np.integer)) and not isinstance(device, bool)
+    if device is None or (integer and device < 0):
+        return
+    if not integer and not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be an int, a str or a torch.device, got {type(device).__name__}.")
+    if integer:
+        available = torch.accelerator.is_available()
+        count = torch.accelerator.device_count() if available else 0
+        if device >= count:
+            raise ValueError(
+                f"device={device} asks for accelerator {device}, but this machine has {count or 'none'}"
+                f"{' (' + str(torch.accelerator.current_accelerator()) + ')' if count else ''}; pass device='cpu' (or -1)."
+            )
+        return
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"device must name a device such as 'cpu' or 'cuda:0', got {device!r} ({err}).") from None
+    if parsed.type in ("cpu", "meta"):
+        return
+    backend = getattr(torch, parsed.type, None)
+    count = backend.device_count() if backend is not None and backend.is_available() else 0
+    if (parsed.index or 0) >= count:
+        raise ValueError(
+            f"device={str(device)!r} is not available on this machine ({count} {parsed.type} device(s)); "
+            "pass device='cpu' (or -1)."
+        )
+
+
 class DeferralPipeline(Pipeline):
     r"""
     Learning-to-defer pipeline using any deferral model ([`EncoderForDeferral`], `model_type="deferral"`).
@@ -93,6 +156,10 @@ class DeferralPipeline(Pipeline):
     - tokenizer keyword arguments (`truncation`, `max_length`, `padding`, ...) for text, image-processor ones for
       images, as in the text-classification pipeline; `batch_size` batches the forward passes.
 
+    Any other option is refused with a `TypeError` that lists the valid ones (those of `_sanitize_parameters` and
+    the named arguments of the tokenizer's `__call__` or the image processor's `preprocess`), and `max_length`
+    needs `truncation=True` (or `padding="max_length"`). A `device` this machine lacks is a `ValueError`.
+
     Example:
 
     ```python
@@ -121,19 +188,20 @@ class DeferralPipeline(Pipeline):
                 "The deferral pipeline needs a deferral model (config.model_type == 'deferral', e.g. "
                 f"hf_defer.EncoderForDeferral), got {type(model).__name__} with model_type={model_type!r}."
             )
-        super().__init__(*args, **kwargs)
-        config = self.model.config
-        if config.encoder is None:
+        _check_device(kwargs.get("device"))
+        _check_loader_options(kwargs)
+        if model.config.encoder is None:  # set before the base class checks the options with _sanitize_parameters
             self.input_kind = "features"
-        elif self.model.main_input_name == "pixel_values":
-            self.input_kind = "image"
+        else:
+            self.input_kind = "image" if model.main_input_name == "pixel_values" else "text"
+        super().__init__(*args, **kwargs)
+        if self.input_kind == "image":
             if self.image_processor is None:
                 raise ValueError(
                     "This deferral model has a vision encoder: pass image_processor= to the pipeline (or save one "
                     "next to the model)."
                 )
-        else:
-            self.input_kind = "text"
+        elif self.input_kind == "text":
             if self.tokenizer is None:
                 raise ValueError(
                     "This deferral model has a text encoder: pass tokenizer= to the pipeline (or save one next to "
@@ -172,10 +240,10 @@ class DeferralPipeline(Pipeline):
         **processor_kwargs: Any,
     ) -> tuple[dict, dict, dict]:
         postprocess: dict[str, Any] = {}
-        if top_k != "":
-            if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        if not (isinstance(top_k, str) and top_k == ""):  # "": not given (None means all classes)
+            if top_k is not None and (not isinstance(top_k, (int, np.integer)) or isinstance(top_k, bool) or top_k < 1):
                 raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}.")
-            postprocess["top_k"] = top_k
+            postprocess["top_k"] = None if top_k is None else int(top_k)
         if expert_costs is not None:
             costs = self.model.surrogate.check_costs(expert_costs)
             postprocess["expert_costs"] = [0.0] * self.model.config.num_experts if costs is None else costs.tolist()
@@ -187,7 +255,38 @@ class DeferralPipeline(Pipeline):
             if not isinstance(return_margin, bool):
                 raise ValueError(f"return_margin must be a bool, got {return_margin!r}.")
             postprocess["return_margin"] = return_margin
-        return processor_kwargs, {}, postprocess
+        return self._check_processor_kwargs(processor_kwargs), {}, postprocess
+
+    def _check_processor_kwargs(self, processor_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Refuses an option that neither the pipeline nor its tokenizer (image processor) takes, listing the valid
+        ones, and ``max_length`` without ``truncation`` or ``padding`` (the tokenizer would guess truncation)."""
+        if not processor_kwargs:
+            return processor_kwargs
+        processor = {"text": self.tokenizer, "image": self.image_processor}.get(self.input_kind)
+        if processor is None and self.input_kind != "features":
+            return processor_kwargs  # __init__ reports the missing tokenizer or image processor
+        accepted = set() if processor is None else _processor_options(processor)
+        unknown = sorted(set(processor_kwargs) - accepted)
+        if unknown:
+            own = [name for name, parameter in inspect.signature(self._sanitize_parameters).parameters.items()
+                   if parameter.kind is not inspect.Parameter.VAR_KEYWORD] + ["batch_size", "num_workers"]
+            close = {name: difflib.get_close_matches(name, [*own, *accepted], n=1) for name in unknown}
+            hint = "".join(f" Did you mean {match[0]!r} for {name!r}?" for name, match in close.items() if match)
+            if processor is None:
+                theirs = "; a head-only model takes no tokenizer or image-processor options"
+            else:
+                theirs = f", and those of its {type(processor).__name__}: {sorted(accepted)}"
+            raise TypeError(
+                f"the deferral pipeline got unknown option(s) {unknown}.{hint} Valid options: {sorted(own)}{theirs}."
+            )
+        merged = {**getattr(self, "_preprocess_params", {}), **processor_kwargs}
+        if self.input_kind == "text" and merged.get("max_length") is not None and merged.get("truncation") is None \
+                and merged.get("padding") in (None, False):
+            raise ValueError(
+                f"max_length={merged['max_length']} was given without truncation or padding: pass truncation=True to cut "
+                "longer texts to max_length tokens, or padding='max_length' to pad shorter ones to it."
+            )
+        return processor_kwargs
 
     # ------------------------------------------------------------------ inputs
     def _is_single(self, inputs: Any) -> bool:
@@ -212,6 +311,7 @@ class DeferralPipeline(Pipeline):
         Returns:
             A `dict` for one input, a list of them for a list (an iterator for a dataset or generator).
         """
+        _check_loader_options(kwargs)
         if isinstance(inputs, (np.ndarray, torch.Tensor)) and self.input_kind == "features" and inputs.ndim == 2:
             inputs = list(inputs)
         elif _is_sequence_like(inputs):  # e.g. a `datasets` Column, `dataset["text"]`
@@ -239,14 +339,15 @@ class DeferralPipeline(Pipeline):
                     "inputs of a head-only deferral model must be feature vectors (list, np.ndarray or torch.Tensor), "
                     f"got {type(inputs).__name__}."
                 )
-            if processor_kwargs:
-                raise ValueError(
-                    f"a head-only model takes no tokenizer/processor arguments, got {sorted(processor_kwargs)}."
-                )
-            features = torch.as_tensor(np.asarray(inputs, dtype=np.float32))
             size = self.model.config.feature_size
+            try:
+                features = torch.as_tensor(np.asarray(inputs, dtype=np.float32))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"each feature vector must be {size} numbers, got {inputs!r:.80} ({err}).") from None
             if features.shape != (size,):
                 raise ValueError(f"each feature vector must have shape ({size},), got {tuple(features.shape)}.")
+            if not torch.isfinite(features).all():
+                raise ValueError(f"each feature vector must be finite, got {inputs!r:.80} (NaN, inf or None).")
             return {"features": features[None]}
         if self.input_kind == "image":
             from transformers.image_utils import load_image
@@ -255,7 +356,7 @@ class DeferralPipeline(Pipeline):
                 raise TypeError(
                     f"inputs of a vision deferral model must be images (PIL, path or URL), got {type(inputs).__name__}."
                 )
-            return self.image_processor(images=load_image(inputs), return_tensors="pt", **processor_kwargs)
+            return self._process(self.image_processor, {"images": load_image(inputs)}, processor_kwargs)
         if isinstance(inputs, dict):
             if not {"text"} <= set(inputs) <= {"text", "text_pair"}:
                 raise ValueError(
@@ -264,13 +365,21 @@ class DeferralPipeline(Pipeline):
                 )
             if not all(isinstance(value, str) for value in inputs.values()):
                 raise TypeError("the text and text_pair of a dict input must be strings.")
-            return self.tokenizer(**inputs, return_tensors="pt", **processor_kwargs)
+            return self._process(self.tokenizer, inputs, processor_kwargs)
         if not isinstance(inputs, str):
             raise TypeError(
                 'inputs of a text deferral model must be str, {"text": ..., "text_pair": ...} or a list of them, '
                 f"got {type(inputs).__name__}."
             )
-        return self.tokenizer(inputs, return_tensors="pt", **processor_kwargs)
+        return self._process(self.tokenizer, {"text": inputs}, processor_kwargs)
+
+    @staticmethod
+    def _process(processor: Any, inputs: dict[str, Any], options: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The tokenizer or image processor on one input; its errors (a bad option value) name the options given."""
+        try:
+            return processor(**inputs, return_tensors="pt", **options)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"{type(processor).__name__} refused the input with the options {options}: {err}") from err
 
     def get_iterator(self, inputs: Any, num_workers: int, batch_size: int, preprocess_params: dict,
                      forward_params: dict, postprocess_params: dict) -> Any:

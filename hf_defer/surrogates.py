@@ -21,7 +21,7 @@ This module only imports ``torch``: it is copied next to the model code for remo
 from __future__ import annotations
 
 import math
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any
 
 import torch
@@ -29,6 +29,21 @@ import torch.nn.functional as F
 
 IGNORE_INDEX = -100
 """Label value that marks a row to ignore (the Hugging Face padding convention)."""
+
+MAX_ABS_LOGIT = 1e30
+"""The largest logit magnitude accepted: beyond it, differences and sums of logits overflow float32 in the losses."""
+
+
+def _as_target_tensor(name: str, values: object, device: torch.device | None) -> torch.Tensor:
+    """``torch.as_tensor(values)``, with an error naming ``name`` for ragged lists, strings and other non-numbers."""
+    try:
+        return torch.as_tensor(values, device=device)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(
+            f"{name} must be integer class ids (a tensor, array or list of ints, one row per example), got a "
+            f"{type(values).__name__} that is not a rectangular array of numbers ({err})."
+        ) from None
+
 
 def _is_finite_number(value: Any) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
@@ -57,14 +72,14 @@ class DeferralSurrogate:
     """Whether the expert-accuracy estimator lies in [0, 1] by construction (unbounded ones are clipped)."""
 
     def __init__(self, num_classes: int, num_experts: int = 1) -> None:
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, Integral) or num_classes < 2:
             raise ValueError(
                 f"num_classes must be an integer >= 2 (learning to defer needs at least two classes), got {num_classes!r}."
             )
-        if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        if isinstance(num_experts, bool) or not isinstance(num_experts, Integral) or num_experts < 1:
             raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
-        self.num_classes = num_classes
-        self.num_experts = num_experts
+        self.num_classes = int(num_classes)
+        self.num_experts = int(num_experts)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, num_classes={self.num_classes}, num_experts={self.num_experts})"
@@ -73,8 +88,10 @@ class DeferralSurrogate:
     def check_logits(self, logits: torch.Tensor, check_values: bool = True) -> torch.Tensor:
         """Validates ``logits`` and returns them as float32 (gradients still flow to the input dtype).
 
-        The type, shape and dtype checks read only metadata; ``check_values=False`` skips the one data-dependent
-        check (every value finite), which costs a pass over the logits and, on an accelerator, a device sync.
+        The type, shape and dtype checks read only metadata. With ``check_values`` (the default), every value must
+        also be finite and at most `MAX_ABS_LOGIT` (1e30) in magnitude: beyond that the losses would overflow float32
+        and turn NaN. One reduction checks both; it costs a pass over the logits and, on an accelerator, a device
+        sync, which ``check_values=False`` skips (for data a training loop has already checked).
         """
         if not isinstance(logits, torch.Tensor):
             raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}.")
@@ -86,9 +103,14 @@ class DeferralSurrogate:
             )
         if not logits.is_floating_point():
             raise ValueError(f"logits must be a floating-point tensor, got dtype {logits.dtype}.")
-        if check_values and not torch.isfinite(logits).all():
-            bad = int((~torch.isfinite(logits)).any(dim=1).sum())
-            raise ValueError(f"logits must be finite, got NaN or inf in {bad} of {logits.shape[0]} rows.")
+        if check_values and not (logits.abs() <= MAX_ABS_LOGIT).all():  # False for NaN too
+            bad = int((~(logits.abs() <= MAX_ABS_LOGIT)).any(dim=1).sum())
+            if not torch.isfinite(logits).all():
+                raise ValueError(f"logits must be finite, got NaN or inf in {bad} of {logits.shape[0]} rows.")
+            raise ValueError(
+                f"logits must lie within +-{MAX_ABS_LOGIT:g} (larger ones overflow float32 in the loss), got "
+                f"{float(logits.abs().max()):.3g} in {bad} of {logits.shape[0]} rows."
+            )
         return logits.float()
 
     def check_targets(
@@ -110,8 +132,8 @@ class DeferralSurrogate:
             `tuple`: ``labels`` as long ``[B]`` with ignored rows set to 0, ``expert_labels`` as long
             ``[B, M]``, and the boolean mask ``[B]`` of rows that count (label != -100).
         """
-        labels = torch.as_tensor(labels, device=device)
-        expert_labels = torch.as_tensor(expert_labels, device=device)
+        labels = _as_target_tensor("labels", labels, device)
+        expert_labels = _as_target_tensor("expert_labels", expert_labels, device)
         K, M = self.num_classes, self.num_experts
         if labels.dim() == 2 and labels.shape[1] == 1:
             labels = labels[:, 0]
@@ -580,7 +602,7 @@ def surrogate_class(name: str) -> type[DeferralSurrogate]:
 
     ```
     """
-    if name not in _REGISTRY:
+    if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"surrogate must be one of {SURROGATES}, got {name!r}.")
     return _REGISTRY[name]
 

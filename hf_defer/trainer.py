@@ -17,6 +17,7 @@ from transformers.utils import logging
 from transformers.trainer_utils import EvalLoopOutput, IntervalStrategy
 
 from .adapters import check_head_trainable, has_adapters, is_peft_model, load_adapter_checkpoint
+from .checks import check_deferral_dataset, last_complete_checkpoint
 from .data import DataCollatorForDeferral
 from .metrics import DeferralMetrics, deferral_metrics
 from .model_card import DeferralModelCardData, render_model_card
@@ -38,9 +39,13 @@ class DeferralTrainer(Trainer):
       by margin, as [`calibrate_deferral`] meets them: ``deferral_metrics(..., budget_ranking="margin")``);
     * ``eval_loss`` is recomputed from the gathered logits of the whole evaluation set, so it is the mean
       surrogate loss over every example exactly once, however many processes evaluated it;
-    * ``train_dataset`` and ``eval_dataset`` are checked before anything runs: a missing ``expert_labels``
-      column, an expert-label width different from ``num_experts`` or labels outside ``num_labels`` raise a
-      ``ValueError`` at construction, not in the middle of an epoch;
+    * ``train_dataset`` and ``eval_dataset`` (and a dataset given to ``evaluate``) are checked before anything runs
+      ([`check_deferral_dataset`]): missing or malformed label columns, labels outside ``num_labels`` or all -100, an
+      untokenized text dataset, features of the wrong width or with NaN, texts longer than the encoder's positions
+      raise a ``ValueError`` at construction, not in the middle of an epoch (a streamed dataset: on its first
+      examples);
+    * ``train(resume_from_checkpoint=True)`` resumes from the newest *complete* checkpoint, skipping (with a warning)
+      one left half-written by a run killed while saving;
     * the default collator is [`DataCollatorForDeferral`] (pads text with ``processing_class``, stacks
       ``features`` for head-only models, keeps ``expert_labels``);
     * a head-only model trained on a `datasets.Dataset` with ``features`` (and the default collator) takes a fast
@@ -95,8 +100,9 @@ class DeferralTrainer(Trainer):
             ensure_pad_token(tokenizer, model)
         self._default_collator = arguments.get("data_collator") is None
         train_dataset = arguments.get("train_dataset")
-        # check_deferral_dataset reads the values of datasets with columns; the loss need not check them again
-        self._checked_train_dataset = train_dataset if getattr(train_dataset, "column_names", None) else None
+        # check_deferral_dataset reads every value of a datasets.Dataset (a streamed one only on its first rows): the
+        # loss need not check those again
+        self._checked_train_dataset = train_dataset if isinstance(train_dataset, datasets.Dataset) else None
         self._head_only_rows_of: tuple[Any, _HeadOnlyRows | None] | None = None
         if arguments.get("data_collator") is None:
             arguments["data_collator"] = DataCollatorForDeferral(tokenizer=tokenizer)
@@ -113,9 +119,19 @@ class DeferralTrainer(Trainer):
         super().__init__(**arguments)
 
     # ------------------------------------------------------------------ data loading and training steps
-    def train(self, *args: Any, **kwargs: Any) -> Any:
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """[`Trainer.train`]; with ``resume_from_checkpoint=True`` from the newest checkpoint of ``args.output_dir``
+        that was completely written ([`last_complete_checkpoint`]), not merely the newest folder."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir) or True
         with _lomo_probe_once():
-            return super().train(*args, **kwargs)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def evaluate(self, eval_dataset: Any = None, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """[`Trainer.evaluate`]; a dataset given here is checked first, as those given to the constructor are."""
+        if eval_dataset is not None and not isinstance(eval_dataset, (str, dict)):  # a dict comes back split by split
+            check_deferral_dataset(eval_dataset, self.accelerator.unwrap_model(self.model), "eval_dataset")
+        return super().evaluate(eval_dataset, *args, **kwargs)
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
@@ -343,58 +359,3 @@ def _lomo_probe_once() -> Iterator[None]:
         yield
     finally:
         accelerate.optimizer.is_lomo_available = probe
-
-
-def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset") -> None:
-    """Checks that a `datasets.Dataset` can train/evaluate ``model`` before any step runs.
-
-    The class column may be ``labels`` or ``label`` (the collator renames it).
-
-    Raises:
-        `ValueError`: naming ``name`` when the labels or ``expert_labels`` are missing, the labels are not class ids
-        or all -100, the expert labels do not have ``num_experts`` entries per row, a label lies outside
-        ``[0, num_labels)``, an encoder's input (``input_ids``) is missing (text not tokenized), or ``features``
-        hold NaN or infinite values.
-    """
-    columns = getattr(dataset, "column_names", None)
-    if columns is None:  # a torch Dataset or an iterable: nothing cheap to check
-        return
-    config = model.config
-    label_column = "label" if "labels" not in columns and "label" in columns else "labels"  # the collator renames it
-    for column in (label_column, "expert_labels"):
-        if column not in columns:
-            hint = (" (map your annotator columns with hf_defer.prepare_deferral_dataset(..., expert_columns=[...]), "
-                    "or simulate an expert with hf_defer.experts)") if column == "expert_labels" else ""
-            raise ValueError(f"{name} must have a '{column}' column{hint}; its columns are {columns}.")
-    if len(dataset) == 0:
-        raise ValueError(f"{name} is empty.")
-    table = dataset.with_format("numpy", columns=[label_column, "expert_labels"])[:]
-    labels, expert_labels = np.asarray(table[label_column]), table["expert_labels"]
-    if labels.dtype.kind not in "iu":
-        raise ValueError(f"{name}: '{label_column}' must hold class ids (int), got {labels.dtype} values such as "
-                         f"{labels[:3].tolist()}; map class names with hf_defer.prepare_deferral_dataset.")
-    if (labels == -100).all():
-        raise ValueError(f"{name}: every '{label_column}' is -100 (ignored): there is nothing to train or evaluate on.")
-    expert_labels = np.stack(expert_labels) if expert_labels.dtype == object else np.asarray(expert_labels)
-    if config.num_experts > 1 and (expert_labels.ndim != 2 or expert_labels.shape[1] != config.num_experts):
-        width = expert_labels.shape[1] if expert_labels.ndim == 2 else 1
-        raise ValueError(
-            f"{name}: expert_labels must have num_experts={config.num_experts} entries per row, got {width}."
-        )
-    try:
-        model.surrogate.check_targets(torch.as_tensor(np.asarray(labels)), torch.as_tensor(expert_labels), len(dataset))
-    except ValueError as error:
-        raise ValueError(f"{name}: {error}") from error
-    if getattr(config, "feature_size", None) and "features" not in columns:
-        raise ValueError(f"{name} must have a 'features' column for a head-only model; its columns are {columns}.")
-    main_input = getattr(model, "main_input_name", None)
-    lazy = dataset.format.get("type") == "custom"  # with_transform: the inputs are made when rows are read
-    if config.encoder is not None and main_input not in columns and not lazy:
-        raise ValueError(f"{name} has no '{main_input}' column: it was not tokenized (or processed) for the encoder; "
-                         f"its columns are {columns}.")
-    if "features" in columns:
-        features = dataset.with_format("numpy", columns=["features"])[:]["features"]
-        bad = ~np.isfinite(np.stack(features) if features.dtype == object else features)
-        if bad.any():
-            rows = np.flatnonzero(bad.reshape(len(bad), -1).any(axis=1))[:5].tolist()
-            raise ValueError(f"{name}: column 'features' holds NaN or infinite values in rows {rows}.")

@@ -165,3 +165,9 @@ def test_calibrated_pipeline_delivers_the_budgeted_error_that_deferral_metrics_r
     # And the metrics of the saved model (its config's threshold and costs) are those of its pipeline.
     after = hf_defer.deferral_metrics(logits, labels, experts, model)
     assert after["system_error"] == float(np.mean(wrong)) and after["coverage"] == 1 - deferred.mean()
+
+
+def test_numpy_numbers_are_accepted():
+    model, features = eager_deferrer(), held_out(20)
+    threshold = calibrate_deferral(model, list(features), max_deferral_rate=np.float32(0.25), batch_size=np.int64(4))
+    assert threshold == calibrate_deferral(model, list(features), max_deferral_rate=0.25, batch_size=4)

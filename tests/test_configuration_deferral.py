@@ -171,3 +171,17 @@ def test_a_loaded_config_keeps_custom_pipelines_and_library_mode_still_works(tmp
     loaded = DeferralConfig.from_pretrained(tmp_path)
     assert set(loaded.custom_pipelines) == {hf_defer.pipeline_deferral.REMOTE_TASK}  # no special case on loading
     assert type(pipeline("deferral", model=str(tmp_path))) is hf_defer.DeferralPipeline
+
+
+def test_numpy_integer_sizes_are_stored_as_int(tmp_path):
+    """np.int64 sizes (e.g. labels.max() + 1) used to be refused as "not an integer"."""
+    import numpy as np
+
+    config = DeferralConfig(feature_size=np.int64(8), num_labels=np.int64(3), num_experts=np.int32(2),
+                            head_hidden_sizes=[np.int64(4)])
+    assert (config.feature_size, config.num_labels, config.num_experts, config.head_hidden_sizes) == (8, 3, 2, [4])
+    assert all(type(value) is int for value in (config.feature_size, config.num_labels, config.num_experts))
+    config.save_pretrained(tmp_path)  # JSON holds them
+    assert DeferralConfig.from_pretrained(tmp_path).num_experts == 2
+    with pytest.raises(ValueError, match="feature_size"):
+        DeferralConfig(feature_size=np.float64(8.0), num_labels=2)

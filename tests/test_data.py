@@ -395,3 +395,8 @@ def test_collator_argument_validation():
 def test_docstring_examples_run():
     result = doctest.testmod(data_module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_collator_names_a_ragged_nested_label():
+    with pytest.raises(ValueError, match=r"`features` row 0: labels must be an int, got \[\[\], \[0\]\]"):
+        DataCollatorForDeferral()([{"labels": [[], [0]], "expert_labels": [0]}])

@@ -437,3 +437,69 @@ def test_every_metric_key_has_a_display_name():
     assert names["expert_ece_1"] == "Expert ECE (expert 1)" and names["deferral_rate_0"] == "Deferral rate (expert 0)"
     with pytest.raises(ValueError, match="key must be a key of deferral_metrics"):
         metric_name_and_meaning("eval_loss")
+
+
+# --------------------------------------------------------------------------------------------
+# issue 11: numbers that used to be silently wrong
+# --------------------------------------------------------------------------------------------
+
+
+def _budget_arrays():
+    logits = np.array([_row(pred, t, [p]) for (_, _, pred, t, p) in BUDGET_ROWS], dtype=np.float32)
+    return logits, np.array([r[0] for r in BUDGET_ROWS]), np.array([r[1] for r in BUDGET_ROWS])
+
+
+def test_budgets_that_round_to_the_same_percent_get_their_own_keys():
+    """0.0766 and 0.0834 both used to be keyed budgeted_error_8, the value depending on their order. On the 12 rows of
+    BUDGET_ROWS, floor(0.0766 * 12) = 0 deferrals: the classifier answers all, wrong on rows 0, 1, 9 -> 3/12;
+    floor(0.0834 * 12) = 1: row 9 stays deferred (expert right) -> 2/12."""
+    logits, labels, experts = _budget_arrays()
+    for budgets in ((0.0766, 0.0834), (0.0834, 0.0766)):
+        result = deferral_metrics(logits, labels, experts, budgets=budgets)
+        assert result["budgeted_error_7.66"] == pytest.approx(3 / 12)
+        assert result["budgeted_error_8.34"] == pytest.approx(2 / 12)
+        assert not any(key.startswith("budgeted_error_8") and key != "budgeted_error_8.34" for key in result)
+    keys = [k for k in deferral_metrics(logits, labels, experts, budgets=(0.096, 0.104)) if k.startswith("budgeted")]
+    assert keys == ["budgeted_error_9.6", "budgeted_error_10.4"]
+
+
+def test_small_budget_is_not_keyed_zero_and_the_paper_keys_stay():
+    logits, labels, experts = _budget_arrays()
+    result = deferral_metrics(logits, labels, experts, budgets=(0.004, 0.1, 0.2, 0.3, np.float32(0.1), 1))
+    assert result["budgeted_error_0.4"] == pytest.approx(3 / 12)  # floor(0.048) = 0 deferrals
+    assert "budgeted_error_0" not in result
+    assert [k for k in result if k.startswith("budgeted")] == [
+        "budgeted_error_0.4", "budgeted_error_10", "budgeted_error_20", "budgeted_error_30", "budgeted_error_100"]
+
+
+@pytest.mark.parametrize("budgets", [0.1, "0.1", (0.1, "a"), (0.0,), (1.5,), (float("nan"),), (True,)])
+def test_bad_budgets_name_the_argument(budgets):
+    logits, labels, experts = _budget_arrays()
+    with pytest.raises(ValueError, match="budgets"):
+        deferral_metrics(logits, labels, experts, budgets=budgets)
+
+
+@pytest.mark.parametrize("correct", [[2], [0.5], [float("nan")], [-1]])
+def test_reliability_bins_refuses_outcomes_other_than_0_and_1(correct):
+    """correct=[2] used to report an accuracy of 2.0."""
+    with pytest.raises(ValueError, match="correct must hold outcomes 0/1"):
+        reliability_bins([0.5], correct)
+    assert reliability_bins([0.2, 0.7], [True, 0], n_bins=2)["accuracy"] == [1.0, 0.0]
+
+
+def test_numpy_integer_sizes_are_integers():
+    logits, labels, experts = _m1_arrays()
+    expected = deferral_metrics(logits, labels, experts)
+    assert deferral_metrics(logits, labels, experts, num_experts=np.int64(1), n_bins=np.int32(15)) == expected
+    assert reliability_bins([0.1, 0.9], [0, 1], n_bins=np.int64(2))["counts"] == [1, 1]
+    with pytest.raises(ValueError, match="n_bins"):
+        reliability_bins([0.1], [0], n_bins=np.float64(2.0))
+
+
+@pytest.mark.parametrize(("argument", "value"), [("labels", ["a"] * 6), ("expert_labels", [[0, 1], [0]] * 3),
+                                                 ("logits", [["x", "y", "z", "w"]] * 6)])
+def test_strings_and_ragged_lists_name_the_argument(argument, value):
+    logits, labels, experts = _m1_arrays()
+    arguments = {"logits": logits, "labels": labels, "expert_labels": experts, argument: value}
+    with pytest.raises(ValueError, match=argument):
+        deferral_metrics(**arguments)

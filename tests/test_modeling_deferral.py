@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,7 @@ from transformers import (
     DistilBertConfig,
     ModernBertConfig,
     RobertaConfig,
+    T5Config,
     ViTConfig,
 )
 
@@ -498,3 +500,105 @@ def test_training_forward_computes_only_the_loss_unless_asked():
         assert torch.equal(getattr(asked, name), getattr(expected, name)), name
     assert model(features=x).class_probs is not None  # no loss to compute: the estimates are the output
     assert model.eval()(**batch, output_estimates=False).class_probs is None
+
+
+# ---------------------------------------------------------------------------------------------------- issue 11
+# Ordinary mistakes get an error naming the argument, what was expected and what came (they used to fail deep
+# inside the encoder with "The size of tensor a (20002) must match...", "index out of range in self", ...).
+
+
+@pytest.mark.parametrize(("kind", "limit"), [("bert", 512), ("roberta", 510), ("distilbert", 512), ("modernbert", None)])
+def test_max_input_length_is_the_learned_position_table(kind, limit):
+    """BERT uses all 512 rows of its table; RoBERTa counts positions from its padding index + 1 = 2, so 510 of its 512
+    rows hold tokens (roberta-base has 514 rows for 512 tokens); ModernBERT's rotary positions have no table."""
+    model = make_model(kind)
+    assert model.max_input_length == limit and model.input_vocab_size == 99
+
+
+def test_over_long_input_names_the_encoder_limit_and_truncation():
+    model = make_model("bert")
+    with pytest.raises(ValueError, match=r"input_ids has 513 tokens per row, more than the 512 positions.*truncation=True"):
+        model(input_ids=torch.full((1, 513), 7))
+    assert model(input_ids=torch.full((1, 512), 7)).logits.shape == (1, K + M)
+    roberta = make_model("roberta")  # 512 rows, positions 2..511: 510 tokens
+    with pytest.raises(ValueError, match="more than the 510 positions"):
+        roberta(input_ids=torch.full((1, 511), 7))
+    assert roberta(input_ids=torch.full((1, 510), 7)).logits.shape == (1, K + M)
+
+
+@pytest.mark.parametrize("bad_id", [99, 1000, -1])
+def test_out_of_vocabulary_token_id_is_named(bad_id):
+    batch = text_batch()
+    batch["input_ids"][1, 0] = bad_id
+    with pytest.raises(ValueError, match=rf"input_ids must lie in \[0, 99\).*got ids from {min(bad_id, 0)} to"):
+        make_model("bert")(**batch)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ({"input_ids": torch.ones(0, 5, dtype=torch.long)}, r"input_ids must hold at least one example, got shape \(0, 5\)"),
+        ({"input_ids": torch.ones(2, 0, dtype=torch.long)}, r"sequence_length >= 1\], got torch.int64 of shape \(2, 0\)"),
+        ({"input_ids": torch.ones(2, 3)}, "input_ids must be integer token ids"),
+        ({"input_ids": np.ones((2, 3), dtype=np.int64)}, "input_ids must be a torch.Tensor, got ndarray"),
+        ({"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": [[1, 1, 1]] * 2},
+         "attention_mask must be a torch.Tensor, got list"),
+    ],
+)
+def test_empty_zero_length_and_non_tensor_text_inputs(inputs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make_model("bert")(**inputs)
+
+
+def test_numpy_features_and_empty_feature_batch():
+    model = EncoderForDeferral(DeferralConfig(feature_size=6, num_labels=2))
+    with pytest.raises(TypeError, match=r"features must be a torch.Tensor, got ndarray \(convert it with torch.from_numpy\)"):
+        model(features=np.ones((2, 6), dtype=np.float32))
+    with pytest.raises(ValueError, match=r"features must hold at least one example, got shape \(0, 6\)"):
+        model(features=torch.ones(0, 6))
+
+
+def test_encoder_decoder_config_is_refused_when_the_model_is_built():
+    """T5 used to be accepted and to fail at the first forward ("You have to specify either decoder_input_ids...");
+    DeferralConfig refuses it now (issue 12's check, kept here as issue 11's reproduction)."""
+    t5 = T5Config(d_model=16, num_layers=1, num_heads=2, d_ff=8, d_kv=8, vocab_size=20)
+    with pytest.raises(ValueError, match="encoder-decoder 't5'"):
+        EncoderForDeferral(DeferralConfig(encoder=t5, num_labels=2))
+
+
+@pytest.mark.parametrize(
+    ("labels", "expert_labels", "message"),
+    [
+        (["hate", "offensive"], [0, 1], r"labels must be integer class ids .* got a list"),
+        ([0, 1], [[0, 1], [1]], r"expert_labels must be integer class ids .* got a list"),
+        (np.array(["a", "b"]), [0, 1], r"labels must be integer class ids .* got a ndarray"),
+    ],
+)
+def test_string_labels_and_ragged_expert_labels_are_named(labels, expert_labels, message):
+    model = EncoderForDeferral(DeferralConfig(feature_size=4, num_labels=2, num_experts=2))
+    with pytest.raises(ValueError, match=message):
+        model(features=torch.ones(2, 4), labels=labels, expert_labels=expert_labels)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.0])
+def test_truncated_weights_file_is_named(tmp_path, keep):
+    EncoderForDeferral(DeferralConfig(feature_size=4, num_labels=2)).save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: int(len(data) * keep)])
+    for load in (EncoderForDeferral.from_pretrained, AutoModelForDeferral.from_pretrained):
+        with pytest.raises(OSError, match=rf"could not read the weights in .*{weights.name}.*truncated or corrupt"):
+            load(str(tmp_path))
+
+
+def test_max_pooling_over_a_row_without_kept_tokens_is_zero_like_mean_pooling():
+    """It used to pool finfo.min (-3.4e38): logits near +-1e37 and a deferred row."""
+    batch = text_batch()
+    batch["attention_mask"][2] = 0
+    outputs = {}
+    for pooling in ("max", "mean"):
+        model = make_model("bert", pooling=pooling)
+        outputs[pooling] = model(**batch).logits
+        head_bias = model.head[-1].bias
+        torch.testing.assert_close(outputs[pooling][2], head_bias)  # the head applied to the zero vector
+    assert outputs["max"].abs().max() < 100

@@ -208,3 +208,97 @@ def test_non_deferral_model_is_rejected(tmp_path):
     bert.save_pretrained(tmp_path / "bert")
     with pytest.raises(ValueError, match="needs a deferral model"):
         pipeline("deferral", model=str(tmp_path / "bert"))
+
+
+# ---------------------------------------------------------------------------------------------------- issue 11
+# Every option is recognised or refused with the list of valid ones (they used to be dropped in silence: a
+# misspelled expert_costs left the costs out and changed the answer).
+
+
+@pytest.mark.parametrize(
+    ("option", "hint"),
+    [("expert_cost", "Did you mean 'expert_costs' for 'expert_cost'?"), ("costs", ""), ("foo", ""),
+     ("return_all_scores", ""), ("defer_treshold", "Did you mean 'defer_threshold'"),
+     ("return_tensors", ""), ("return_overflowing_tokens", "")],
+)
+def test_unknown_options_are_refused_with_the_valid_ones(option, hint):
+    model, tokenizer = tiny_text_model(num_experts=2)
+    classify = pipeline("deferral", model=model, tokenizer=tokenizer)
+    with pytest.raises(TypeError, match=rf"unknown option\(s\) \['{option}'\]\.") as error:
+        classify("the cat", **{option: 1})
+    assert hint in str(error.value)
+    for valid in ("'expert_costs'", "'defer_threshold'", "'top_k'", "'batch_size'", "'truncation'", "'max_length'",
+                  "'padding'", "BertTokenizer"):
+        assert valid in str(error.value)
+    with pytest.raises(TypeError, match=rf"unknown option\(s\) \['{option}'\]"):  # at construction as well
+        pipeline("deferral", model=model, tokenizer=tokenizer, **{option: 1})
+
+
+def test_head_only_and_image_pipelines_refuse_unknown_options_too():
+    classify = pipeline("deferral", model=fixed_logit_model(LOGITS, 3, **NAMES))
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['truncation'\].*head-only model takes no tokenizer"):
+        classify([0.0] * 4, truncation=True)
+    from transformers import ViTConfig, ViTImageProcessor
+
+    encoder = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+                        image_size=16, patch_size=8)
+    model = EncoderForDeferral(DeferralConfig(encoder=encoder, num_labels=2)).eval()
+    processor = ViTImageProcessor(size={"height": 16, "width": 16})
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['truncation'\].*'do_resize'"):
+        pipeline("deferral", model=model, image_processor=processor, truncation=True)
+    pipeline("deferral", model=model, image_processor=processor, do_normalize=False)  # a valid one
+
+
+def test_tokenizer_options_pass_and_max_length_needs_truncation_or_padding():
+    """max_length alone is ambiguous (the tokenizer would guess 'longest_first' truncation with a warning): refused."""
+    model, tokenizer = tiny_text_model()
+    classify = pipeline("deferral", model=model, tokenizer=tokenizer)
+    text = "the cat sat on the mat"
+    with pytest.raises(ValueError, match="max_length=4 was given without truncation or padding: pass truncation=True"):
+        classify(text, max_length=4)
+    cut = classify(text, max_length=4, truncation=True)["class_score"]
+    assert cut != pytest.approx(classify(text)["class_score"], abs=1e-6)
+    padded = classify("a dog", max_length=12, padding="max_length")["class_score"]  # mean pooling ignores the padding
+    assert padded == pytest.approx(classify("a dog")["class_score"], abs=1e-5)
+    built = pipeline("deferral", model=model, tokenizer=tokenizer, truncation=True)  # truncation given at construction
+    assert built(text, max_length=4)["class_score"] == pytest.approx(cut, abs=1e-6)
+    assert classify(text, add_special_tokens=False, padding_side="left")["label"]  # other tokenizer options pass
+
+
+def test_over_long_text_without_truncation_names_the_fix():
+    model, tokenizer = tiny_text_model()
+    model.encoder.embeddings.position_embeddings = torch.nn.Embedding(8, 32)  # an 8-position encoder
+    classify = pipeline("deferral", model=model, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match=r"input_ids has 11 tokens per row, more than the 8 positions.*truncation=True"):
+        classify("the cat sat on the mat is very good")
+    assert classify("the cat sat on the mat is very good", truncation=True, max_length=8)["label"]
+
+
+@pytest.mark.parametrize("device", [0, "cuda", "cuda:3", torch.device("cuda", 1), "mps"])
+def test_a_device_the_machine_lacks_is_an_error(device):
+    """device=0 without a GPU used to run on the CPU without a word."""
+    if torch.accelerator.is_available():
+        pytest.skip("this machine has an accelerator")
+    model = fixed_logit_model(LOGITS, 3, **NAMES)
+    with pytest.raises(ValueError, match=r"device=.*(has none|not available).*pass device='cpu'"):
+        pipeline("deferral", model=model, device=device)
+    for fine in ("cpu", -1, torch.device("cpu"), None):
+        assert pipeline("deferral", model=model, device=fine).device.type == "cpu"
+    with pytest.raises(ValueError, match="device must name a device"):
+        pipeline("deferral", model=model, device="gpu0")
+    with pytest.raises(TypeError, match="device must be"):
+        pipeline("deferral", model=model, device=1.5)
+
+
+def test_numpy_integer_top_k():
+    out = pipeline("deferral", model=fixed_logit_model(LOGITS, 3, **NAMES))([0.0] * 4, top_k=np.int64(2))
+    assert list(out["scores"]) == ["hate", "offensive"]
+
+
+@pytest.mark.parametrize(("option", "value"), [("batch_size", 0), ("batch_size", False), ("num_workers", -1)])
+def test_loader_options_are_checked(option, value):
+    model = fixed_logit_model(LOGITS, 3, **NAMES)
+    with pytest.raises(ValueError, match=rf"{option} must be an integer >= "):
+        pipeline("deferral", model=model)([[0.0] * 4] * 2, **{option: value})
+    with pytest.raises(ValueError, match=rf"{option} must be an integer >= "):
+        pipeline("deferral", model=model, **{option: value})

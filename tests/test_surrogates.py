@@ -771,3 +771,40 @@ def test_unchecked_loss_compiles_with_inductor(name):
     expected.backward()
     torch.testing.assert_close(loss.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(u.grad, expected_u.grad, rtol=1e-5, atol=1e-6)
+
+
+# issue 11: logits too large for float32 arithmetic, numpy integer sizes
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_logits_near_float32_max_are_refused_not_a_nan_loss(name):
+    """(3e38, 3e38, -3e38) used to give a NaN A-SM loss (3e38 - (-3e38) overflows) without an error."""
+    s = get_surrogate(name, num_classes=2)
+    u = torch.tensor([[3e38, 3e38, -3e38], [0.0, 1.0, 2.0]])
+    with pytest.raises(ValueError, match=r"logits must lie within \+-1e\+30 .* got 3e\+38 in 1 of 2 rows"):
+        s(u, torch.tensor([0, 1]), torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="logits must lie within"):
+        s.decide(u)
+    with pytest.raises(ValueError, match="logits must be finite"):
+        s.probabilities(torch.tensor([[float("inf"), 0.0, 0.0]]))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loss_and_gradient_finite_at_the_largest_accepted_logits(name):
+    K, M = 3, 2
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    signs = torch.tensor(list(itertools.product([1.0, -1.0, 0.0], repeat=K + M)))
+    u = (signs * 1e30).requires_grad_()
+    y = torch.arange(u.shape[0]) % K
+    m = torch.stack([y, (y + 1) % K], dim=1)
+    loss = s(u, y, m)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(u.grad).all()
+
+
+def test_numpy_integer_sizes_are_accepted():
+    s = get_surrogate("asm", num_classes=np.int64(3), num_experts=np.int32(2))
+    assert (s.num_classes, s.num_experts) == (3, 2) and type(s.num_classes) is int
+    with pytest.raises(ValueError, match="num_classes"):
+        get_surrogate("asm", num_classes=np.float64(3.0))

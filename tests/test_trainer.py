@@ -281,8 +281,11 @@ def test_fast_path_only_where_it_is_exact(tmp_path):
                               args=args(tmp_path, train_sampling_strategy="group_by_length"))
     assert grouped._head_only_rows() is None
     ragged = Dataset.from_dict({"features": [[0.0] * D, [0.0] * (D - 1)], "labels": [0, 1], "expert_labels": [0, 1]})
-    trainer = DeferralTrainer(model=head_model(), train_dataset=ragged, args=args(tmp_path))
-    assert trainer._head_only_rows() is None  # left to the collator, whose error names the row
+    with pytest.raises(ValueError, match=r"'features' must have feature_size=.* rows \[1\]"):
+        DeferralTrainer(model=head_model(), train_dataset=ragged, args=args(tmp_path))  # caught before any step
+    trainer = DeferralTrainer(model=head_model(), train_dataset=data, args=args(tmp_path))
+    trainer.train_dataset = ragged  # set after the checks: left to the collator, whose error names the row
+    assert trainer._head_only_rows() is None
 
 
 def test_training_checks_the_data_once_and_skips_per_step_probes(tmp_path, monkeypatch):
@@ -311,3 +314,32 @@ def test_training_checks_the_data_once_and_skips_per_step_probes(tmp_path, monke
     assert norms == []  # max_grad_norm=0 and no logging: no gradient norm to compute
     assert len(probes) == 1  # accelerate's per-step LOMO import probe asked once for the run
     assert accelerate.optimizer.is_lomo_available is counted_probe  # and put back afterwards
+
+
+def test_resume_true_skips_a_half_written_newest_checkpoint(tmp_path):
+    """A run killed inside the optimizer save leaves checkpoint-6 without trainer_state.json (written last); resuming
+    used to fail with FileNotFoundError. It now resumes from checkpoint-3, warns naming checkpoint-6, and ends with
+    the uninterrupted run's weights."""
+    from transformers.testing_utils import CaptureLogger
+
+    from hf_defer.checks import logger
+
+    data = make_data(48, seed=4)
+    common = dict(per_device_train_batch_size=8, max_steps=6, learning_rate=0.3, optim="sgd", optim_args="momentum=0.9")
+    full = head_model(seed=5)
+    DeferralTrainer(model=full, train_dataset=data, args=args(tmp_path / "a", **common)).train()
+
+    killed = head_model(seed=5)
+    DeferralTrainer(model=killed, train_dataset=data,
+                    args=args(tmp_path / "b", save_strategy="steps", save_steps=3, **common)).train()
+    newest = tmp_path / "b" / "out" / "checkpoint-6"
+    (newest / "trainer_state.json").unlink()
+    optimizer = newest / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:20])
+    resumed = head_model(seed=6)
+    with CaptureLogger(logger) as captured:
+        DeferralTrainer(model=resumed, train_dataset=data, args=args(tmp_path / "b", **common)).train(
+            resume_from_checkpoint=True)
+    assert "checkpoint-6" in captured.out and "incomplete" in captured.out
+    for a, b in zip(full.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)

@@ -1,0 +1,252 @@
+"""What [`DeferralTrainer`] checks before the first step: the datasets, and the checkpoint it resumes from.
+
+Every check reads whole columns at once (Arrow compute or numpy, never a Python loop over rows), so it stays cheap on
+big datasets. A streamed `datasets.IterableDataset` is checked on its first examples.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import struct
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+PEEK_ROWS = 64
+"""How many examples of a streamed dataset are checked (its first ones)."""
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin")
+
+
+def _rows(mask: Any) -> list[int]:
+    return np.flatnonzero(np.asarray(mask))[:5].tolist()
+
+
+def _list_column(dataset: datasets.Dataset, column: str, name: str) -> tuple[pa.ChunkedArray, pa.ChunkedArray | None]:
+    """The column as Arrow, and for a column of lists the per-row lengths (else `None`); nested lists are refused."""
+    array = dataset.data.column(column)
+    indices = getattr(dataset, "_indices", None)  # after select/shuffle/split: one vectorised take, not row by row
+    if indices is not None:
+        array = pc.take(array, indices.column(0))
+    kind = array.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)):
+        return array, None
+    if pa.types.is_nested(kind.value_type):
+        raise ValueError(f"{name}: column '{column}' must hold one flat list per row, got nested lists ({kind}).")
+    return pc.list_flatten(array), pc.list_value_length(array)
+
+
+def _integer_column(dataset: datasets.Dataset, column: str, name: str) -> np.ndarray:
+    """An integer column (one int, or one list of ints of the same length, per row) as an array [N] or [N, width]."""
+    values, lengths = _list_column(dataset, column, name)
+    if values.null_count or (lengths is not None and lengths.null_count):
+        missing = pc.is_null(values if lengths is None else lengths).to_numpy(zero_copy_only=False)
+        raise ValueError(f"{name}: column '{column}' has missing values (None), e.g. in rows {_rows(missing)}; "
+                         "fill them (-100 marks a row to ignore) or drop those rows.")
+    if not pa.types.is_integer(values.type):
+        sample = values.slice(0, 3).to_pylist()
+        hint = (f"; map class names to ids first (hf_defer.prepare_deferral_dataset, or "
+                f"dataset.class_encode_column('{column}'))"
+                if pa.types.is_string(values.type) or pa.types.is_large_string(values.type) else "")
+        raise ValueError(f"{name}: column '{column}' must hold class ids (int), got {values.type} values such as "
+                         f"{sample}{hint}.")
+    array = values.to_numpy()
+    if lengths is None:
+        return array
+    low, high = pc.min_max(lengths).values()
+    if low.as_py() != high.as_py():
+        widths = lengths.to_numpy()
+        raise ValueError(f"{name}: column '{column}' must have the same number of entries in every row (one per "
+                         f"expert), got rows of {low.as_py()} and of {high.as_py()}, e.g. rows "
+                         f"{_rows(widths != widths[0])}.")
+    return array.reshape(len(dataset), high.as_py())
+
+
+def _check_model_inputs(dataset: datasets.Dataset, model: Any, name: str) -> None:
+    """The model's input column: present, of the right width, finite features, token ids the encoder takes."""
+    columns, config = dataset.column_names, model.config
+    if dataset.format.get("type") == "custom":  # with_transform: the inputs are made when rows are read
+        return
+    if config.encoder is None:
+        if "features" not in columns:
+            raise ValueError(f"{name} must have a 'features' column for a head-only model; its columns are {columns}.")
+        values, lengths = _list_column(dataset, "features", name)
+        if lengths is None or not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
+            raise ValueError(f"{name}: column 'features' must hold one vector of numbers per row, got {values.type}.")
+        if values.null_count or lengths.null_count:
+            raise ValueError(f"{name}: column 'features' has missing values (None): drop or impute those rows.")
+        widths = lengths.to_numpy()
+        if (widths != config.feature_size).any():
+            got = widths[widths != config.feature_size][0]
+            raise ValueError(f"{name}: column 'features' must have feature_size={config.feature_size} numbers per row, "
+                             f"got {got}, e.g. in rows {_rows(widths != config.feature_size)}: compute the features "
+                             "with the encoder the model was built for, or set DeferralConfig(feature_size=...).")
+        if pa.types.is_floating(values.type) and not pc.all(pc.is_finite(values)).as_py():
+            bad = ~pc.is_finite(values).to_numpy(zero_copy_only=False).reshape(len(dataset), -1).all(axis=1)
+            raise ValueError(f"{name}: column 'features' holds NaN or infinite values in rows {_rows(bad)}: drop or "
+                             "impute those rows (e.g. dataset.filter) before training.")
+        return
+    main = model.main_input_name
+    if main not in columns:
+        fix = ("it was not tokenized; tokenize it first, e.g. dataset.map(lambda batch: tokenizer(batch['text'], "
+               "truncation=True), batched=True)" if main == "input_ids" else "it was not processed; process the "
+               "images first (image processor, e.g. with dataset.with_transform)")
+        raise ValueError(f"{name} has no '{main}' column: {fix}; its columns are {columns}.")
+    if main != "input_ids":
+        return
+    values, lengths = _list_column(dataset, "input_ids", name)
+    if lengths is None or not pa.types.is_integer(values.type):
+        raise ValueError(f"{name}: column 'input_ids' must hold one list of token ids per row, got {values.type}.")
+    shortest, longest = (value.as_py() for value in pc.min_max(lengths).values())
+    if shortest == 0:
+        raise ValueError(f"{name}: column 'input_ids' has empty rows {_rows(lengths.to_numpy() == 0)}: drop them.")
+    limit = model.max_input_length
+    if limit is not None and longest > limit:
+        raise ValueError(f"{name}: column 'input_ids' has rows of up to {longest} tokens, more than the encoder's "
+                         f"{limit} positions (rows {_rows(lengths.to_numpy() > limit)}): tokenize with truncation=True, "
+                         f"max_length={limit}.")
+    vocab = model.input_vocab_size
+    low, high = (value.as_py() for value in pc.min_max(values).values())
+    if vocab is not None and (low < 0 or high >= vocab):
+        raise ValueError(f"{name}: column 'input_ids' holds token ids from {low} to {high}, but the encoder's vocabulary "
+                         f"has {vocab} (0 to {vocab - 1}): tokenize with the model's own tokenizer (or "
+                         "resize_token_embeddings after adding tokens).")
+
+
+def _first_rows(dataset: datasets.IterableDataset, name: str) -> datasets.Dataset:
+    rows = list(itertools.islice(iter(dataset.with_format(None)), PEEK_ROWS))
+    if not rows:
+        raise ValueError(f"{name} is empty: it yields no example.")
+    try:
+        return datasets.Dataset.from_list(rows)
+    except (TypeError, ValueError) as err:  # pyarrow's ArrowInvalid / ArrowTypeError
+        raise ValueError(f"{name}: its first examples do not have the same columns and types ({err}).") from None
+
+
+def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset") -> None:
+    """Checks that a dataset can train/evaluate ``model`` before any step runs ([`DeferralTrainer`] calls it).
+
+    A `datasets.Dataset` is checked whole; a streamed `datasets.IterableDataset` on its first `PEEK_ROWS` examples;
+    other datasets (a torch `Dataset`) are not checked.
+
+    Raises:
+        `ValueError`: naming ``name``, the column and the fix, when ``labels`` (or ``label``) or ``expert_labels`` is
+        missing, not integer class ids (strings, None, floats) or ragged; the expert labels do not have
+        ``num_experts`` entries per row; a label lies outside ``[0, num_labels)``; every label is -100; the model's
+        input column is missing (a text dataset never tokenized), ``features`` have the wrong width or NaN/inf, or
+        ``input_ids`` are empty, longer than the encoder's positions or outside its vocabulary.
+
+    Example:
+
+    ```python
+    >>> from datasets import Dataset
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> from hf_defer.checks import check_deferral_dataset
+    >>> model = EncoderForDeferral(DeferralConfig(feature_size=2, num_labels=2))
+    >>> data = Dataset.from_dict({"features": [[0.5, float("nan")]], "labels": [1], "expert_labels": [0]})
+    >>> check_deferral_dataset(data, model, "train_dataset")
+    Traceback (most recent call last):
+    ...
+    ValueError: train_dataset: column 'features' holds NaN or infinite values in rows [0]: drop or impute those rows (e.g. dataset.filter) before training.
+
+    ```
+    """
+    if isinstance(dataset, datasets.IterableDataset):
+        dataset = _first_rows(dataset, name)
+        name = f"{name} (its first {len(dataset)} examples)"
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or not isinstance(dataset, datasets.Dataset):  # a torch Dataset: nothing cheap to check
+        return
+    label_column = "label" if "labels" not in columns and "label" in columns else "labels"  # the collator renames it
+    for column in (label_column, "expert_labels"):
+        if column not in columns:
+            hint = (" (map your annotator columns with hf_defer.prepare_deferral_dataset(..., expert_columns=[...]), "
+                    "or simulate an expert with hf_defer.experts)") if column == "expert_labels" else ""
+            raise ValueError(f"{name} must have a '{column}' column{hint}; its columns are {columns}.")
+    if len(dataset) == 0:
+        raise ValueError(f"{name} is empty.")
+    config = model.config
+    labels = _integer_column(dataset, label_column, name)
+    expert_labels = _integer_column(dataset, "expert_labels", name)
+    if config.num_experts > 1 and (expert_labels.ndim != 2 or expert_labels.shape[1] != config.num_experts):
+        width = expert_labels.shape[1] if expert_labels.ndim == 2 else 1
+        raise ValueError(
+            f"{name}: expert_labels must have num_experts={config.num_experts} entries per row, got {width}."
+        )
+    try:
+        model.surrogate.check_targets(torch.tensor(labels), torch.tensor(expert_labels), len(dataset))
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from error
+    if (labels == -100).all():
+        raise ValueError(f"{name}: every '{label_column}' is -100 (ignored): there is no example to train or evaluate "
+                         "on; give it rows with class ids.")
+    _check_model_inputs(dataset, model, name)
+
+
+def _is_complete(folder: str) -> bool:
+    """Whether the Trainer finished writing the checkpoint ``folder``: ``trainer_state.json``, which it writes last,
+    parses, and a weights file is there whole (a safetensors file as long as its header says)."""
+    try:
+        with open(os.path.join(folder, "trainer_state.json")) as file:
+            json.load(file)
+    except (OSError, ValueError):
+        return False
+    for weights in _WEIGHTS:
+        path = os.path.join(folder, weights)
+        if not os.path.isfile(path):
+            continue
+        if not weights.endswith(".safetensors"):
+            return True
+        try:
+            with open(path, "rb") as file:
+                (size,) = struct.unpack("<Q", file.read(8))
+                header = json.loads(file.read(size))
+            end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+            return os.path.getsize(path) == 8 + size + end
+        except (OSError, ValueError, KeyError, TypeError, struct.error):
+            return False
+    return False
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The newest ``checkpoint-N`` folder of ``output_dir`` that the Trainer finished writing.
+
+    Newer folders left incomplete (the process was killed while saving) are skipped with a warning naming them.
+
+    Returns:
+        `str` or `None`: the folder, or `None` when ``output_dir`` holds no checkpoint at all.
+
+    Raises:
+        `ValueError`: every checkpoint folder is incomplete.
+    """
+    if not os.path.isdir(output_dir):
+        return None
+    found = [(int(match.group(1)), entry) for entry in os.listdir(output_dir)
+             if (match := _CHECKPOINT.match(entry)) and os.path.isdir(os.path.join(output_dir, entry))]
+    skipped: list[str] = []
+    for _, entry in sorted(found, reverse=True):
+        folder = os.path.join(output_dir, entry)
+        if _is_complete(folder):
+            if skipped:
+                logger.warning(f"Resuming from {folder}: the newer checkpoint(s) {skipped} are incomplete (no readable "
+                               "trainer_state.json or weights: the run was stopped while saving) and are skipped.")
+            return folder
+        skipped.append(folder)
+    if skipped:
+        raise ValueError(f"resume_from_checkpoint=True found no complete checkpoint in {str(output_dir)!r}: {skipped} "
+                         "are incomplete (no readable trainer_state.json or weights). Start without resuming.")
+    return None
+
+
+__all__ = ["PEEK_ROWS", "check_deferral_dataset", "last_complete_checkpoint"]
