@@ -103,7 +103,7 @@ def calibrate_deferral(
     # Validates expert_costs the way the pipeline does, before any forward pass; a pipeline built with costs keeps them.
     costs = pipe._sanitize_parameters(expert_costs=expert_costs)[2].get("expert_costs")
     if costs is None:
-        costs = pipe._postprocess_params.get("expert_costs")
+        costs = pipe._postprocess_params.get("expert_costs") or getattr(pipe.model.config, "expert_costs", None)
     outputs = pipe((item for item in inputs), batch_size=batch_size, expert_costs=costs)  # a generator streams
     margins = np.array(
         [deferral_margin(out["class_score"], out["expert_accuracy"], costs)[0]

@@ -7,6 +7,7 @@ remote-code loading (``trust_remote_code=True``).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import field
 from typing import Any, ClassVar
 
@@ -16,10 +17,26 @@ from transformers.configuration_utils import SubConfigSpec
 # Kept in sync by hand with ``hf_defer.surrogates.SURROGATES`` (this module cannot import it).
 SURROGATE_NAMES: tuple[str, ...] = ("asm", "ssm", "sova", "aova")
 POOLING_MODES: tuple[str, ...] = ("cls", "mean", "max")
+EXPERT_KINDS: tuple[str, ...] = ("person", "model")
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_expert_costs(costs: Any, num_experts: int, argument: str = "expert_costs") -> list[float]:
+    """One finite, non-negative cost per expert, as floats (zeros when `costs` is None); anything else is refused."""
+    if costs is None:
+        return [0.0] * num_experts
+    if hasattr(costs, "tolist"):  # np.ndarray, torch.Tensor
+        costs = costs.tolist()
+    if not isinstance(costs, (list, tuple)):
+        raise ValueError(f"{argument} must be a list of {num_experts} numbers (one per expert), got {costs!r}.")
+    if len(costs) != num_experts:
+        raise ValueError(f"{argument} must have one cost per expert ({num_experts}), got {len(costs)}: {list(costs)!r}.")
+    if not all(isinstance(c, numbers.Real) and not isinstance(c, bool) and math.isfinite(c) and c >= 0 for c in costs):
+        raise ValueError(f"{argument} must be finite, non-negative numbers, got {list(costs)!r}.")
+    return [float(cost) for cost in costs]
 
 
 class DeferralConfig(PretrainedConfig):
@@ -62,6 +79,12 @@ class DeferralConfig(PretrainedConfig):
             Margin used by the deferral pipeline: defer when max_j (expert_accuracy_j - cost_j) exceeds the top class
             probability by more than this; set by `hf_defer.calibrate_deferral` to meet a deferral budget. The
             model's own `defer` output uses the plain logit rule.
+        expert_costs (`list[float]`, *optional*):
+            The price of asking each expert, in units of probability (the rule compares accuracy minus cost with
+            the class probability); zeros by default. The pipeline uses them unless a call passes `expert_costs`.
+        expert_kinds (`list[str]`, *optional*):
+            `"person"` or `"model"` for each expert (all `"person"` by default). A model expert can answer in the
+            pipeline itself (`pipeline("deferral", model=..., experts={name: predictor})`).
         kwargs (*optional*):
             Passed to [`PretrainedConfig`] (`id2label`, `label2id`, ...).
 
@@ -101,6 +124,8 @@ class DeferralConfig(PretrainedConfig):
     freeze_encoder: bool = False
     expert_names: list[str] | None = None
     defer_threshold: int | float = 0.0
+    expert_costs: list[float] | None = None
+    expert_kinds: list[str] | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         has_encoder, has_features = self.encoder is not None, self.feature_size is not None
@@ -169,6 +194,11 @@ class DeferralConfig(PretrainedConfig):
         threshold = self.defer_threshold
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
             raise ValueError(f"defer_threshold must be a finite number, got {threshold!r}.")
+        self.expert_costs = check_expert_costs(self.expert_costs, self.num_experts)
+        kinds = [EXPERT_KINDS[0]] * self.num_experts if self.expert_kinds is None else self.expert_kinds
+        if not isinstance(kinds, (list, tuple)) or len(kinds) != self.num_experts or not set(kinds) <= set(EXPERT_KINDS):
+            raise ValueError(f"expert_kinds must give one of {EXPERT_KINDS} per expert ({self.num_experts}), got {kinds!r}.")
+        self.expert_kinds = list(kinds)
         # Library mode: `import hf_defer` registers the "deferral" pipeline itself, and a custom_pipelines["deferral"]
         # entry (written for remote code) would make pipeline("deferral", ...) demand trust_remote_code=True. The
         # copy that remote code runs (module transformers_modules.*) keeps it; saving writes it back.
@@ -181,4 +211,4 @@ class DeferralConfig(PretrainedConfig):
                     del self.custom_pipelines
 
 
-__all__ = ["DeferralConfig"]
+__all__ = ["EXPERT_KINDS", "DeferralConfig", "check_expert_costs"]

@@ -21,6 +21,8 @@ from transformers import Pipeline
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
 
+from .configuration_deferral import check_expert_costs
+
 DEFER_LABEL = "defer"
 """The ``"label"`` of a deferred input."""
 
@@ -133,10 +135,17 @@ class DeferralPipeline(Pipeline):
     - **expert_accuracy** (`list[float]`) -- the estimated accuracy of each expert.
     - **scores** (`dict[str, float]`) -- class name to probability, highest first (`top_k` of them).
 
+    Experts that are models (library mode): `pipeline("deferral", model=..., experts={name: predictor})`, with a
+    transformers pipeline, a `(model, tokenizer)` pair or a callable on a list of inputs for some of
+    `config.expert_names`. The inputs routed to such an expert are sent to it in batches and its answer becomes
+    the `label`; every output then also has **answered_by** (`"classifier"`, the model expert's name, or `None`
+    while a person has not answered) and **cost** (the chosen expert's cost, 0 when the classifier answers).
+    Nothing is called for the inputs the model keeps.
+
     Call parameters (also accepted when building the pipeline):
 
     - **top_k** (`int`, *optional*) -- how many classes `scores` keeps; all when `None`.
-    - **expert_costs** (sequence of `float`, *optional*) -- one cost per expert, zeros by default.
+    - **expert_costs** (sequence of `float`, *optional*) -- one cost per expert; `config.expert_costs` by default.
     - **defer_threshold** (`float`, *optional*) -- the margin; defaults to `model.config.defer_threshold`, which
       [`calibrate_deferral`] sets to meet a deferral budget.
     - tokenizer keyword arguments (`truncation`, `max_length`, `padding`, ...) for text, image-processor ones for
@@ -170,8 +179,13 @@ class DeferralPipeline(Pipeline):
                 "The deferral pipeline needs a deferral model (config.model_type == 'deferral', e.g. "
                 f"hf_defer.EncoderForDeferral), got {type(model).__name__} with model_type={model_type!r}."
             )
+        experts = dict(kwargs.pop("experts", None) or {})
         super().__init__(*args, **kwargs)
         config = self.model.config
+        unknown = sorted(set(experts) - set(config.expert_names))
+        if unknown:
+            raise ValueError(f"experts names {unknown}, which are not in config.expert_names {config.expert_names}.")
+        self.model_experts = experts
         if config.encoder is None:
             self.input_kind = "features"
         elif self.model.main_input_name == "pixel_values":
@@ -229,22 +243,7 @@ class DeferralPipeline(Pipeline):
                 raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}.")
             postprocess["top_k"] = top_k
         if expert_costs is not None:
-            num_experts = self.model.config.num_experts
-            if isinstance(expert_costs, (np.ndarray, torch.Tensor)):
-                expert_costs = expert_costs.tolist()
-            if isinstance(expert_costs, (str, bytes, dict)) or not hasattr(expert_costs, "__len__"):
-                raise TypeError(
-                    f"expert_costs must be a sequence of {num_experts} numbers, got {type(expert_costs).__name__}."
-                )
-            costs = list(expert_costs)
-            if len(costs) != num_experts:
-                raise ValueError(
-                    f"expert_costs must have one cost per expert (num_experts={num_experts}), got {len(costs)}: "
-                    f"{list(expert_costs)!r}."
-                )
-            if not all(_is_number(cost) and math.isfinite(cost) for cost in costs):
-                raise ValueError(f"expert_costs must be finite numbers, got {list(expert_costs)!r}.")
-            postprocess["expert_costs"] = [float(cost) for cost in costs]
+            postprocess["expert_costs"] = check_expert_costs(expert_costs, self.model.config.num_experts)
         if defer_threshold is not None:
             if not _is_number(defer_threshold) or not math.isfinite(defer_threshold):
                 raise ValueError(f"defer_threshold must be a finite number, got {defer_threshold!r}.")
@@ -272,8 +271,11 @@ class DeferralPipeline(Pipeline):
             kwargs: `top_k`, `expert_costs`, `defer_threshold`, `batch_size` and tokenizer/image-processor kwargs.
 
         Returns:
-            A `dict` for one input, a list of them for a list (an iterator for a dataset or generator).
+            A `dict` for one input, a list of them for a list (an iterator for a dataset or generator; a list when
+            the pipeline has model experts).
         """
+        if self.model_experts:
+            return self._call_with_model_experts(inputs, **kwargs)
         if isinstance(inputs, (np.ndarray, torch.Tensor)) and self.input_kind == "features" and inputs.ndim == 2:
             inputs = list(inputs)
         elif _is_sequence_like(inputs):  # e.g. a `datasets` Column, `dataset["text"]`
@@ -287,6 +289,27 @@ class DeferralPipeline(Pipeline):
         if isinstance(inputs, list) and not inputs:
             raise ValueError("inputs is an empty batch: give at least one input.")
         return super().__call__(inputs, **kwargs)
+
+    def _call_with_model_experts(self, inputs: Any, **kwargs: Any) -> dict[str, Any] | list[dict[str, Any]]:
+        """Runs the deferral model, then each model expert once per batch of the inputs routed to it."""
+        try:  # model experts are a library-mode feature: the helper is not copied next to the weights
+            from hf_defer.model_experts import answer_with_model_experts, as_batch_predictor
+        except ImportError as err:
+            raise ImportError("model experts (`experts=`) need the hf_defer library: pip install hf-defer") from err
+        experts = {name: as_batch_predictor(*p) if isinstance(p, tuple) else as_batch_predictor(p)
+                   for name, p in self.model_experts.items()}
+        single = self._is_single(inputs)
+        items = [inputs] if single else list(inputs)
+        self.model_experts, saved = {}, self.model_experts
+        try:
+            outputs = self(items, **kwargs)
+        finally:
+            self.model_experts = saved
+        costs = self._sanitize_parameters(expert_costs=kwargs.get("expert_costs"))[2].get("expert_costs")
+        costs = costs or self._postprocess_params.get("expert_costs") or self.model.config.expert_costs
+        batch_size = kwargs.get("batch_size") or self._batch_size or 32
+        outputs = answer_with_model_experts(outputs, items, experts, self.model.config, costs, batch_size)
+        return outputs[0] if single else outputs
 
     def preprocess(self, inputs: Any, **processor_kwargs: Any) -> dict[str, torch.Tensor]:
         if self.input_kind == "features":
@@ -365,6 +388,8 @@ class DeferralPipeline(Pipeline):
         probs = model_outputs["class_probs"][0].float().numpy()
         accuracy = [float(a) for a in model_outputs["expert_accuracy"][0].float().numpy()]
         threshold = float(config.defer_threshold) if defer_threshold is None else defer_threshold
+        if expert_costs is None:
+            expert_costs = getattr(config, "expert_costs", None)
         top = int(np.argmax(probs))
         class_score = float(probs[top])
         margin, expert = deferral_margin(class_score, accuracy, expert_costs)
