@@ -9,17 +9,22 @@ Every function here takes a `datasets.Dataset` and returns a new one with an add
 - [`class_subset_expert`]: the CIFAR-style synthetic expert: accurate (with probability `p`) on the first `k`
   classes, uniformly random elsewhere.
 - [`stack_experts`]: turns M single-expert columns into the list column `expert_labels` of an M-expert dataset.
+- [`model_expert`]: the answers of a model (a pipeline, a model with its tokenizer, or a callable) as an expert.
 """
 
 from __future__ import annotations
 
+import hashlib
 import numbers
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import datasets
 import numpy as np
 
-__all__ = ["annotator_expert", "class_subset_expert", "stack_experts"]
+__all__ = ["annotator_expert", "class_subset_expert", "model_expert", "stack_experts"]
 
 SeedLike = int | np.random.Generator
 
@@ -354,3 +359,108 @@ def stack_experts(
         drop.append(column)  # an existing column of that name is replaced
     dataset = dataset.remove_columns(drop)
     return dataset.rename_column(temporary, column) if temporary != column else dataset
+
+
+def model_expert(
+    dataset: datasets.Dataset,
+    predictor: Any,
+    tokenizer: Any = None,
+    input_column: str = "text",
+    column: str = "expert_labels",
+    label_column: str = "labels",
+    label_map: Mapping[Any, Any] | None = None,
+    batch_size: int = 32,
+    max_length: int | None = None,
+    name: str | None = None,
+    predictor_id: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> datasets.Dataset:
+    """Add the answers of a model as an expert column: a transformers pipeline, a model with its tokenizer, or a
+    callable that takes a list of inputs and returns one answer per input.
+
+    **Out-of-sample answers on training rows.** A deferral model learns from the training rows where the expert is
+    right. If the expert is a model that was trained on those rows, it is right there far more often than on new
+    inputs, and the deferral model learns to trust an expert that memorised its training data. Use a model trained
+    on other rows, or cross-fit (train K models, each answering the fold it did not see; see
+    `hf_defer.cascade_experiment.costly_predictions`).
+
+    Answers (class names or ids) are mapped through the label set of `dataset[label_column]` (a `ClassLabel`):
+    `label_map` first, then a class name, a class id, or transformers' `"LABEL_<id>"`. The predictor runs on batches
+    of `input_column` with a progress bar, and the answers are cached: a second call with the same data (its
+    `datasets` fingerprint) and the same predictor (`predictor_id`, else a hash of its weights or code) reads them
+    from `cache_dir` instead of calling the predictor.
+
+    Args:
+        dataset (`datasets.Dataset`): the examples, with `input_column` and a `ClassLabel` column `label_column`.
+        predictor: a `transformers.Pipeline`, a `PreTrainedModel` (with `tokenizer`), or a callable on a list.
+        tokenizer (*optional*): the model's tokenizer.
+        input_column (`str`, *optional*, defaults to `"text"`): what the predictor reads.
+        column (`str`, *optional*, defaults to `"expert_labels"`): the int64 column added (replaced if present).
+        label_column (`str`, *optional*, defaults to `"labels"`): the `ClassLabel` column that names the classes.
+        label_map (`Mapping`, *optional*): the predictor's answers to the dataset's class names or ids.
+        batch_size (`int`, *optional*, defaults to 32): inputs per predictor call.
+        max_length (`int`, *optional*): tokenizer truncation for a model.
+        name (`str`, *optional*): the expert's name in messages; defaults to `column`.
+        predictor_id (`str`, *optional*): an identity of the predictor for the cache key (e.g. a model id and
+            revision); by default a hash of its weights (model, pipeline) or of its code (callable).
+        cache_dir (`str` or `os.PathLike`, *optional*): where answers are cached; defaults to
+            `$HF_DEFER_CACHE/expert_labels` or `~/.cache/hf_defer/expert_labels`.
+
+    Returns:
+        `datasets.Dataset`: `dataset` with `column` holding the expert's class ids.
+
+    Raises:
+        ValueError: no `ClassLabel` column, a missing input column, answers outside the label set or a wrong number
+            of answers (naming the expert and the first bad row).
+        RuntimeError: the predictor raised (naming the expert and the first row of the batch).
+
+    Example:
+
+    ```python
+    >>> import datasets, tempfile
+    >>> from hf_defer.experts import model_expert
+    >>> ds = datasets.Dataset.from_dict({"text": ["great", "awful"], "labels": [1, 0]},
+    ...     features=datasets.Features({"text": datasets.Value("string"),
+    ...                                 "labels": datasets.ClassLabel(names=["neg", "pos"])}))
+    >>> keyword = lambda texts: ["pos" if "great" in text else "neg" for text in texts]
+    >>> model_expert(ds, keyword, cache_dir=tempfile.mkdtemp())["expert_labels"][:]
+    [1, 0]
+
+    ```
+    """
+    from .embeddings import default_embedding_cache_dir
+    from .model_experts import as_batch_predictor, predict_ids, predictor_identity
+
+    dataset = _check_dataset(dataset)
+    column, name = _check_column_name(column, "column"), name or column
+    _require_columns(dataset, [_check_column_name(input_column, "input_column")], "input_column")
+    classes = dataset.features.get(label_column)
+    if not isinstance(classes, datasets.ClassLabel):
+        raise ValueError(
+            f"`label_column` {label_column!r} must be a ClassLabel column naming the classes, got "
+            f"{type(classes).__name__ if classes is not None else 'no such column'}; cast it with "
+            "dataset.cast_column(label_column, datasets.ClassLabel(names=[...]))."
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"`batch_size` must be a positive int, got {batch_size!r}.")
+    run = as_batch_predictor(predictor, tokenizer, max_length)
+    label2id = {label: index for index, label in enumerate(classes.names)}
+    identity = predictor_id if predictor_id is not None else predictor_identity(predictor, tokenizer, max_length)
+    cache_file = None
+    fingerprint = None
+    if identity is not None:
+        mapping = sorted(map(repr, (label_map or {}).items()))
+        key = f"{dataset._fingerprint}:{identity}:{input_column}:{column}:{classes.names}:{mapping}"
+        fingerprint = hashlib.sha256(key.encode()).hexdigest()[:32]
+        root = Path(cache_dir).expanduser() if cache_dir else default_embedding_cache_dir().parent / "expert_labels"
+        root.mkdir(parents=True, exist_ok=True)
+        cache_file = str(root / f"{fingerprint}.arrow")
+    features = dataset.features.copy()
+    features[column] = datasets.Value("int64")
+
+    def answer(batch: dict[str, list], rows: list[int]) -> dict[str, Any]:
+        return {column: predict_ids(run, batch[input_column], label2id, name, rows, label_map)}
+
+    return dataset.map(answer, batched=True, batch_size=batch_size, with_indices=True, features=features,
+                       new_fingerprint=fingerprint, cache_file_name=cache_file, load_from_cache_file=True,
+                       desc=f"expert {name!r}")
