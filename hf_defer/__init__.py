@@ -7,7 +7,8 @@ from .modeling_deferral import AutoModelForDeferral, DeferralOutput, EncoderForD
 from .trainer import DeferralTrainer
 from .data import DataCollatorForDeferral, load_hatespeech
 from .embeddings import add_embeddings, embed_texts
-from .experts import annotator_expert, class_subset_expert, stack_experts
+from .experts import annotator_expert, class_subset_expert, model_expert, stack_experts
+from .costs import ErrorCostCurve, error_cost_curve, mean_cost
 from .calibration import calibrate_deferral
 from .hub import push_to_hub, save_for_hub
 from .model_card import DeferralModelCardData, render_model_card
@@ -55,6 +56,7 @@ __all__ = [
     "DeferralTrainer",
     "DataCollatorForDeferral",
     "DeferralModelCardData",
+    "ErrorCostCurve",
     "calibrate_deferral",
     "push_to_hub",
     "render_model_card",
@@ -64,7 +66,10 @@ __all__ = [
     "class_subset_expert",
     "deferral_metrics",
     "embed_texts",
+    "error_cost_curve",
     "load_hatespeech",
+    "mean_cost",
+    "model_expert",
     "stack_experts",
     "expected_calibration_error",
     "get_surrogate",
