@@ -175,3 +175,20 @@ def test_costs_stored_saved_reloaded_and_overridden(tmp_path):
 def test_bad_costs_and_kinds_are_refused(config, match):
     with pytest.raises(ValueError, match=match):
         DeferralConfig(feature_size=4, num_labels=3, num_experts=2, **config)
+
+
+def test_model_card_draws_the_error_cost_curve_when_costs_are_set(tmp_path):
+    from hf_defer import DeferralModelCardData, render_model_card
+
+    model = fixed_model(expert_costs=[0.3, 0.0])
+    curve = error_cost_curve(PROBS, ACCURACY, LABELS, EXPERT_LABELS, PRICES, decision_costs=GRID)
+    front_cost, front_error = curve.front()
+    data = DeferralModelCardData.from_model(model, error_cost_curve={"cost": front_cost.tolist(),
+                                                                      "error": front_error.tolist()})
+    assert data.expert_costs == [0.3, 0.0]
+    render_model_card(data, tmp_path / "with")
+    text = (tmp_path / "with" / "README.md").read_text()
+    assert "## Error against cost" in text or "### Error against cost" in text
+    assert "(error_cost_curve.png)" in text and (tmp_path / "with" / "error_cost_curve.png").is_file()
+    render_model_card(DeferralModelCardData.from_model(fixed_model()), tmp_path / "without")  # no costs: no section
+    assert "Error against cost" not in (tmp_path / "without" / "README.md").read_text()
