@@ -38,6 +38,9 @@ def _register_pipeline() -> None:
 
     if PIPELINE_REGISTRY.supported_tasks.get("deferral", {}).get("impl") is not DeferralPipeline:
         PIPELINE_REGISTRY.register_pipeline("deferral", pipeline_class=DeferralPipeline, pt_model=AutoModelForDeferral)
+    from .model_experts import answer_with_model_experts
+
+    DeferralPipeline.model_expert_runner = staticmethod(answer_with_model_experts)  # experts= (library mode)
 
 
 _register_pipeline()

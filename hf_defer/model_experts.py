@@ -152,16 +152,19 @@ def predict_ids(
 
 
 def answer_with_model_experts(
-    outputs: list[dict[str, Any]], inputs: list[Any], experts: Mapping[str, BatchPredictor], config: Any,
+    outputs: list[dict[str, Any]], inputs: list[Any], experts: Mapping[str, Any], config: Any,
     expert_costs: Sequence[float], batch_size: int = 32,
 ) -> list[dict[str, Any]]:
     """Let model experts answer the inputs the deferral pipeline routed to them (in place, and returned).
 
     Each output gains `answered_by` (`"classifier"`, the model expert's name, or `None` while a person has not
-    answered) and `cost` (0 when the classifier answers, else the cost of the chosen expert). An input routed to
+    answered) and `cost` (0 when the classifier answers, else the cost of the chosen expert). `experts` maps names
+    to predictors ([`as_batch_predictor`]; a `(model, tokenizer)` tuple for a model). An input routed to
     a model expert gets that expert's answer as `label`; each predictor is called once per `batch_size` of the
     inputs routed to it, and never when none is.
     """
+    experts = {name: as_batch_predictor(*p) if isinstance(p, tuple) else as_batch_predictor(p)
+               for name, p in experts.items()}
     costs = dict(zip(config.expert_names, expert_costs))
     for out in outputs:
         out["answered_by"] = None if out["defer"] else "classifier"

@@ -21,8 +21,6 @@ from transformers import Pipeline
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
 
-from .configuration_deferral import check_expert_costs
-
 DEFER_LABEL = "defer"
 """The ``"label"`` of a deferred input."""
 
@@ -170,6 +168,8 @@ class DeferralPipeline(Pipeline):
     _load_video_processor = False
     _load_feature_extractor = False
     _load_tokenizer = None
+    model_expert_runner: Any = None
+    """Set by `import hf_defer` to `hf_defer.model_experts.answer_with_model_experts` (library mode only)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         model = kwargs.get("model", args[0] if args else None)
@@ -243,7 +243,22 @@ class DeferralPipeline(Pipeline):
                 raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}.")
             postprocess["top_k"] = top_k
         if expert_costs is not None:
-            postprocess["expert_costs"] = check_expert_costs(expert_costs, self.model.config.num_experts)
+            num_experts = self.model.config.num_experts
+            if isinstance(expert_costs, (np.ndarray, torch.Tensor)):
+                expert_costs = expert_costs.tolist()
+            if isinstance(expert_costs, (str, bytes, dict)) or not hasattr(expert_costs, "__len__"):
+                raise TypeError(
+                    f"expert_costs must be a sequence of {num_experts} numbers, got {type(expert_costs).__name__}."
+                )
+            costs = list(expert_costs)
+            if len(costs) != num_experts:
+                raise ValueError(
+                    f"expert_costs must have one cost per expert (num_experts={num_experts}), got {len(costs)}: "
+                    f"{list(expert_costs)!r}."
+                )
+            if not all(_is_number(cost) and math.isfinite(cost) and cost >= 0 for cost in costs):
+                raise ValueError(f"expert_costs must be finite, non-negative numbers, got {list(expert_costs)!r}.")
+            postprocess["expert_costs"] = [float(cost) for cost in costs]
         if defer_threshold is not None:
             if not _is_number(defer_threshold) or not math.isfinite(defer_threshold):
                 raise ValueError(f"defer_threshold must be a finite number, got {defer_threshold!r}.")
@@ -292,12 +307,9 @@ class DeferralPipeline(Pipeline):
 
     def _call_with_model_experts(self, inputs: Any, **kwargs: Any) -> dict[str, Any] | list[dict[str, Any]]:
         """Runs the deferral model, then each model expert once per batch of the inputs routed to it."""
-        try:  # model experts are a library-mode feature: the helper is not copied next to the weights
-            from hf_defer.model_experts import answer_with_model_experts, as_batch_predictor
-        except ImportError as err:
-            raise ImportError("model experts (`experts=`) need the hf_defer library: pip install hf-defer") from err
-        experts = {name: as_batch_predictor(*p) if isinstance(p, tuple) else as_batch_predictor(p)
-                   for name, p in self.model_experts.items()}
+        runner = type(self).model_expert_runner
+        if runner is None:  # remote-code mode: the helper is not copied next to the weights
+            raise ImportError("model experts (`experts=`) need the hf_defer library: pip install hf-defer, import hf_defer")
         single = self._is_single(inputs)
         items = [inputs] if single else list(inputs)
         self.model_experts, saved = {}, self.model_experts
@@ -308,7 +320,7 @@ class DeferralPipeline(Pipeline):
         costs = self._sanitize_parameters(expert_costs=kwargs.get("expert_costs"))[2].get("expert_costs")
         costs = costs or self._postprocess_params.get("expert_costs") or self.model.config.expert_costs
         batch_size = kwargs.get("batch_size") or self._batch_size or 32
-        outputs = answer_with_model_experts(outputs, items, experts, self.model.config, costs, batch_size)
+        outputs = runner(outputs, items, self.model_experts, self.model.config, costs, batch_size)
         return outputs[0] if single else outputs
 
     def preprocess(self, inputs: Any, **processor_kwargs: Any) -> dict[str, torch.Tensor]:

@@ -175,7 +175,7 @@ def test_bad_inputs_and_parameters_raise_clear_errors():
     classify = pipeline("deferral", model=fixed_logit_model(LOGITS, 3, **NAMES))
     with pytest.raises(ValueError, match="expert_costs must have one cost per expert"):
         classify([0.0] * 4, expert_costs=[0.1])
-    with pytest.raises(ValueError, match="expert_costs must be a list of 2 numbers"):
+    with pytest.raises(TypeError, match="expert_costs must be a sequence"):
         classify([0.0] * 4, expert_costs="0.1")
     with pytest.raises(ValueError, match="expert_costs must be finite, non-negative"):
         classify([0.0] * 4, expert_costs=[0.1, float("nan")])
