@@ -265,13 +265,15 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
             probs, accuracy = estimate(features)
             curves[method] = _select_on_validation(
                 lambda rows, g: error_cost_curve(probs[rows], accuracy[rows], labels[rows], experts[rows],
-                                                 [costly_price, person_price], decision_costs=g, model_cost=cheap_price),
+                                                 [costly_price, person_price], decision_costs=g,
+                                                 model_cost=cheap_price),
                 grid, val, test, base=[1.0, 1.0])
         members = {"cheap model alone": (cheap_price, float(np.mean(answers[test, 0] != labels[test]))),
                    "costly model alone": (costly_price, float(np.mean(costly_answer[test] != labels[test]))),
                    "annotator alone": (person_price, float(np.mean(person[test] != labels[test])))}
         runs.append({"seed": seed, "members": members,
-                     "curves": {name: {"cost": c.cost.tolist(), "error": c.error.tolist()} for name, c in curves.items()}})
+                     "curves": {name: {"cost": c.cost.tolist(), "error": c.error.tolist()}
+                                for name, c in curves.items()}})
         log(f"seed {seed}: {time.perf_counter() - start:.0f} s; " + ", ".join(
             f"{name} min error {min(c.error):.4f}" for name, c in curves.items()))
     return {"runs": runs, "prices": {"cheap": cheap_price, "costly": costly_price, "person": person_price},

@@ -196,8 +196,9 @@ class DeferralConfig(PretrainedConfig):
             raise ValueError(f"defer_threshold must be a finite number, got {threshold!r}.")
         self.expert_costs = check_expert_costs(self.expert_costs, self.num_experts)
         kinds = [EXPERT_KINDS[0]] * self.num_experts if self.expert_kinds is None else self.expert_kinds
-        if not isinstance(kinds, (list, tuple)) or len(kinds) != self.num_experts or not set(kinds) <= set(EXPERT_KINDS):
-            raise ValueError(f"expert_kinds must give one of {EXPERT_KINDS} per expert ({self.num_experts}), got {kinds!r}.")
+        if not isinstance(kinds, (list, tuple)) or len(kinds) != self.num_experts or not set(kinds) <= {*EXPERT_KINDS}:
+            raise ValueError(f"expert_kinds must give one of {EXPERT_KINDS} per expert ({self.num_experts}), got "
+                             f"{kinds!r}.")
         self.expert_kinds = list(kinds)
         # Library mode: `import hf_defer` registers the "deferral" pipeline itself, and a custom_pipelines["deferral"]
         # entry (written for remote code) would make pipeline("deferral", ...) demand trust_remote_code=True. The

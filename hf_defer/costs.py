@@ -76,7 +76,9 @@ def mean_cost(defer: Any, expert: Any, expert_costs: Sequence[float], model_cost
     defer = _array("defer", defer, 1, bool)
     expert = _array("expert", expert, 1, np.int64)
     if defer.shape != expert.shape or defer.size == 0:
-        raise ValueError(f"`defer` and `expert` must be non-empty and of one length, got {defer.size} and {expert.size}.")
+        raise ValueError(
+            f"`defer` and `expert` must be non-empty and of one length, got {defer.size} and {expert.size}."
+        )
     costs = np.asarray(check_expert_costs(list(np.ravel(expert_costs)), int(np.size(expert_costs))))
     if expert[defer].size and (expert[defer].min() < 0 or expert[defer].max() >= costs.size):
         raise ValueError(f"`expert` must index `expert_costs` (0..{costs.size - 1}) where deferred.")
@@ -127,7 +129,9 @@ def pareto_front(cost: Any, error: Any) -> np.ndarray:
     """
     cost, error = _array("cost", cost, 1), _array("error", error, 1)
     if cost.shape != error.shape or cost.size == 0 or not (np.isfinite(cost).all() and np.isfinite(error).all()):
-        raise ValueError(f"`cost` and `error` must be finite, non-empty and of one length, got {cost.size} and {error.size}.")
+        raise ValueError(
+            f"`cost` and `error` must be finite, non-empty and of one length, got {cost.size} and {error.size}."
+        )
     order = np.lexsort((np.arange(cost.size), error, cost))
     front, best = [], np.inf
     for index in order:
@@ -158,7 +162,9 @@ def area_under_error_cost(cost: Any, error: Any, low: float, high: float) -> flo
     if not (np.isfinite(low) and np.isfinite(high) and high > low):
         raise ValueError(f"`low` and `high` must be finite with high > low, got {low!r} and {high!r}.")
     if low < cost[front[0]]:
-        raise ValueError(f"`low` ({low}) is below the cheapest point's cost ({cost[front[0]]}): no error is defined there.")
+        raise ValueError(
+            f"`low` ({low}) is below the cheapest point's cost ({cost[front[0]]}): no error is defined there."
+        )
     edges = np.clip(np.append(cost[front], np.inf), low, high)  # step i holds on [edges[i], edges[i + 1])
     return float(np.sum(error[front] * np.diff(edges)) / (high - low))
 

@@ -76,13 +76,15 @@ def predictor_identity(predictor: Any, tokenizer: Any = None, max_length: int | 
     """A content hash of a predictor: the config and weights of a model or of a pipeline's model, else the code and
     state of a callable (`datasets`' hasher); None (with a warning) when it cannot be hashed."""
     model = getattr(predictor, "model", predictor)
-    digest = hashlib.sha256(f"{type(predictor).__qualname__}:{getattr(tokenizer, 'name_or_path', None)}:{max_length}".encode())
+    tokenizer_name = getattr(tokenizer, "name_or_path", None)
+    digest = hashlib.sha256(f"{type(predictor).__qualname__}:{tokenizer_name}:{max_length}".encode())
     if hasattr(model, "state_dict") and hasattr(model, "config"):
         import torch
 
         digest.update(model.config.to_json_string().encode())
         for name, tensor in sorted(model.state_dict().items()):
-            digest.update(name.encode() + tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+            digest.update(name.encode() + data.tobytes())
         return digest.hexdigest()
     try:
         from datasets.fingerprint import Hasher
@@ -117,7 +119,8 @@ def answers_to_ids(
             ids[position] = int(value)
             continue
         raise ValueError(
-            f"expert {expert!r} answered {answer!r} for row {position if rows is None else rows[position]}, which is not a label: expected "
+            f"expert {expert!r} answered {answer!r} for row {position if rows is None else rows[position]}, which is "
+            "not a label: expected "
             f"one of {sorted(label2id, key=label2id.get)} or a class id 0..{num_labels - 1} (map other answers with "
             "`label_map`)."
         )
@@ -145,7 +148,8 @@ def predict_ids(
     if isinstance(answers, (str, bytes)) or not hasattr(answers, "__len__") or len(answers) != len(batch):
         got = len(answers) if hasattr(answers, "__len__") and not isinstance(answers, str) else type(answers).__name__
         raise ValueError(
-            f"expert {expert!r} must return one answer per input: the batch starting at row {rows[0] if rows else None} has "
+            f"expert {expert!r} must return one answer per input: the batch starting at row "
+            f"{rows[0] if rows else None} has "
             f"{len(batch)} inputs, the expert returned {got}."
         )
     return answers_to_ids(list(answers), label2id, expert, rows, label_map)

@@ -309,7 +309,8 @@ class DeferralPipeline(Pipeline):
         """Runs the deferral model, then each model expert once per batch of the inputs routed to it."""
         runner = type(self).model_expert_runner
         if runner is None:  # remote-code mode: the helper is not copied next to the weights
-            raise ImportError("model experts (`experts=`) need the hf_defer library: pip install hf-defer, import hf_defer")
+            raise ImportError("model experts (`experts=`) need the hf_defer library: `pip install hf-defer` and "
+                              "`import hf_defer`.")
         single = self._is_single(inputs)
         items = [inputs] if single else list(inputs)
         self.model_experts, saved = {}, self.model_experts

@@ -46,7 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     costly.add_argument("--fold-seed", type=int, default=0)
     compare = parser.add_argument_group("compare stage")
     compare.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    compare.add_argument("--prices", type=float, nargs=3, default=[1.0, 10.0, 100.0], metavar=("CHEAP", "COSTLY", "PERSON"),
+    compare.add_argument("--prices", type=float, nargs=3, default=[1.0, 10.0, 100.0],
+                         metavar=("CHEAP", "COSTLY", "PERSON"),
                          help="cost per tweet of the cheap model, the costly model and the annotator")
     compare.add_argument("--head-epochs", type=int, default=30)
     return parser.parse_args(argv)
@@ -85,7 +86,8 @@ def run_compare(args: argparse.Namespace) -> None:
     costly = payload["settings"]
     data = load_rows(costly["rows"])
     if cx.texts_digest(data["text"]) != costly["texts_sha256"]:
-        raise ValueError(f"{args.predictions} was made for other rows (its texts_sha256 differs); rerun --stage costly.")
+        raise ValueError(f"{args.predictions} was made for other rows (its texts_sha256 differs); rerun the costly "
+                         "stage.")
     if args.model == DEFAULT_SENTENCE_ENCODER:  # embed every tweet: one cache entry shared with the other scripts
         full = cx.cascade_data()
         features = np.asarray(add_embeddings(full)["features"][: len(data)], dtype=np.float32)

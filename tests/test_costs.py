@@ -25,7 +25,8 @@ from hf_defer.routing import confidence_cascade_curve, router_curve
 # max_y p_y, to the argmax):
 #   d = (0, 0):     keep row 0 (0.7 < 0.9, right); row 1 -> expert 0 (0.95, right, 1); row 2 -> expert 1 (0.99, right,
 #                   10): error 0, cost 11/3.
-#   d = (0, 0.2):   row 2 -> expert 0 (0.9 > 0.79 and > 0.55; wrong, 1); row 1 -> expert 0 (right, 1): error 1/3, cost 2/3.
+#   d = (0, 0.2):   row 2 -> expert 0 (0.9 > 0.79 and > 0.55; wrong, 1); row 1 -> expert 0 (right, 1):
+#                   error 1/3, cost 2/3.
 #   d = (0.5, 0.5): nobody deferred; the classifier says 0 everywhere, wrong on rows 1 and 2: error 2/3, cost 0.
 PROBS = [[0.9, 0.1], [0.6, 0.4], [0.55, 0.45]]
 ACCURACY = [[0.5, 0.7], [0.95, 0.8], [0.9, 0.99]]
