@@ -287,7 +287,7 @@ def _best_error_at(cost: Sequence[float], error: Sequence[float], budgets: np.nd
 
 
 def summarize(result: dict[str, Any], budgets: int = 200) -> dict[str, Any]:
-    """Areas under each method's test error-cost staircase (budgets from the cheap price to the person's price),
+    """Areas under each method's test error-cost staircase (budgets log-uniform from the cheap price to the person's),
     their mean and standard error over seeds, paired t-tests of A-SM against the others, and the mean curves."""
     from scipy import stats
 
@@ -295,8 +295,9 @@ def summarize(result: dict[str, Any], budgets: int = 200) -> dict[str, Any]:
 
     low, high = result["prices"]["cheap"], result["prices"]["person"]
     grid = np.geomspace(low, high, budgets)
-    area = {m: [area_under_error_cost(r["curves"][m]["cost"], r["curves"][m]["error"], low, high)
-                for r in result["runs"]] for m in METHODS}
+    # Budgets log-uniform on [low, high], as the figure's axis: the staircase in log cost.
+    area = {m: [area_under_error_cost(np.log(r["curves"][m]["cost"]), r["curves"][m]["error"], np.log(low),
+                                      np.log(high)) for r in result["runs"]] for m in METHODS}
     mean_curve = {m: np.nanmean([_best_error_at(r["curves"][m]["cost"], r["curves"][m]["error"], grid)
                                  for r in result["runs"]], axis=0) for m in METHODS}
     seeds = len(result["runs"])

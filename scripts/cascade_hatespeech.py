@@ -169,8 +169,9 @@ def markdown(record: dict, figure: str) -> str:
         "",
         "| Member alone | cost | error (%) |", "|---|---|---|", *members,
         "",
-        f"**Area under the error-cost staircase** (mean of the lowest error over budgets from {low:g} to {high:g}, "
-        "budgets uniform in cost), percent, mean (standard error) over seeds, then each seed:",
+        f"**Area under the error-cost staircase**: the mean, over budgets from {low:g} to {high:g} spread uniformly "
+        "in log cost (as in the figure), of the lowest test error the method reaches within the budget; percent, "
+        "mean (standard error) over seeds, then each seed:",
         "",
         "| Method | area | per seed |", "|---|---|---|", *rows,
         "",
