@@ -159,6 +159,16 @@ def test_pipeline_calls_only_the_routed_predictor_on_only_the_routed_inputs():
     assert big.call_count == 0 and [out["answered_by"] for out in kept] == ["classifier", "classifier"]
     single = classify([1.0, -1.0], expert_costs=[0.0, 0.0])  # one input; the call's costs override the config's
     assert single["answered_by"] == "big" and single["cost"] == 0.0 and big.call_count == 1
+    # Two model experts: each is called on its own routed inputs only, and not at all when none is routed to it.
+    big.reset_mock()
+    other = mock.Mock(side_effect=lambda batch: ["a"] * len(batch))
+    both = pipeline("deferral", model=routing_model(), experts={"big": big, "person": other})
+    both([inputs[i] for i in routed_big])
+    assert other.call_count == 0 and big.call_count == 1
+    routed_person = [i for i, out in enumerate(plain) if out["expert"] == "person"]
+    outputs = both(inputs)
+    assert [list(map(float, row)) for row in other.call_args.args[0]] == [inputs[i] for i in routed_person]
+    assert [outputs[i]["answered_by"] for i in routed_person] == ["person"] * len(routed_person)
 
 
 def test_pipeline_model_expert_from_a_model_and_errors():
