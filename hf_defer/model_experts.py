@@ -37,6 +37,16 @@ def as_batch_predictor(predictor: Any, tokenizer: Any = None, max_length: int | 
 
     Returns:
         `Callable[[list], list]`.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.model_experts import as_batch_predictor, predict_ids
+    >>> run = as_batch_predictor(lambda texts: ["pos" if "good" in text else "neg" for text in texts])
+    >>> predict_ids(run, ["good", "bad"], {"neg": 0, "pos": 1}, expert="keyword").tolist()
+    [1, 0]
+
+    ```
     """
     from transformers import Pipeline, PreTrainedModel
 
