@@ -269,7 +269,7 @@ def plot_error_cost_curves(
     for name, (cost, error) in curves.items():
         axis.step(np.asarray(cost), 100 * np.asarray(error), where="post", label=name, linewidth=1.6)
     for name, (cost, error) in (points or {}).items():
-        axis.scatter([cost], [100 * error], marker="o", zorder=3)
+        axis.scatter([cost], [100 * error], marker="o", color="black", zorder=3)
         axis.annotate(name, (cost, 100 * error), textcoords="offset points", xytext=(4, 4), fontsize=8)
     if log_cost:
         axis.set_xscale("log")
