@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all demo reproduce clean
+.PHONY: install test test-all demo reproduce cascade clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,3 +36,11 @@ demo: install
 REPRODUCE_ARGS ?=
 reproduce: install
 	$(PY) scripts/reproduce_hatespeech.py --multi-expert $(REPRODUCE_ARGS)
+
+# Cheap model, costly model and person on HateSpeech: cascade, router and deferral models in the error-cost plane
+# (results/hatespeech_cascade.md). The costly stage (cross-fitted fine-tuning of MiniLM) is slow on a CPU; run it on a
+# GPU with CASCADE_COSTLY_ARGS="--device cuda" or cap it, e.g. "--train-rows-per-fold 2000 --max-length 64".
+CASCADE_COSTLY_ARGS ?= --folds 5 --epochs 2
+cascade: install
+	test -f results/hatespeech_costly_predictions.json || HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(PY) scripts/cascade_hatespeech.py --stage costly $(CASCADE_COSTLY_ARGS)
+	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(PY) scripts/cascade_hatespeech.py --stage compare

@@ -9,7 +9,8 @@ from .trainer import DeferralTrainer
 from .data import DataCollatorForDeferral, load_hatespeech
 from .preparation import PreparedDeferralData, prepare_deferral_dataset
 from .embeddings import add_embeddings, embed_texts
-from .experts import annotator_expert, class_subset_expert, stack_experts
+from .experts import annotator_expert, class_subset_expert, model_expert, stack_experts
+from .costs import ErrorCostCurve, error_cost_curve, mean_cost
 from .calibration import calibrate_deferral
 from .evaluate_metric import load_metric
 from .hub import push_to_hub, save_for_hub
@@ -41,6 +42,9 @@ def _register_pipeline() -> None:
 
     if PIPELINE_REGISTRY.supported_tasks.get("deferral", {}).get("impl") is not DeferralPipeline:
         PIPELINE_REGISTRY.register_pipeline("deferral", pipeline_class=DeferralPipeline, pt_model=AutoModelForDeferral)
+    from .model_experts import answer_with_model_experts
+
+    DeferralPipeline.model_expert_runner = staticmethod(answer_with_model_experts)  # experts= (library mode)
 
 
 _register_pipeline()
@@ -60,6 +64,7 @@ __all__ = [
     "DataCollatorForDeferral",
     "DeferralModelCardData",
     "PreparedDeferralData",
+    "ErrorCostCurve",
     "calibrate_deferral",
     "push_to_hub",
     "render_model_card",
@@ -69,8 +74,11 @@ __all__ = [
     "class_subset_expert",
     "deferral_metrics",
     "embed_texts",
+    "error_cost_curve",
     "load_hatespeech",
     "prepare_deferral_dataset",
+    "mean_cost",
+    "model_expert",
     "stack_experts",
     "expected_calibration_error",
     "get_surrogate",

@@ -7,6 +7,7 @@ remote-code loading (``trust_remote_code=True``).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import field
 from numbers import Integral, Real
 from typing import Any, ClassVar
@@ -18,6 +19,8 @@ from .surrogates import SURROGATES as SURROGATE_NAMES  # a sibling module: remot
 
 POOLING_MODES: tuple[str, ...] = ("cls", "mean", "max", "last")
 """Values of `DeferralConfig.pooling`."""
+EXPERT_KINDS: tuple[str, ...] = ("person", "model")
+"""Values of `DeferralConfig.expert_kinds`."""
 
 
 def _is_int(value: Any) -> bool:
@@ -83,6 +86,21 @@ def resolve_pooling(encoder: PretrainedConfig | dict | None, pooling: str | None
     return pooling or "last"
 
 
+def check_expert_costs(costs: Any, num_experts: int, argument: str = "expert_costs") -> list[float]:
+    """One finite, non-negative cost per expert, as floats (zeros when `costs` is None); anything else is refused."""
+    if costs is None:
+        return [0.0] * num_experts
+    if hasattr(costs, "tolist"):  # np.ndarray, torch.Tensor
+        costs = costs.tolist()
+    if not isinstance(costs, (list, tuple)):
+        raise ValueError(f"{argument} must be a list of {num_experts} numbers (one per expert), got {costs!r}.")
+    if len(costs) != num_experts:
+        raise ValueError(f"{argument} must have one cost per expert ({num_experts}), got {len(costs)}: {list(costs)!r}.")
+    if not all(isinstance(c, numbers.Real) and not isinstance(c, bool) and math.isfinite(c) and c >= 0 for c in costs):
+        raise ValueError(f"{argument} must be finite, non-negative numbers, got {list(costs)!r}.")
+    return [float(cost) for cost in costs]
+
+
 class DeferralConfig(PretrainedConfig):
     r"""
     Configuration of [`EncoderForDeferral`]: a model with `num_labels` (K) class outputs and `num_experts` (M)
@@ -127,7 +145,12 @@ class DeferralConfig(PretrainedConfig):
             probability by more than this; set by `hf_defer.calibrate_deferral` to meet a deferral budget. The model's
             `defer` output, the pipeline and `deferral_metrics(..., config)` all decide with it.
         expert_costs (`list[float]`, *optional*):
-            Cost `c_j` of asking each expert, in units of probability (zeros when unset); used with `defer_threshold`.
+            The price `c_j` of asking each expert, in units of probability (the rule compares accuracy minus cost with
+            the class probability); zeros by default. The pipeline uses them unless a call passes `expert_costs`;
+            `calibrate_deferral(..., expert_costs=...)` stores the costs it calibrated with here.
+        expert_kinds (`list[str]`, *optional*):
+            `"person"` or `"model"` for each expert (all `"person"` by default). A model expert can answer in the
+            pipeline itself (`pipeline("deferral", model=..., experts={name: predictor})`).
         kwargs (*optional*):
             Passed to [`PretrainedConfig`] (`id2label`, `label2id`, ...).
 
@@ -168,6 +191,7 @@ class DeferralConfig(PretrainedConfig):
     expert_names: list[str] | None = None
     defer_threshold: int | float = 0.0
     expert_costs: list[int | float] | None = None
+    expert_kinds: list[str] | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         # numpy integers (`labels.max() + 1`) are integers too: stored as int, which config.json can hold.
@@ -196,9 +220,13 @@ class DeferralConfig(PretrainedConfig):
         self.pooling = resolve_pooling(self.encoder, self.pooling)  # None: the backbone's default
         if self.expert_names is None and _is_int(self.num_experts):
             self.expert_names = [f"expert_{j}" for j in range(self.num_experts)]
-        for name in ("head_hidden_sizes", "expert_names", "expert_costs"):
+        for name in ("head_hidden_sizes", "expert_names", "expert_costs", "expert_kinds"):
             if isinstance(getattr(self, name), tuple):
                 setattr(self, name, list(getattr(self, name)))
+        if _is_int(self.num_experts) and self.expert_kinds is None:
+            self.expert_kinds = [EXPERT_KINDS[0]] * self.num_experts
+        if _is_int(self.num_experts) and self.expert_costs is None:
+            self.expert_costs = [0.0] * self.num_experts
         self._validate_deferral_fields()
 
     # One validator per field, in the `validate_*` style of `huggingface_hub.dataclasses.strict` (as transformers v5
@@ -261,11 +289,13 @@ class DeferralConfig(PretrainedConfig):
     def validate_decision(self) -> None:
         if not _is_number(self.defer_threshold):
             raise ValueError(f"defer_threshold must be a finite number, got {self.defer_threshold!r}.")
-        costs = self.expert_costs
-        if costs is not None and not (
-            isinstance(costs, list) and len(costs) == self.num_experts and all(_is_number(cost) for cost in costs)
-        ):
-            raise ValueError(f"expert_costs must be a list of {self.num_experts} finite numbers, got {costs!r}.")
+        check_expert_costs(self.expert_costs, self.num_experts)
+
+    def validate_expert_kinds(self) -> None:
+        kinds = self.expert_kinds
+        if not isinstance(kinds, list) or len(kinds) != self.num_experts or not set(kinds) <= {*EXPERT_KINDS}:
+            raise ValueError(f"expert_kinds must give one of {EXPERT_KINDS} per expert ({self.num_experts}), got "
+                             f"{kinds!r}.")
 
     def _validate_deferral_fields(self) -> None:
         for name, member in vars(DeferralConfig).items():
@@ -278,4 +308,4 @@ class DeferralConfig(PretrainedConfig):
         self._validate_deferral_fields()
 
 
-__all__ = ["DeferralConfig"]
+__all__ = ["EXPERT_KINDS", "DeferralConfig", "check_expert_costs"]

@@ -11,6 +11,7 @@ Every function here takes a `datasets.Dataset` and returns a new one with an add
 - [`dialect_biased_expert`]: the "synthetic" HateSpeech expert of Mozannar et al. (2023), whose accuracy depends on
   the dialect of the text (flag it with [`~hf_defer.aae.TwitterAAE`]).
 - [`annotator_accuracy`]: the exact accuracy of [`annotator_expert`] on each example, `counts[label] / sum(counts)`.
+- [`model_expert`] (from [`hf_defer.model_experts`]): the answers of a model (pipeline, model, callable) as an expert.
 - [`stack_experts`]: turns M single-expert columns into the list column `expert_labels` of an M-expert dataset.
 """
 
@@ -22,7 +23,8 @@ from collections.abc import Sequence
 import datasets
 import numpy as np
 
-__all__ = ["annotator_accuracy", "annotator_expert", "class_subset_expert", "dialect_biased_expert", "stack_experts"]
+__all__ = ["annotator_accuracy", "annotator_expert", "class_subset_expert", "dialect_biased_expert", "model_expert",
+           "stack_experts"]
 
 SeedLike = int | np.random.Generator
 
@@ -443,3 +445,6 @@ def dialect_biased_expert(
     guess = rng.integers(0, int(num_classes), size=len(labels))
     expert = np.where(right, labels, guess).astype(np.int64)
     return _replace_column(dataset, column, expert, datasets.Value("int64"))
+
+
+from .model_experts import model_expert  # noqa: E402  (an expert from a model; it builds on the helpers above)

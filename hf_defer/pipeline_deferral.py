@@ -144,6 +144,13 @@ class DeferralPipeline(Pipeline):
     - **expert_accuracy** (`list[float]`) -- the estimated accuracy of each expert.
     - **scores** (`dict[str, float]`) -- class name to probability, highest first (`top_k` of them).
 
+    Experts that are models (library mode): `pipeline("deferral", model=..., experts={name: predictor})`, with a
+    transformers pipeline, a `(model, tokenizer)` pair or a callable on a list of inputs for some of
+    `config.expert_names`. The inputs routed to such an expert are sent to it in batches and its answer becomes
+    the `label`; every output then also has **answered_by** (`"classifier"`, the model expert's name, or `None`
+    while a person has not answered) and **cost** (the chosen expert's cost, 0 when the classifier answers).
+    Nothing is called for the inputs the model keeps.
+
     Call parameters (also accepted when building the pipeline):
 
     - **top_k** (`int`, *optional*) -- how many classes `scores` keeps; all when `None`.
@@ -179,6 +186,8 @@ class DeferralPipeline(Pipeline):
     _load_video_processor = False
     _load_feature_extractor = False
     _load_tokenizer = None
+    model_expert_runner: Any = None
+    """Set by `import hf_defer` to `hf_defer.model_experts.answer_with_model_experts` (library mode only)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         model = kwargs.get("model", args[0] if args else None)
@@ -188,6 +197,11 @@ class DeferralPipeline(Pipeline):
                 "The deferral pipeline needs a deferral model (config.model_type == 'deferral', e.g. "
                 f"hf_defer.EncoderForDeferral), got {type(model).__name__} with model_type={model_type!r}."
             )
+        experts = dict(kwargs.pop("experts", None) or {})
+        unknown = sorted(set(experts) - set(model.config.expert_names))
+        if unknown:
+            raise ValueError(f"experts names {unknown}, which are not in config.expert_names {model.config.expert_names}.")
+        self.model_experts = experts
         _check_device(kwargs.get("device"))
         _check_loader_options(kwargs)
         if model.config.encoder is None:  # set before the base class checks the options with _sanitize_parameters
@@ -309,9 +323,12 @@ class DeferralPipeline(Pipeline):
             kwargs: `top_k`, `expert_costs`, `defer_threshold`, `batch_size` and tokenizer/image-processor kwargs.
 
         Returns:
-            A `dict` for one input, a list of them for a list (an iterator for a dataset or generator).
+            A `dict` for one input, a list of them for a list (an iterator for a dataset or generator; a list when
+            the pipeline has model experts).
         """
         _check_loader_options(kwargs)
+        if self.model_experts:
+            return self._call_with_model_experts(inputs, **kwargs)
         if isinstance(inputs, (np.ndarray, torch.Tensor)) and self.input_kind == "features" and inputs.ndim == 2:
             inputs = list(inputs)
         elif _is_sequence_like(inputs):  # e.g. a `datasets` Column, `dataset["text"]`
@@ -325,6 +342,25 @@ class DeferralPipeline(Pipeline):
         if isinstance(inputs, list) and not inputs:
             raise ValueError("inputs is an empty batch: give at least one input.")
         return super().__call__(inputs, **kwargs)
+
+    def _call_with_model_experts(self, inputs: Any, **kwargs: Any) -> dict[str, Any] | list[dict[str, Any]]:
+        """Runs the deferral model, then each model expert once per batch of the inputs routed to it."""
+        runner = type(self).model_expert_runner
+        if runner is None:  # remote-code mode: the helper is not copied next to the weights
+            raise ImportError("model experts (`experts=`) need the hf_defer library: `pip install hf-defer` and "
+                              "`import hf_defer`.")
+        single = self._is_single(inputs)
+        items = [inputs] if single else list(inputs)
+        self.model_experts, saved = {}, self.model_experts
+        try:
+            outputs = self(items, **kwargs)
+        finally:
+            self.model_experts = saved
+        costs = self._sanitize_parameters(expert_costs=kwargs.get("expert_costs"))[2].get("expert_costs")
+        costs = costs or self._postprocess_params.get("expert_costs") or self.model.config.expert_costs
+        batch_size = kwargs.get("batch_size") or self._batch_size or 32
+        outputs = runner(outputs, items, self.model_experts, self.model.config, costs, batch_size)
+        return outputs[0] if single else outputs
 
     def preprocess(self, inputs: Any, **processor_kwargs: Any) -> dict[str, torch.Tensor]:
         if self.input_kind == "features":

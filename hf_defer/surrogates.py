@@ -250,7 +250,8 @@ class DeferralSurrogate:
         return self._margin(self.check_logits(logits), self.check_costs(expert_costs))
 
     def check_costs(self, expert_costs: Any) -> torch.Tensor | None:
-        """Validates ``expert_costs`` (``M`` finite numbers): float64 ``[M]``, or `None` when not given or all zero."""
+        """Validates ``expert_costs`` (``M`` finite, non-negative numbers): float64 ``[M]``, or `None` when not given or
+        all zero. A negative cost would pay for asking an expert; it is refused."""
         if expert_costs is None:
             return None
         costs = expert_costs.tolist() if hasattr(expert_costs, "tolist") else expert_costs  # np.ndarray, torch.Tensor
@@ -259,8 +260,8 @@ class DeferralSurrogate:
         costs = list(costs)
         if len(costs) != self.num_experts:
             raise ValueError(f"expert_costs must have one cost per expert (num_experts={self.num_experts}), got {costs!r}.")
-        if not all(_is_finite_number(cost) for cost in costs):
-            raise ValueError(f"expert_costs must be finite numbers, got {costs!r}.")
+        if not all(_is_finite_number(cost) and cost >= 0 for cost in costs):
+            raise ValueError(f"expert_costs must be finite, non-negative numbers, got {costs!r}.")
         return torch.tensor(costs, dtype=torch.float64) if any(costs) else None
 
     # ------------------------------------------------------------------ on logits already checked (check_logits)

@@ -138,7 +138,8 @@ def test_both_encoder_and_feature_size_rejected():
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"expert_costs": [0.1, 0.2]}, "expert_costs must be a list of 1"),
+    [({"expert_costs": [0.1, 0.2]}, "expert_costs must have one cost per expert"),
+     ({"expert_costs": [-0.1]}, "non-negative"),
      ({"expert_costs": [float("inf")]}, "expert_costs"),
      ({"num_experts": 2, "expert_costs": (0.0, 0.1)}, None)],
 )
@@ -152,7 +153,8 @@ def test_expert_costs_are_one_finite_number_per_expert(kwargs, message):
 
 def test_each_field_has_one_validator_and_save_runs_them(tmp_path):
     validators = sorted(name for name in vars(DeferralConfig) if name.startswith("validate_"))
-    assert validators == ["validate_decision", "validate_encoder", "validate_expert_names", "validate_flags",
+    assert validators == ["validate_decision", "validate_encoder", "validate_expert_kinds", "validate_expert_names",
+                          "validate_flags",
                           "validate_head", "validate_num_experts", "validate_num_labels", "validate_pooling",
                           "validate_surrogate"]
     config = DeferralConfig(feature_size=8)

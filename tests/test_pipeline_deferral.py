@@ -64,11 +64,12 @@ def test_expert_costs_flip_the_decision_and_the_chosen_expert():
     # alice's gain 0.78699 - 0.3 = 0.48699 and bob's 0.45186 are both below the top class probability 0.57612.
     out = classify(features, expert_costs=[0.3, 0.0])
     assert out["defer"] is False and out["label"] == "hate" and out["expert"] is None
-    # A negative cost for bob: 0.45186 + 0.4 = 0.85186 beats alice's 0.78699 and 0.57612, so bob gets it.
-    out = classify(features, expert_costs=[0.0, -0.4])
+    # Alice costs 0.4: her gain 0.38699 falls below bob's 0.45186, so with margin -0.2 (0.45186 - 0.57612 = -0.124
+    # > -0.2) bob gets it.
+    out = classify(features, expert_costs=[0.4, 0.0], defer_threshold=-0.2)
     assert out["defer"] is True and out["expert"] == "bob"
     assert classify(features, expert_costs=np.array([0.3, 0.0]))["defer"] is False
-    assert classify(features, expert_costs=torch.tensor([0.0, -0.4]))["expert"] == "bob"
+    assert classify(features, expert_costs=torch.tensor([0.4, 0.0]), defer_threshold=-0.2)["expert"] == "bob"
 
 
 def test_threshold_is_a_margin_on_probabilities_and_defaults_to_the_config():
@@ -177,8 +178,10 @@ def test_bad_inputs_and_parameters_raise_clear_errors():
         classify([0.0] * 4, expert_costs=[0.1])
     with pytest.raises(TypeError, match="expert_costs must be a sequence"):
         classify([0.0] * 4, expert_costs="0.1")
-    with pytest.raises(ValueError, match="expert_costs must be finite"):
+    with pytest.raises(ValueError, match="expert_costs must be finite, non-negative"):
         classify([0.0] * 4, expert_costs=[0.1, float("nan")])
+    with pytest.raises(ValueError, match="expert_costs must be finite, non-negative"):
+        classify([0.0] * 4, expert_costs=[0.1, -0.4])
     with pytest.raises(ValueError, match="empty batch"):
         classify([])
     with pytest.raises(TypeError, match="feature vectors"):

@@ -1,0 +1,284 @@
+"""What deferring costs: the decision rule with prices, the mean cost paid, and the error-cost curve.
+
+A deferral model estimates the class posterior `p(y|x)` and each expert's accuracy `a_j(x)`. With a price `c_j`
+for asking expert j (in units of probability), the Bayes rule defers iff `max_j (a_j - c_j) - max_y p_y > t` and
+then to `argmax_j (a_j - c_j)`. Because the estimates of a bounded surrogate (A-SM) are calibrated, one trained
+model serves every price list: sweeping the prices at decision time traces the model's **error-cost curve**, the
+system error against the mean cost paid per input, with no retraining.
+
+- [`mean_cost`]: the mean cost per input of given decisions.
+- [`error_cost_curve`]: sweep decision-time costs (a grid, or one scale applied to the prices) over a validation
+  set; returns an [`ErrorCostCurve`] with its Pareto front.
+- [`pareto_front`] / [`area_under_error_cost`]: the front of any set of (cost, error) points, and the mean over
+  budgets of the lowest error a budget buys, to compare methods by one number.
+- [`plot_error_cost_curves`]: the fronts of several methods in one figure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .configuration_deferral import check_expert_costs
+
+__all__ = ["ErrorCostCurve", "area_under_error_cost", "error_cost_curve", "mean_cost", "pareto_front",
+           "plot_error_cost_curves"]
+
+
+def _array(name: str, values: Any, ndim: int, dtype: Any = np.float64) -> np.ndarray:
+    if hasattr(values, "detach"):  # a torch tensor
+        values = values.detach().cpu().numpy()
+    array = np.asarray(values, dtype=dtype)
+    if array.ndim != ndim:
+        raise ValueError(f"`{name}` must have {ndim} dimension(s), got shape {array.shape}.")
+    return array
+
+
+def _decide_with_costs(
+    class_probs: np.ndarray, expert_accuracy: np.ndarray, costs: np.ndarray, threshold: float = 0.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cost-sensitive Bayes rule on estimates: `(defer [N], expert [N], prediction [N])`.
+
+    Defers iff `max_j (a_j - c_j) - max_y p_y > threshold`, to `argmax_j (a_j - c_j)` (first on ties); `prediction`
+    is `argmax_y p_y` for every row. The same rule (in the same float64 operations) as the deferral pipeline.
+    """
+    gains = expert_accuracy - costs[None, :]
+    expert = np.argmax(gains, axis=1)
+    margin = gains[np.arange(len(gains)), expert] - class_probs.max(axis=1)
+    return margin > threshold, expert, np.argmax(class_probs, axis=1)
+
+
+def mean_cost(defer: Any, expert: Any, expert_costs: Sequence[float], model_cost: float = 0.0) -> float:
+    """Mean cost per input of a deferral system: every input pays `model_cost`, a deferred one also its expert's cost.
+
+    Args:
+        defer (array-like of bool, shape `[N]`): which inputs are deferred.
+        expert (array-like of int, shape `[N]`): the expert of each input (read where deferred).
+        expert_costs (sequence of `float`): one non-negative cost per expert.
+        model_cost (`float`, *optional*, defaults to 0.0): the cost of running the deferral model on one input.
+
+    Returns:
+        `float`: `model_cost + (1/N) sum_{i deferred} expert_costs[expert_i]`.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.costs import mean_cost
+    >>> mean_cost([True, False, True, False], [1, 0, 0, 1], expert_costs=[2.0, 10.0], model_cost=1.0)
+    4.0
+
+    ```
+    """
+    defer = _array("defer", defer, 1, bool)
+    expert = _array("expert", expert, 1, np.int64)
+    if defer.shape != expert.shape or defer.size == 0:
+        raise ValueError(
+            f"`defer` and `expert` must be non-empty and of one length, got {defer.size} and {expert.size}."
+        )
+    costs = np.asarray(check_expert_costs(list(np.ravel(expert_costs)), int(np.size(expert_costs))))
+    if expert[defer].size and (expert[defer].min() < 0 or expert[defer].max() >= costs.size):
+        raise ValueError(f"`expert` must index `expert_costs` (0..{costs.size - 1}) where deferred.")
+    check_expert_costs([model_cost], 1, "model_cost")
+    return float(model_cost + np.where(defer, costs[np.where(defer, expert, 0)], 0.0).mean())
+
+
+@dataclass
+class ErrorCostCurve:
+    """Error against mean cost of a family of decision rules (one point per setting).
+
+    Attributes:
+        cost (`np.ndarray` `[S]`): mean cost per input of each setting.
+        error (`np.ndarray` `[S]`): system error of each setting.
+        settings (`np.ndarray` `[S, P]`): the swept values (decision-time costs, thresholds, ...) of each setting.
+        pareto (`np.ndarray` of int): indices of the settings on the Pareto front, by increasing cost.
+    """
+
+    cost: np.ndarray
+    error: np.ndarray
+    settings: np.ndarray
+    pareto: np.ndarray
+
+    @classmethod
+    def from_points(cls, cost: Any, error: Any, settings: Any) -> ErrorCostCurve:
+        cost, error = np.asarray(cost, dtype=np.float64), np.asarray(error, dtype=np.float64)
+        return cls(cost, error, np.asarray(settings, dtype=np.float64), pareto_front(cost, error))
+
+    def front(self) -> tuple[np.ndarray, np.ndarray]:
+        """`(cost, error)` of the Pareto-optimal settings, by increasing cost (and decreasing error)."""
+        return self.cost[self.pareto], self.error[self.pareto]
+
+
+def pareto_front(cost: Any, error: Any) -> np.ndarray:
+    """Indices of the (cost, error) points no other point beats: none has lower-or-equal cost and lower error.
+
+    Of points with equal cost and error the first is kept. The indices come by increasing cost, so their errors
+    strictly decrease.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.costs import pareto_front
+    >>> pareto_front(cost=[1.0, 2.0, 2.0, 3.0, 0.5], error=[0.3, 0.2, 0.25, 0.2, 0.4]).tolist()
+    [4, 0, 1]
+
+    ```
+    """
+    cost, error = _array("cost", cost, 1), _array("error", error, 1)
+    if cost.shape != error.shape or cost.size == 0 or not (np.isfinite(cost).all() and np.isfinite(error).all()):
+        raise ValueError(
+            f"`cost` and `error` must be finite, non-empty and of one length, got {cost.size} and {error.size}."
+        )
+    order = np.lexsort((np.arange(cost.size), error, cost))
+    front, best = [], np.inf
+    for index in order:
+        if error[index] < best:
+            front.append(index)
+            best = error[index]
+    return np.asarray(front, dtype=np.int64)
+
+
+def area_under_error_cost(cost: Any, error: Any, low: float, high: float) -> float:
+    """Mean, over budgets `b` uniform in `[low, high]`, of the lowest error whose cost is at most `b`.
+
+    The lowest error a budget buys is a step function of the budget (the Pareto front drawn as a staircase); this
+    is its area divided by `high - low`: one number per method, lower is better, comparable between methods on the
+    same range. `low` must be at least the cheapest point's cost (below it no point is affordable).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.costs import area_under_error_cost
+    >>> area_under_error_cost(cost=[1.0, 2.0], error=[0.3, 0.1], low=1.0, high=3.0)  # (0.3 * 1 + 0.1 * 1) / 2
+    0.2
+
+    ```
+    """
+    cost, error = _array("cost", cost, 1), _array("error", error, 1)
+    front = pareto_front(cost, error)
+    if not (np.isfinite(low) and np.isfinite(high) and high > low):
+        raise ValueError(f"`low` and `high` must be finite with high > low, got {low!r} and {high!r}.")
+    if low < cost[front[0]]:
+        raise ValueError(
+            f"`low` ({low}) is below the cheapest point's cost ({cost[front[0]]}): no error is defined there."
+        )
+    edges = np.clip(np.append(cost[front], np.inf), low, high)  # step i holds on [edges[i], edges[i + 1])
+    return float(np.sum(error[front] * np.diff(edges)) / (high - low))
+
+
+def error_cost_curve(
+    class_probs: Any,
+    expert_accuracy: Any,
+    labels: Any,
+    expert_labels: Any,
+    expert_costs: Sequence[float],
+    decision_costs: Any = None,
+    scales: Sequence[float] | None = None,
+    model_cost: float = 0.0,
+    threshold: float = 0.0,
+) -> ErrorCostCurve:
+    """The error-cost curve of one deferral model: system error against mean cost, sweeping decision-time costs.
+
+    For each row `d` of `decision_costs` the rule `defer iff max_j (a_j - d_j) - max_y p_y > threshold` decides,
+    and the decisions are scored with the real prices: the error of the system (the classifier where it answers,
+    the chosen expert where deferred) and [`mean_cost`] with `expert_costs`. The model is trained once; only the
+    decision changes.
+
+    Args:
+        class_probs (array-like `[N, K]`) / expert_accuracy (array-like `[N, M]`): the model's estimates on a
+            validation set (`DeferralOutput.class_probs` / `.expert_accuracy`).
+        labels (array-like `[N]`): true classes.
+        expert_labels (array-like `[N]` or `[N, M]`): each expert's answers.
+        expert_costs (sequence of `float`): the price of asking each expert (what is paid).
+        decision_costs (array-like `[S, M]`, *optional*): the costs to decide with, one row per setting.
+        scales (sequence of `float`, *optional*): instead, decide with `scale * expert_costs` for each scale. When
+            neither is given: 0 and 60 scales from 1e-4 to 1 divided by the lowest positive price.
+        model_cost (`float`, *optional*, defaults to 0.0): cost every input pays (running the model itself).
+        threshold (`float`, *optional*, defaults to 0.0): the decision margin.
+
+    Returns:
+        [`ErrorCostCurve`] with `settings` = the decision costs.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.costs import error_cost_curve
+    >>> curve = error_cost_curve(class_probs=[[0.9, 0.1], [0.6, 0.4]], expert_accuracy=[[0.5], [0.95]],
+    ...                          labels=[0, 1], expert_labels=[1, 1], expert_costs=[1.0], scales=[0.0, 1.0])
+    >>> curve.cost.tolist(), curve.error.tolist()  # scale 0 defers the second input; scale 1 defers none
+    ([0.5, 0.0], [0.0, 0.5])
+
+    ```
+    """
+    probs, accuracy = _array("class_probs", class_probs, 2), _array("expert_accuracy", expert_accuracy, 2)
+    n, m = accuracy.shape
+    y = _array("labels", labels, 1, np.int64)
+    experts = np.asarray(expert_labels, dtype=np.int64).reshape(len(y), -1) if len(y) else np.zeros((0, m), int)
+    if probs.shape[0] != n or y.shape[0] != n or experts.shape != (n, m) or n == 0:
+        raise ValueError(
+            f"class_probs {probs.shape}, expert_accuracy {accuracy.shape}, labels {y.shape} and expert_labels "
+            f"{np.shape(expert_labels)} must describe the same N > 0 inputs and M experts."
+        )
+    prices = np.asarray(check_expert_costs(list(np.ravel(expert_costs)), m), dtype=np.float64)
+    if decision_costs is None:
+        if scales is None:
+            positive = prices[prices > 0]
+            scales = np.append(0.0, np.geomspace(1e-4, 1.0, 60) / (positive.min() if positive.size else 1.0))
+        scales = _array("scales", scales, 1)
+        if not np.isfinite(scales).all() or (scales < 0).any():
+            raise ValueError(f"`scales` must be finite and non-negative, got {scales.tolist()}.")
+        decision_costs = scales[:, None] * prices[None, :]
+    grid = _array("decision_costs", decision_costs, 2)
+    if grid.shape[1] != m or not np.isfinite(grid).all():
+        raise ValueError(f"`decision_costs` must be finite with one column per expert ({m}), got shape {grid.shape}.")
+    right = experts == y[:, None]
+    rows = np.arange(n)
+    costs, errors = [], []
+    for row in grid:
+        defer, expert, prediction = _decide_with_costs(probs, accuracy, row, threshold)
+        errors.append(float(np.mean(np.where(defer, ~right[rows, expert], prediction != y))))
+        costs.append(mean_cost(defer, expert, prices, model_cost))
+    return ErrorCostCurve.from_points(costs, errors, grid)
+
+
+def plot_error_cost_curves(
+    curves: Mapping[str, tuple[Any, Any]],
+    path: str | os.PathLike,
+    points: Mapping[str, tuple[float, float]] | None = None,
+    title: str | None = None,
+    log_cost: bool = False,
+) -> None:
+    """Draw error-cost fronts as staircases (the lowest error each budget buys) and single systems as points.
+
+    Args:
+        curves (`Mapping[str, (cost, error)]`): a front per method (e.g. `ErrorCostCurve.front()`).
+        path (`str` or `os.PathLike`): the image file (PNG).
+        points (`Mapping[str, (cost, error)]`, *optional*): single systems (e.g. each member alone).
+        title (`str`, *optional*): the figure title.
+        log_cost (`bool`, *optional*, defaults to `False`): logarithmic cost axis.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.4, 4.4))
+    for name, (cost, error) in curves.items():
+        axis.step(np.asarray(cost), 100 * np.asarray(error), where="post", label=name, linewidth=1.6)
+    for name, (cost, error) in (points or {}).items():
+        axis.scatter([cost], [100 * error], marker="o", color="black", zorder=3)
+        axis.annotate(name, (cost, 100 * error), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    if log_cost:
+        axis.set_xscale("log")
+    axis.set_xlabel("mean cost per input")
+    axis.set_ylabel("system error (%)")
+    if title:
+        axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=130)
+    plt.close(figure)

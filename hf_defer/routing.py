@@ -1,0 +1,125 @@
+"""Baselines for deferring to models: the confidence cascade and a threshold router, in the error-cost plane.
+
+A deferral model routes each input with one trained model and a price list (see `hf_defer.costs`). The two
+common alternatives, evaluated here on the same footing (one [`ErrorCostCurve`] over a grid of settings):
+
+- [`confidence_cascade_curve`]: members in order of price; member i answers when its top softmax probability is
+  at least `t_i`, else the input goes on to the next member (and the last one always answers). Every member
+  consulted is paid.
+- [`router_curve`]: a separately trained router scores each input (e.g. the estimated probability that the cheap
+  model is wrong, as RouteLLM's classifier routers do); with ascending thresholds `s_1 <= ... <= s_{L-1}` the input
+  goes to member `#{i : score >= s_i}` alone. The router and the chosen member are paid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .costs import ErrorCostCurve
+
+__all__ = ["confidence_cascade_curve", "router_curve"]
+
+
+def _members(member_answers: Any, labels: Any, prices: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    answers = np.asarray(member_answers, dtype=np.int64)
+    y = np.asarray(labels, dtype=np.int64)
+    costs = np.asarray(prices, dtype=np.float64)
+    if answers.ndim != 2 or answers.shape[0] != y.shape[0] or answers.shape[0] == 0 or answers.shape[1] < 2:
+        raise ValueError(f"`member_answers` must be [N, L] with N = len(labels) > 0 and L >= 2, got {answers.shape}.")
+    if costs.shape != (answers.shape[1],) or not np.isfinite(costs).all() or (costs < 0).any():
+        raise ValueError(f"`prices` must be {answers.shape[1]} finite non-negative numbers, got {list(prices)!r}.")
+    return answers, y, costs
+
+
+def _grid(settings: Any, width: int, name: str) -> np.ndarray:
+    grid = np.asarray(settings, dtype=np.float64)
+    if grid.ndim != 2 or grid.shape[1] != width or not np.isfinite(grid).all():
+        raise ValueError(f"`{name}` must be [S, {width}] finite thresholds, got shape {grid.shape}.")
+    return grid
+
+
+def confidence_cascade_curve(
+    member_confidence: Any, member_answers: Any, labels: Any, prices: Sequence[float], thresholds: Any
+) -> ErrorCostCurve:
+    """Error and mean cost of a confidence cascade for each row of `thresholds`.
+
+    Args:
+        member_confidence (array-like `[N, L - 1]`): the top softmax probability of each member but the last.
+        member_answers (array-like `[N, L]`): each member's answer (the last member is e.g. a person).
+        labels (array-like `[N]`): true classes.
+        prices (sequence of `float`): the price of consulting each member.
+        thresholds (array-like `[S, L - 1]`): `t_i` of each setting; member i answers iff its confidence >= t_i.
+
+    Returns:
+        [`ErrorCostCurve`] with `settings = thresholds`.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.routing import confidence_cascade_curve
+    >>> curve = confidence_cascade_curve([[0.9], [0.6]], [[0, 0], [0, 1]], labels=[0, 1], prices=[1.0, 10.0],
+    ...                                  thresholds=[[0.0], [0.7]])
+    >>> curve.cost.tolist(), curve.error.tolist()  # t = 0.7: the second input goes on (1 + 10 paid)
+    ([1.0, 6.0], [0.5, 0.0])
+
+    ```
+    """
+    answers, y, costs = _members(member_answers, labels, prices)
+    confidence = np.asarray(member_confidence, dtype=np.float64).reshape(len(y), -1)
+    if confidence.shape[1] != answers.shape[1] - 1:
+        raise ValueError(f"`member_confidence` needs one column per member but the last, got {confidence.shape}.")
+    grid = _grid(thresholds, confidence.shape[1], "thresholds")
+    paid = np.cumsum(costs)  # stopping at member i pays members 0..i
+    rows, last = np.arange(len(y)), answers.shape[1] - 1
+    cost, error = [], []
+    for setting in grid:
+        stops = confidence >= setting[None, :]
+        stop = np.where(stops.any(axis=1), np.argmax(stops, axis=1), last)
+        cost.append(float(paid[stop].mean()))
+        error.append(float(np.mean(answers[rows, stop] != y)))
+    return ErrorCostCurve.from_points(cost, error, grid)
+
+
+def router_curve(
+    score: Any, member_answers: Any, labels: Any, prices: Sequence[float], thresholds: Any, router_cost: float = 0.0
+) -> ErrorCostCurve:
+    """Error and mean cost of a threshold router for each row of `thresholds`.
+
+    Args:
+        score (array-like `[N]`): the router's score; higher sends an input to a later (costlier) member.
+        member_answers (array-like `[N, L]`): each member's answer.
+        labels (array-like `[N]`): true classes.
+        prices (sequence of `float`): the price of each member.
+        thresholds (array-like `[S, L - 1]`): ascending `s_1 <= ... <= s_{L-1}` of each setting.
+        router_cost (`float`, *optional*, defaults to 0.0): paid for every input (running the router).
+
+    Returns:
+        [`ErrorCostCurve`] with `settings = thresholds`.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.routing import router_curve
+    >>> curve = router_curve([0.2, 0.8], [[0, 0], [0, 1]], labels=[0, 1], prices=[0.0, 10.0], thresholds=[[0.5]])
+    >>> curve.cost.tolist(), curve.error.tolist()
+    ([5.0], [0.0])
+
+    ```
+    """
+    answers, y, costs = _members(member_answers, labels, prices)
+    values = np.asarray(score, dtype=np.float64)
+    if values.shape != y.shape:
+        raise ValueError(f"`score` must have one value per input ({len(y)}), got shape {values.shape}.")
+    grid = _grid(thresholds, answers.shape[1] - 1, "thresholds")
+    if (np.diff(grid, axis=1) < 0).any():
+        raise ValueError("each row of `thresholds` must be ascending (s_1 <= s_2 <= ...).")
+    rows = np.arange(len(y))
+    cost, error = [], []
+    for setting in grid:
+        member = (values[:, None] >= setting[None, :]).sum(axis=1)
+        cost.append(float(router_cost + costs[member].mean()))
+        error.append(float(np.mean(answers[rows, member] != y)))
+    return ErrorCostCurve.from_points(cost, error, grid)

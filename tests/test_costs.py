@@ -1,0 +1,195 @@
+"""hf_defer.costs and hf_defer.routing against hand-worked values; costs stored in the config, saved, reloaded and
+overridden in the pipeline."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import pipeline
+
+from hf_defer import DeferralConfig, EncoderForDeferral
+from hf_defer.costs import (
+    _decide_with_costs,
+    area_under_error_cost,
+    error_cost_curve,
+    mean_cost,
+    pareto_front,
+    plot_error_cost_curves,
+)
+from hf_defer.routing import confidence_cascade_curve, router_curve
+
+# Three inputs, K = 2 classes, M = 2 experts (prices 1 and 10). Hand-worked decisions (defer iff max_j (a_j - d_j) >
+# max_y p_y, to the argmax):
+#   d = (0, 0):     keep row 0 (0.7 < 0.9, right); row 1 -> expert 0 (0.95, right, 1); row 2 -> expert 1 (0.99, right,
+#                   10): error 0, cost 11/3.
+#   d = (0, 0.2):   row 2 -> expert 0 (0.9 > 0.79 and > 0.55; wrong, 1); row 1 -> expert 0 (right, 1):
+#                   error 1/3, cost 2/3.
+#   d = (0.5, 0.5): nobody deferred; the classifier says 0 everywhere, wrong on rows 1 and 2: error 2/3, cost 0.
+PROBS = [[0.9, 0.1], [0.6, 0.4], [0.55, 0.45]]
+ACCURACY = [[0.5, 0.7], [0.95, 0.8], [0.9, 0.99]]
+LABELS = [0, 1, 1]
+EXPERT_LABELS = [[1, 0], [1, 0], [0, 1]]
+PRICES = [1.0, 10.0]
+GRID = [[0.0, 0.0], [0.0, 0.2], [0.5, 0.5]]
+
+
+def test_decision_rule_with_costs_and_threshold():
+    defer, expert, prediction = _decide_with_costs(np.array(PROBS), np.array(ACCURACY), np.array([0.0, 0.2]), 0.0)
+    assert defer.tolist() == [False, True, True] and expert[1:].tolist() == [0, 0] and prediction.tolist() == [0, 0, 0]
+    # Rows 1 and 2 both have margin 0.35 (0.95 - 0.6 and 0.9 - 0.55): deferred below that threshold, kept above.
+    defer, _, _ = _decide_with_costs(np.array(PROBS), np.array(ACCURACY), np.array([0.0, 0.2]), 0.349)
+    assert defer.tolist() == [False, True, True]
+    defer, _, _ = _decide_with_costs(np.array(PROBS), np.array(ACCURACY), np.array([0.0, 0.2]), 0.351)
+    assert defer.tolist() == [False, False, False]
+
+
+def test_mean_cost_by_hand_and_errors():
+    # Deferred: row 0 to expert 1 (10), row 2 to expert 0 (1); every row pays the model's 0.5: 0.5 + 11 / 4.
+    assert mean_cost([True, False, True, False], [1, 1, 0, 0], PRICES, model_cost=0.5) == pytest.approx(0.5 + 11 / 4)
+    assert mean_cost([False, False], [0, 1], PRICES) == 0.0
+    with pytest.raises(ValueError, match="non-negative"):
+        mean_cost([True], [0], [-1.0, 1.0])
+    with pytest.raises(ValueError, match="finite, non-negative"):
+        mean_cost([True], [0], [float("nan"), 1.0])
+    with pytest.raises(ValueError, match="index"):
+        mean_cost([True], [2], PRICES)
+    with pytest.raises(ValueError, match="one length"):
+        mean_cost([True, False], [0], PRICES)
+
+
+def test_error_cost_curve_against_hand_values():
+    curve = error_cost_curve(PROBS, ACCURACY, LABELS, EXPERT_LABELS, PRICES, decision_costs=GRID)
+    assert curve.error.tolist() == pytest.approx([0.0, 1 / 3, 2 / 3])
+    assert curve.cost.tolist() == pytest.approx([11 / 3, 2 / 3, 0.0])
+    assert curve.pareto.tolist() == [2, 1, 0]
+    assert curve.settings.tolist() == GRID
+    front_cost, front_error = curve.front()
+    assert front_cost.tolist() == pytest.approx([0.0, 2 / 3, 11 / 3])
+    # One scale on the prices: scale 0 is the zero-cost rule; scale 0.1 makes expert 1 cost 1 -> never chosen, and
+    # expert 0 cost 0.1: row 1 (0.85 > 0.6) and row 2 (0.8 > 0.55, wrong) go to expert 0.
+    scaled = error_cost_curve(PROBS, ACCURACY, LABELS, EXPERT_LABELS, PRICES, scales=[0.0, 0.1], model_cost=1.0)
+    assert scaled.cost.tolist() == pytest.approx([1 + 11 / 3, 1 + 2 / 3])
+    assert scaled.error.tolist() == pytest.approx([0.0, 1 / 3])
+    default = error_cost_curve(PROBS, ACCURACY, LABELS, EXPERT_LABELS, PRICES)
+    assert len(default.cost) == 61 and default.cost[0] == pytest.approx(11 / 3) and default.cost[-1] == 0.0
+    with pytest.raises(ValueError, match="one column per expert"):
+        error_cost_curve(PROBS, ACCURACY, LABELS, EXPERT_LABELS, PRICES, decision_costs=[[0.0]])
+    with pytest.raises(ValueError, match="one cost per expert"):
+        error_cost_curve(PROBS, ACCURACY, LABELS, EXPERT_LABELS, [1.0])
+    with pytest.raises(ValueError, match="same N"):
+        error_cost_curve(PROBS, ACCURACY, LABELS[:2], EXPERT_LABELS, PRICES)
+
+
+def test_pareto_front_matches_brute_force():
+    rng = np.random.default_rng(0)
+    cost, error = rng.integers(0, 6, 40).astype(float), rng.integers(0, 6, 40).astype(float)
+    front = pareto_front(cost, error)
+    dominated = {i for i in range(40) for j in range(40)
+                 if (cost[j] <= cost[i] and error[j] < error[i]) or (cost[j] < cost[i] and error[j] <= error[i])}
+    expected = {}
+    for i in sorted(set(range(40)) - dominated):  # the first of equal points
+        expected.setdefault((cost[i], error[i]), i)
+    assert sorted(front.tolist()) == sorted(expected.values())
+    assert np.all(np.diff(cost[front]) > 0) and np.all(np.diff(error[front]) < 0)
+
+
+def test_area_under_error_cost_by_hand():
+    cost, error = [11 / 3, 2 / 3, 0.0, 2.0], [0.0, 1 / 3, 2 / 3, 0.5]  # the last point is dominated
+    # Steps: 2/3 on [0, 2/3), 1/3 on [2/3, 11/3), 0 on [11/3, 4]: (4/9 + 1) / 4 = 13/36.
+    assert area_under_error_cost(cost, error, 0.0, 4.0) == pytest.approx(13 / 36)
+    assert area_under_error_cost(cost, error, 1.0, 2.0) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="cheapest"):
+        area_under_error_cost([1.0], [0.1], 0.5, 2.0)
+    with pytest.raises(ValueError, match="high > low"):
+        area_under_error_cost(cost, error, 2.0, 1.0)
+
+
+def test_confidence_cascade_and_router_by_hand():
+    # Three members (prices 1, 10, 100); confidences of the first two; answers; labels.
+    confidence = [[0.9, 0.9], [0.5, 0.95], [0.5, 0.5], [0.95, 0.2]]
+    answers = [[0, 1, 0], [1, 1, 1], [0, 0, 1], [1, 0, 0]]
+    labels = [0, 1, 1, 0]
+    curve = confidence_cascade_curve(confidence, answers, labels, [1.0, 10.0, 100.0], [[0.8, 0.8], [0.0, 0.0]])
+    # t = (0.8, 0.8): rows 0, 3 stop at member 0 (1), row 1 at member 1 (11), row 2 at member 2 (111); row 3 wrong.
+    assert curve.cost.tolist() == pytest.approx([(1 + 11 + 111 + 1) / 4, 1.0])
+    assert curve.error.tolist() == pytest.approx([0.25, 0.5])
+    score = [0.1, 0.6, 0.9, 0.3]
+    routed = router_curve(score, answers, labels, [0.0, 10.0, 100.0], [[0.5, 0.8], [0.2, 0.2]], router_cost=1.0)
+    # (0.5, 0.8): members 0, 1, 2, 0 -> all right but row 3; cost 1 + (0 + 10 + 100 + 0) / 4.
+    # (0.2, 0.2): members 0, 2, 2, 2 -> all right; cost 1 + 300 / 4.
+    assert routed.cost.tolist() == pytest.approx([1 + 110 / 4, 1 + 300 / 4])
+    assert routed.error.tolist() == pytest.approx([0.25, 0.0])
+    assert routed.pareto.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="ascending"):
+        router_curve(score, answers, labels, [0.0, 10.0, 100.0], [[0.8, 0.5]])
+    with pytest.raises(ValueError, match="one column per member but the last"):
+        confidence_cascade_curve([[0.9]] * 4, answers, labels, [1.0, 10.0, 100.0], [[0.5]])
+
+
+def test_plot_error_cost_curves_writes_a_png(tmp_path):
+    path = tmp_path / "curve.png"
+    plot_error_cost_curves({"A-SM": ([0.0, 1.0], [0.2, 0.1])}, path, points={"person": (5.0, 0.09)}, log_cost=False)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ costs in the config and the pipeline
+# A-SM, K = 3, M = 2, logits (1, 0, 0 | 2, 0.5) whatever the features: top class probability e / (e + 2) = 0.57612,
+# alice's accuracy e^2 / (e^2 + 2) = 0.78699, bob's e^0.5 / (e^0.5 + 2) = 0.45186.
+def fixed_model(**config) -> EncoderForDeferral:
+    model = EncoderForDeferral(DeferralConfig(feature_size=4, num_labels=3, num_experts=2,
+                                              expert_names=["alice", "bob"], **config))
+    with torch.no_grad():
+        model.head[-1].weight.zero_()
+        model.head[-1].bias.copy_(torch.tensor([1.0, 0.0, 0.0, 2.0, 0.5]))
+    return model.eval()
+
+
+def test_costs_stored_saved_reloaded_and_overridden(tmp_path):
+    model = fixed_model(expert_costs=[0.3, 0.0], expert_kinds=["model", "person"])
+    assert model.config.expert_costs == [0.3, 0.0] and model.config.expert_kinds == ["model", "person"]
+    model.save_pretrained(tmp_path)
+    reloaded = EncoderForDeferral.from_pretrained(tmp_path)
+    assert reloaded.config.expert_costs == [0.3, 0.0] and reloaded.config.expert_kinds == ["model", "person"]
+    classify = pipeline("deferral", model=reloaded)
+    # The config's costs: alice 0.78699 - 0.3 = 0.48699 < 0.57612, bob 0.45186: kept.
+    assert classify([0.0] * 4)["defer"] is False
+    # The call's costs override them: zero costs send it to alice.
+    out = classify([0.0] * 4, expert_costs=[0.0, 0.0])
+    assert out["defer"] is True and out["expert"] == "alice"
+    assert math.isclose(out["expert_accuracy"][0], math.exp(2) / (math.exp(2) + 2), rel_tol=1e-6)
+    assert fixed_model().config.expert_costs == [0.0, 0.0] and fixed_model().config.expert_kinds == ["person"] * 2
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"expert_costs": [-0.1, 0.0]}, "finite, non-negative"),
+        ({"expert_costs": [float("nan"), 0.0]}, "finite, non-negative"),
+        ({"expert_costs": [0.1]}, "one cost per expert"),
+        ({"expert_kinds": ["robot", "person"]}, "expert_kinds"),
+        ({"expert_kinds": ["model"]}, "expert_kinds"),
+    ],
+)
+def test_bad_costs_and_kinds_are_refused(config, match):
+    with pytest.raises(ValueError, match=match):
+        DeferralConfig(feature_size=4, num_labels=3, num_experts=2, **config)
+
+
+def test_model_card_draws_the_error_cost_curve_when_costs_are_set(tmp_path):
+    from hf_defer import DeferralModelCardData, render_model_card
+
+    model = fixed_model(expert_costs=[0.3, 0.0])
+    curve = error_cost_curve(PROBS, ACCURACY, LABELS, EXPERT_LABELS, PRICES, decision_costs=GRID)
+    front_cost, front_error = curve.front()
+    data = DeferralModelCardData.from_model(model, error_cost_curve={"cost": front_cost.tolist(),
+                                                                      "error": front_error.tolist()})
+    assert data.expert_costs == [0.3, 0.0]
+    render_model_card(data, tmp_path / "with")
+    text = (tmp_path / "with" / "README.md").read_text()
+    assert "## Error against cost" in text or "### Error against cost" in text
+    assert "(error_cost_curve.png)" in text and (tmp_path / "with" / "error_cost_curve.png").is_file()
+    render_model_card(DeferralModelCardData.from_model(fixed_model()), tmp_path / "without")  # no costs: no section
+    assert "Error against cost" not in (tmp_path / "without" / "README.md").read_text()
