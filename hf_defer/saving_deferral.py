@@ -1,7 +1,7 @@
 """Saving, sharing and loading a deferral model's folder: the `save_pretrained`, `push_to_hub` and `from_pretrained`
 of [`EncoderForDeferral`] (a mixin), and `move_saved_files`, which never loses a file of the folder silently.
 
-Like ``modeling_deferral.py``, this module imports only ``torch``/``transformers``, the standard library and, relatively,
+Like ``modeling_deferral.py``, this module imports only ``transformers``, the standard library and, relatively,
 ``.pipeline_deferral``: it is copied next to the weights for remote-code loading (``trust_remote_code=True``).
 """
 
