@@ -6,54 +6,28 @@ then each surrogate as a training loop calls it (`surrogate(logits, labels, expe
 was checked once beforehand) and as a direct call checks it (`check=True`: finite logits, labels in range, one pass
 each). Each timed sample repeats the call enough times to last a few milliseconds; the ratio to cross-entropy is
 taken within each round and the median over the rounds is printed, so that load from other processes cancels out.
-With `--baseline-ref`, the `surrogates.py` of that git revision runs in the same rounds (e.g. the code before the
-kernels were rewritten).
+The times of the code before the kernels were rewritten are recorded in benchmarks/README.md ("before" column).
 
 Example:
 
 ```
 python benchmarks/bench_surrogates.py                       # all sizes, 15 rounds, 1 torch thread
-python benchmarks/bench_surrogates.py --rounds 5 --baseline-ref 6b2e7d6~1
+python benchmarks/bench_surrogates.py --rounds 5 --classes 3 100
 ```
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import platform
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _module(path: Path, name: str):
-    """Imports one file as a module: `surrogates.py` needs only torch, so the benchmark runs without the rest of
-    hf_defer's dependencies (on a machine with torch alone, say)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _surrogates_at(ref: str):
-    """`hf_defer/surrogates.py` of git revision `ref`, or of the file `ref` when it is one."""
-    if Path(ref).is_file():
-        return _module(Path(ref), "baseline_surrogates")
-    source = subprocess.run(["git", "show", f"{ref}:hf_defer/surrogates.py"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "baseline_surrogates.py"
-    path.write_text(source)
-    return _module(path, "baseline_surrogates")
+from hf_defer.surrogates import SURROGATES, get_surrogate
 
 
 def _timed(step: Callable[[], None], repeats: int) -> float:
@@ -70,18 +44,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--sample-ms", type=float, default=20.0, help="target length of one timed sample")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--baseline-ref", default=None,
-                        help="also time hf_defer/surrogates.py of this git revision (or this file)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    current = _module(ROOT / "hf_defer" / "surrogates.py", "surrogates")
-    SURROGATES, get_surrogate = current.SURROGATES, current.get_surrogate
-    baseline = _surrogates_at(args.baseline_ref) if args.baseline_ref else None
 
     print(f"{platform.platform()}; {platform.processor() or 'CPU'}; torch {torch.__version__}, "
           f"{torch.get_num_threads()} thread(s); "
           f"{args.rounds} rounds, median of per-round ratios to F.cross_entropy (forward + backward, float32, M = 1)")
-    columns = ["check=False", "check=True"] + ([f"{args.baseline_ref}"] if baseline else [])
+    columns = ["check=False", "check=True"]
     print("| surrogate | K | B | cross-entropy µs | " + " | ".join(f"{c} ×CE" for c in columns) + " |")
     print("|---|---|---|---|" + "---|" * len(columns))
     generator = torch.Generator().manual_seed(0)
@@ -96,9 +65,6 @@ def main() -> None:
                 loss = get_surrogate(name, K)
                 steps[f"{name} check=False"] = lambda loss=loss: loss(logits, labels, experts, check=False).backward()
                 steps[f"{name} check=True"] = lambda loss=loss: loss(logits, labels, experts).backward()
-                if baseline is not None:
-                    old = baseline.get_surrogate(name, K)
-                    steps[f"{name} {args.baseline_ref}"] = lambda old=old: old(logits, labels, experts).backward()
             repeats = {key: max(1, int(args.sample_ms / 1000 / _timed(step, 3))) for key, step in steps.items()}
             times: dict[str, list[float]] = {key: [] for key in steps}
             for _ in range(args.rounds):

@@ -2,8 +2,8 @@
 """Head-only training time: `DeferralTrainer` against human_ai_deferral's own `fit` and a plain loop, in one run.
 
 human_ai_deferral (Mozannar et al., https://github.com/clinicalml/human_ai_deferral) is not a dependency of hf_defer
-and none of its code is in this repository. Fetch it yourself and point `--peer-dir` at the checkout; it is imported
-from there (it needs numpy, torch, scikit-learn and tqdm):
+and none of its code is in this repository. Fetch it yourself and point `--peer-dir` at the checkout; its runs go to a
+subprocess of this script with the checkout on its `PYTHONPATH` (it needs numpy, torch, scikit-learn and tqdm):
 
 ```
 git clone https://github.com/clinicalml/human_ai_deferral /tmp/human_ai_deferral
@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,10 +38,9 @@ from hf_defer.experiments.hatespeech import Protocol, load_splits, train_head
 from plain_loop_hatespeech import _tensors, plain_loop  # benchmarks/ is the script's folder
 
 
-def peer_fit(peer_dir: Path, method: str, splits: datasets.DatasetDict, seed: int, protocol: Protocol) -> float:
-    """Seconds of human_ai_deferral's `fit` for `method` ("ssm": LceSurrogate alpha=1, "aova": OVASurrogate)."""
-    if str(peer_dir) not in sys.path:
-        sys.path.insert(0, str(peer_dir))
+def peer_fit(method: str, splits: datasets.DatasetDict, seed: int, protocol: Protocol) -> float:
+    """Seconds of human_ai_deferral's `fit` for `method` ("ssm": LceSurrogate alpha=1, "aova": OVASurrogate). Runs in
+    the subprocess of `run_peer`, whose `PYTHONPATH` holds the checkout (its `baselines` package)."""
     from baselines.lce_surrogate import LceSurrogate
     from baselines.one_v_all import OVASurrogate
 
@@ -59,6 +60,19 @@ def peer_fit(peer_dir: Path, method: str, splits: datasets.DatasetDict, seed: in
     return time.perf_counter() - start
 
 
+def run_peer(args: argparse.Namespace, method: str) -> float:
+    """`peer_fit` in a subprocess of this script with `--peer-dir` first on its `PYTHONPATH`: the peer's modules never
+    enter this process. Returns the seconds the subprocess prints (its fit alone, not its start or data loading)."""
+    paths = [str(args.peer_dir.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])]
+    command = [sys.executable, str(Path(__file__).resolve()), "--peer-dir", str(args.peer_dir), "--peer-only", method,
+               "--epochs", str(args.epochs), "--seed", str(args.seed), *(["--data", args.data] if args.data else [])]
+    result = subprocess.run(command, env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)}, capture_output=True,
+                            text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"human_ai_deferral's {method} run failed:\n{result.stderr}")
+    return float(result.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peer-dir", type=Path, required=True, help="a checkout of clinicalml/human_ai_deferral")
@@ -66,6 +80,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default=None)
+    parser.add_argument("--peer-only", choices=("ssm", "aova"), help=argparse.SUPPRESS)  # run_peer's subprocess
     args = parser.parse_args()
     if not (args.peer_dir / "baselines" / "lce_surrogate.py").is_file():
         raise SystemExit(f"--peer-dir must be a checkout of clinicalml/human_ai_deferral, got {args.peer_dir}.")
@@ -74,9 +89,12 @@ def main() -> None:
     datasets.disable_progress_bars()
     splits = load_splits(args.seed, args.data)
     protocol = Protocol(epochs=args.epochs, in_memory=False)  # the datasets.Dataset: the fast path
+    if args.peer_only:
+        print(peer_fit(args.peer_only, splits, args.seed, protocol))
+        return
     runs = {
-        "human_ai_deferral fit, S-SM": lambda: peer_fit(args.peer_dir, "ssm", splits, args.seed, protocol),
-        "human_ai_deferral fit, A-OvA": lambda: peer_fit(args.peer_dir, "aova", splits, args.seed, protocol),
+        "human_ai_deferral fit, S-SM": lambda: run_peer(args, "ssm"),
+        "human_ai_deferral fit, A-OvA": lambda: run_peer(args, "aova"),
         **{f"DeferralTrainer, {name}": functools.partial(
             lambda name: train_head(splits, name, args.seed, protocol).train_seconds, name)
            for name in ("ssm", "aova", "asm")},

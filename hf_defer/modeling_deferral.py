@@ -1,19 +1,15 @@
 """Learning-to-defer model: an encoder (or precomputed features) followed by a head with K + M outputs.
 
 This module imports only ``torch``, ``transformers`` and, relatively, ``.configuration_deferral``, ``.surrogates`` and
+``.saving_deferral`` (saving and loading the folder), which import ``.surrogate_base``, ``.surrogate_kernels`` and
 ``.pipeline_deferral``: with it, those are the files that `save_pretrained` copies next to the weights for remote-code
 loading (``trust_remote_code=True``). Registration with the auto classes happens, once, in ``hf_defer/__init__.py``.
 """
 
 from __future__ import annotations
 
-import filecmp
 import inspect
-import os
-import re
-import tempfile
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,42 +18,10 @@ from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .configuration_deferral import DeferralConfig
-from .pipeline_deferral import CUSTOM_PIPELINES, REMOTE_TASK
+from .saving_deferral import DeferralSavingMixin, move_saved_files
 from .surrogates import get_surrogate
 
 _ENCODER_INPUTS = ("input_ids", "pixel_values")
-WEIGHTS_FILE = re.compile(r"(adapter_)?model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json")
-STANDARD_CONFIGS = ("config.json", "adapter_config.json")  # with the weights, what save_pretrained always replaces
-
-
-def move_saved_files(stage: str | os.PathLike, folder: str | os.PathLike, overwrite: bool = False,
-                     replace_standard: bool = False) -> list[str]:
-    """Moves the files saved into ``stage`` into ``folder``, never losing a file the caller did not mean to replace.
-
-    A file of ``folder`` is replaced only when it is a code file (``.py``) with the same content (hf_defer's own),
-    ``config.json``, ``adapter_config.json`` or a weight file with ``replace_standard=True`` (what `PreTrainedModel.save_pretrained` always
-    replaces), or with ``overwrite=True``; weight files (``model-00001-of-00002.safetensors``, the index) that the new
-    save lacks would be stale: they are deleted with ``overwrite=True`` only. Otherwise a `FileExistsError` lists the
-    files and nothing moves. Returns the names of the files moved.
-    """
-    stage, folder = Path(stage), Path(folder)
-    staged = sorted(path.name for path in stage.iterdir())
-    standard = {name for name in staged if replace_standard and (name in STANDARD_CONFIGS or WEIGHTS_FILE.fullmatch(name))}
-    clash = [name for name in staged if (folder / name).exists() and name not in standard
-             and not (name.endswith(".py") and filecmp.cmp(stage / name, folder / name, shallow=False))]
-    stale = [name for name in sorted(os.listdir(folder)) if name not in staged and WEIGHTS_FILE.fullmatch(name)]
-    if (clash or stale) and not overwrite:
-        raise FileExistsError(
-            f"{str(folder)!r} holds files that saving would overwrite ({clash}) or delete as stale weights ({stale}); "
-            "pass overwrite=True to replace them, or save into another folder."
-        )
-    for name in stale:
-        (folder / name).unlink()
-    for name in staged:
-        os.replace(stage / name, folder / name)
-    return staged
-
-
 _ENCODER_LOADING_KWARGS = ("dtype", "revision", "cache_dir", "token", "local_files_only", "force_download",
                            "subfolder", "trust_remote_code", "attn_implementation", "device_map")
 
@@ -105,7 +69,7 @@ class DeferralPreTrainedModel(PreTrainedModel):
     _keep_in_fp32_modules_strict = ["head"]  # loading in bf16/fp16 keeps the small head, and so the logits, in fp32
 
 
-class EncoderForDeferral(DeferralPreTrainedModel):
+class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
     r"""
     A learning-to-defer model: an encoder (any `AutoModel`, text or vision) whose pooled last hidden state, or a
     precomputed feature vector in head-only mode, goes through a head with `num_labels + num_experts` outputs. It
@@ -202,95 +166,6 @@ class EncoderForDeferral(DeferralPreTrainedModel):
         if self.encoder is not None:
             self.encoder.requires_grad_(False)
         self.config.freeze_encoder = True
-
-    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, overwrite: bool = False,
-                        **kwargs: Any) -> None:
-        """Writes everything a folder needs, for library mode and remote-code mode alike: the weights (safetensors),
-        `config.json` with `auto_map` and `custom_pipelines`, and the code files `configuration_deferral.py`,
-        `modeling_deferral.py`, `surrogates.py` and `pipeline_deferral.py`. The Trainer, the pipeline,
-        `save_for_hub` and `push_to_hub` all save through it. The files go to a temporary folder first, then move in.
-
-        A file of the folder is never lost silently: `config.json` and the weights are replaced (as transformers
-        always does), a code file only when it is the same as hf_defer's; stale weight shards are deleted and other
-        files overwritten only with `overwrite=True` (otherwise a `FileExistsError` lists them and nothing changes).
-
-        Args:
-            save_directory (`str` or `os.PathLike`): the folder; created if missing.
-            overwrite (`bool`, *optional*, defaults to `False`): replace any file in the way.
-            args, kwargs: as for [`PreTrainedModel.save_pretrained`]; with `push_to_hub=True`, the upload goes through
-                [`EncoderForDeferral.push_to_hub`] (deferral card) and `repo_id` (defaults to the folder's name),
-                `commit_message`, `create_pr`, `private` and `token` go to it.
-        """
-        push = kwargs.pop("push_to_hub", False)
-        upload = {key: kwargs.pop(key) for key in ("repo_id", "commit_message", "create_pr", "private") if key in kwargs}
-        folder = Path(save_directory)
-        if folder.is_file():
-            raise ValueError(f"save_directory must be a directory, got the file {str(folder)!r}.")
-        folder.mkdir(parents=True, exist_ok=True)
-        is_main_process = args[0] if args else kwargs.get("is_main_process", True)
-        config = self.config
-        previous = config.__dict__.get("custom_pipelines")
-        others = {task: spec for task, spec in (previous or {}).items()  # an older entry of ours goes
-                  if spec.get("impl") != CUSTOM_PIPELINES[REMOTE_TASK]["impl"]}
-        config.custom_pipelines = {**others, **CUSTOM_PIPELINES}
-        try:
-            with tempfile.TemporaryDirectory(prefix=".hf_defer_save_", dir=folder) as stage:
-                super().save_pretrained(stage, *args, **kwargs)
-                if is_main_process:
-                    move_saved_files(stage, folder, overwrite, replace_standard=True)
-        finally:
-            if previous is None:
-                del config.custom_pipelines
-            else:
-                config.custom_pipelines = previous
-        if push and is_main_process:
-            repo_id = upload.pop("repo_id", folder.resolve().name)
-            self.push_to_hub(repo_id, token=kwargs.get("token"), **upload)
-
-    def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
-        """Uploads the model with the deferral model card and the code for `trust_remote_code` loading, instead of
-        `transformers`' generic card: [`hf_defer.push_to_hub`]`(self, repo_id, **kwargs)`, whose keyword arguments
-        (`processing_class`, `card_data`, `commit_message`, `commit_description`, `private`, `token`, `revision`,
-        `create_pr`) it takes. Needs hf_defer installed.
-
-        Example:
-
-        ```python
-        >>> import hf_defer
-        >>> model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=4, num_labels=2))
-        >>> model.push_to_hub("me/tiny-defer")  # doctest: +SKIP
-        ```
-        """
-        try:  # absolute, inside try: transformers then neither copies hub.py into saved folders nor requires it
-            from hf_defer.hub import push_to_hub
-        except ImportError:  # loaded with trust_remote_code, hf_defer not installed
-            raise ImportError(
-                "push_to_hub of a deferral model needs hf_defer (pip install hf-defer) to write the deferral card "
-                "and the code for remote loading."
-            ) from None
-        unsupported = sorted(set(kwargs) - set(inspect.signature(push_to_hub).parameters))
-        if unsupported:
-            raise TypeError(f"push_to_hub() of a deferral model got unsupported arguments {unsupported}.")
-        return push_to_hub(self, repo_id, **kwargs)
-
-    @classmethod
-    def from_pretrained(cls, *args: Any, **kwargs: Any) -> EncoderForDeferral | tuple[EncoderForDeferral, dict]:
-        """[`PreTrainedModel.from_pretrained`], then re-freezes the encoder when `config.freeze_encoder` is set
-        (loading replaces the parameters built in `__init__`, and with them their `requires_grad`). A weights file
-        that cannot be read (truncated, corrupt) raises an `OSError` naming it."""
-        try:
-            loaded = super().from_pretrained(*args, **kwargs)
-        except Exception as err:  # safetensors' SafetensorError names no file
-            if type(err).__name__ != "SafetensorError":
-                raise
-            source = str(args[0] if args else kwargs.get("pretrained_model_name_or_path"))
-            files = sorted(str(path) for path in Path(source).glob("*.safetensors")) or [source]
-            raise OSError(f"could not read the weights in {', '.join(files)}: {err}. The file is truncated or corrupt; "
-                          "save or download it again.") from err
-        model = loaded[0] if isinstance(loaded, tuple) else loaded
-        if model.config.freeze_encoder:
-            model.freeze_encoder()
-        return loaded
 
     def forward(
         self,

@@ -27,7 +27,8 @@ from hf_defer.pipeline_deferral import REMOTE_TASK
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat is good bad very".split()]
 TEXTS = ["the cat sat on the mat", "a very bad dog", "good"]
-CODE_FILES = {"configuration_deferral.py", "modeling_deferral.py", "surrogates.py", "pipeline_deferral.py"}
+CODE_FILES = {"configuration_deferral.py", "modeling_deferral.py", "saving_deferral.py", "surrogates.py", "surrogate_base.py",
+              "surrogate_kernels.py", "pipeline_deferral.py"}
 PACKAGE = Path(hf_defer.__file__).parent
 
 
