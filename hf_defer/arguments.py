@@ -32,7 +32,8 @@ class ModelArguments:
     surrogate: str = field(default="asm", metadata={"help": "Training loss: asm (default), ssm, sova or aova."})
     pooling: str | None = field(
         default=None,
-        metadata={"help": "Pooling of the encoder's last hidden state: cls, mean or max. Default: cls; with "
+        metadata={"help": "Pooling of the encoder's last hidden state: cls, mean, max or last (the last real token). "
+                          "Default: last for decoder-only models (Llama, Qwen2, ...), cls for encoders; with "
                           "--freeze_encoder on text, the sentence encoder's own pooling."},
     )
     normalize_pooled: bool = field(default=False, metadata={"help": "L2-normalize the pooled vector."})
@@ -43,6 +44,19 @@ class ModelArguments:
     )
     embedding_cache_dir: str | None = field(
         default=None, metadata={"help": "Cache of the sentence embeddings (--freeze_encoder on text)."}
+    )
+    use_lora: bool = field(
+        default=False,
+        metadata={"help": "Fine-tune LoRA adapters (peft) instead of every encoder weight; the deferral head trains "
+                          "in full. The saved folder holds the merged model, which loads like any other."},
+    )
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank (--use_lora)."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling alpha (--use_lora)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA path (--use_lora)."})
+    lora_target_modules: str | None = field(
+        default=None,
+        metadata={"help": "Comma-separated names of the modules that get adapters, e.g. q_proj,v_proj (--use_lora). "
+                          "Default: every linear layer of the encoder."},
     )
 
 

@@ -156,6 +156,21 @@ def _count() -> Iterable[int]:
         index += 1
 
 
+def with_lora(model: EncoderForDeferral, model_args: ModelArguments) -> Any:
+    """``model`` with LoRA adapters on its encoder (`peft.get_peft_model`) and its deferral head trained in full."""
+    if model.encoder is None:
+        raise ValueError("--use_lora needs an encoder to adapt; with --freeze_encoder on text only a head is trained.")
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ImportError("--use_lora needs peft: pip install 'hf-defer[peft]'.") from None
+    targets = model_args.lora_target_modules
+    targets = [name.strip() for name in targets.split(",") if name.strip()] if targets else "all-linear"
+    config = LoraConfig(r=model_args.lora_r, lora_alpha=model_args.lora_alpha, lora_dropout=model_args.lora_dropout,
+                        target_modules=targets, modules_to_save=["head"])
+    return get_peft_model(model, config)
+
+
 def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
                  training_args: TrainingArguments) -> dict[str, float]:
     """Runs what the flags ask and saves a Hub-ready folder to `--output_dir`.
@@ -227,8 +242,10 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
         model = EncoderForDeferral(DeferralConfig(feature_size=width, surrogate=model_args.surrogate, **names))
     else:
         model = EncoderForDeferral.from_encoder_pretrained(
-            model_args.model_name_or_path, surrogate=model_args.surrogate, pooling=pooling or "cls",
+            model_args.model_name_or_path, surrogate=model_args.surrogate, pooling=pooling,
             normalize_pooled=model_args.normalize_pooled, freeze_encoder=model_args.freeze_encoder, **names)
+    if model_args.use_lora:
+        model = with_lora(model, model_args)
     trainer = DeferralTrainer(
         model=model, args=training_args, processing_class=None if frozen_text else processor,
         train_dataset=splits.get("train") if training_args.do_train else None,
@@ -244,6 +261,9 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
         trainer.log_metrics("eval", evaluated)
 
     final = model
+    if model_args.use_lora:  # adapters merged into the encoder: a plain deferral model that saves and loads as any
+        final = model.merge_and_unload()
+        trainer.model = trainer.model_wrapped = final
     if frozen_text:  # the head goes on the encoder: mean/cls pooling (+ normalization) reproduces the embeddings
         final = EncoderForDeferral.from_encoder_pretrained(
             processor_path, surrogate=model_args.surrogate, pooling=pooling, normalize_pooled=normalize,

@@ -291,3 +291,36 @@ def test_simulated_annotator_expert_from_count_columns(data, tmp_path):
     assert config["expert_names"] == ["annotator"]
     assert config["id2label"] == {"0": "negative", "1": "neutral", "2": "positive"}  # int labels, named by the flag
     assert 0.0 <= json.loads((out / "all_results.json").read_text())["eval_system_error"] <= 1.0
+
+
+def test_use_lora_trains_adapters_and_saves_the_merged_model(data, tmp_path, monkeypatch):
+    import peft  # noqa: F401  (a test dependency)
+
+    from hf_defer import run as run_module
+
+    seen = {}
+    original = run_module.with_lora
+
+    def recorded(model, model_args):
+        seen["before"] = {name: p.detach().clone() for name, p in model.encoder.named_parameters()}
+        wrapped = original(model, model_args)
+        trainable = {name for name, p in wrapped.named_parameters() if p.requires_grad}
+        seen["trainable"], seen["all"] = trainable, {name for name, _ in wrapped.named_parameters()}
+        return wrapped
+
+    monkeypatch.setattr(run_module, "with_lora", recorded)
+    out = tmp_path / "lora"
+    run_script(["--model_name_or_path", str(data / "encoder"), *data_flags(data), "--do_train", "--do_eval",
+                "--do_predict", "--use_lora", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules",
+                "query,value", "--num_train_epochs", "2", "--learning_rate", "0.05", "--output_dir", str(out), *COMMON])
+    # only the adapters and the head train: every other encoder weight is frozen
+    assert seen["trainable"] and all("lora_" in name or ".head." in f".{name}" for name in seen["trainable"])
+    assert any("lora_" in name for name in seen["trainable"]) and any("head" in name for name in seen["trainable"])
+    assert not any("lora_" in name and ("key" in name or "dense" in name) for name in seen["all"])  # query,value only
+    # the folder holds a plain (merged) deferral model: no adapter files, and it loads like any other
+    files = set(os.listdir(out))
+    assert "model.safetensors" in files and "adapter_config.json" not in files
+    merged = EncoderForDeferral.from_pretrained(out)
+    changed = [name for name, p in merged.encoder.named_parameters() if not torch.equal(p, seen["before"][name])]
+    assert changed and all(("query" in name or "value" in name) and name.endswith("weight") for name in changed)
+    check_saved_folder(out, data, None)
