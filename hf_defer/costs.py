@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from .configuration_deferral import check_expert_costs
+from .surrogate_base import estimate_margin
 
 __all__ = ["ErrorCostCurve", "area_under_error_cost", "error_cost_curve", "mean_cost", "pareto_front",
            "plot_error_cost_curves"]
@@ -44,12 +46,13 @@ def _decide_with_costs(
     """The cost-sensitive Bayes rule on estimates: `(defer [N], expert [N], prediction [N])`.
 
     Defers iff `max_j (a_j - c_j) - max_y p_y > threshold`, to `argmax_j (a_j - c_j)` (first on ties); `prediction`
-    is `argmax_y p_y` for every row. The same rule (in the same float64 operations) as the deferral pipeline.
+    is `argmax_y p_y` for every row: [`~hf_defer.surrogate_base.estimate_margin`], the rule the model, the pipeline
+    and the metrics decide by, here on estimates already computed.
     """
-    gains = expert_accuracy - costs[None, :]
-    expert = np.argmax(gains, axis=1)
-    margin = gains[np.arange(len(gains)), expert] - class_probs.max(axis=1)
-    return margin > threshold, expert, np.argmax(class_probs, axis=1)
+    margin, expert = estimate_margin(torch.as_tensor(class_probs, dtype=torch.float64),
+                                     torch.as_tensor(expert_accuracy, dtype=torch.float64),
+                                     torch.as_tensor(costs, dtype=torch.float64))
+    return (margin > threshold).numpy(), expert.numpy(), np.argmax(class_probs, axis=1)
 
 
 def mean_cost(defer: Any, expert: Any, expert_costs: Sequence[float], model_cost: float = 0.0) -> float:

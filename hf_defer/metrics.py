@@ -23,6 +23,7 @@ from .reliability import (  # noqa: F401  (pool_reliability, reliability_ece, MA
     reliability_bins,
     reliability_ece,
 )
+from .costs import mean_cost
 from .surrogates import DeferralSurrogate, get_surrogate
 
 
@@ -141,6 +142,8 @@ def deferral_metrics(
     * ``expert_ece``: ECE (``n_bins`` equal-width bins) of the expert-accuracy estimate against
       ``[[m = y]]`` over all inputs. With ``M > 1`` experts, ``expert_ece_j`` for each expert (against that
       expert's correctness) and ``expert_ece`` their mean; ``deferral_rate_j`` is the share routed to expert ``j``.
+    * ``mean_cost`` (when some expert cost is not 0): the mean price paid per input, each deferred input paying the
+      cost of its expert ([`hf_defer.costs.mean_cost`]).
     * ``budgeted_error_{100x}`` for each ``x`` in ``budgets``: the system error when at most ``floor(x N)`` inputs
       stay deferred ([`budget_deferrals`]). With ``budget_ranking="expert_accuracy"`` (the paper's definition, the
       default) the deferred inputs with the highest estimated (clipped) accuracy of their expert stay; with
@@ -227,6 +230,9 @@ def deferral_metrics(
             metrics[f"expert_ece_{j}"] = eces[j]
         for j in range(M):
             metrics[f"deferral_rate_{j}"] = float(np.mean(defer & (expert == j)))
+    paid = scorer.check_costs(costs)
+    if paid is not None:  # what the decisions cost: a deferred input pays its expert's price
+        metrics["mean_cost"] = mean_cost(defer, expert, paid.tolist())
     for budget in budgets:
         metrics[_budget_key(budget)] = system_error(budget_deferrals(defer, rank_score, budget))
     if return_reliability:
@@ -293,6 +299,7 @@ METRIC_NAMES: dict[str, tuple[str, str]] = {
     "coverage": ("Coverage", "share of inputs the classifier answers (not deferred)"),
     "classifier_error": ("Classifier error", "error of the classifier alone, on all inputs"),
     "expert_ece": ("Expert ECE", "calibration error of the expert-accuracy estimate (15 bins)"),
+    "mean_cost": ("Mean cost", "mean price paid per input (a deferred input pays its expert's cost)"),
 }
 """Display name and meaning of each fixed key of [`deferral_metrics`]; [`metric_name_and_meaning`] adds the keys
 that carry a number (``budgeted_error_10``, ``expert_ece_0``, ``deferral_rate_1``)."""

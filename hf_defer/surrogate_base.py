@@ -34,6 +34,21 @@ def _is_finite_number(value: Any) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def estimate_margin(class_probs: torch.Tensor, expert_accuracy: torch.Tensor,
+                    costs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The deferral margin on estimates, ``max_j (a_j - c_j) - max_y p_y``, and ``argmax_j (a_j - c_j)``: the one rule
+    behind [`DeferralSurrogate.decide`] (defer iff the margin exceeds the threshold), which other code that already
+    holds estimates (error-cost sweeps) calls too.
+
+    Args:
+        class_probs (`torch.Tensor` `[N, K]`), expert_accuracy (`torch.Tensor` `[N, M]`): the estimates.
+        costs (`torch.Tensor` `[M]`, *optional*): one cost per expert; zeros when `None`.
+    """
+    gains = expert_accuracy if costs is None else expert_accuracy - costs.to(expert_accuracy)
+    best, expert = gains.max(dim=1)
+    return best - class_probs.amax(dim=1), expert
+
+
 class DeferralSurrogate:
     """Base class of the deferral surrogates. Use :func:`get_surrogate` to build one.
 
@@ -258,9 +273,7 @@ class DeferralSurrogate:
 
     def _margin(self, u: torch.Tensor, costs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         log_classes, log_experts = self._log_estimates(u.double())  # float64; e^700 keeps raw ssm/sova estimates finite
-        gains = log_experts.clamp(max=700.0).exp()
-        best, expert = (gains if costs is None else gains - costs.to(gains.device)).max(dim=1)
-        return best - log_classes.clamp(max=700.0).exp().amax(dim=1), expert
+        return estimate_margin(log_classes.clamp(max=700.0).exp(), log_experts.clamp(max=700.0).exp(), costs)
 
     def _decide(self, u: torch.Tensor, expert_costs: Any = None, defer_threshold: float = 0.0) -> tuple[torch.Tensor, ...]:
         if not _is_finite_number(defer_threshold):

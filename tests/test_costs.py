@@ -193,3 +193,16 @@ def test_model_card_draws_the_error_cost_curve_when_costs_are_set(tmp_path):
     assert "(error_cost_curve.png)" in text and (tmp_path / "with" / "error_cost_curve.png").is_file()
     render_model_card(DeferralModelCardData.from_model(fixed_model()), tmp_path / "without")  # no costs: no section
     assert "Error against cost" not in (tmp_path / "without" / "README.md").read_text()
+
+
+def test_deferral_metrics_reports_the_mean_cost_of_its_decisions():
+    from hf_defer import deferral_metrics
+
+    # K = 2, M = 2 (A-SM). Row 0: classes (4, 0), experts (0, 0): not deferred. Rows 1 and 2: expert 1 far above the
+    # classes: a_1 = 1 / (1 + e^-30) against p = 1/2, margin 1 - 0.4 - 1/2 > 0 with costs (0.25, 0.4); row 3: expert 0
+    # far above, margin 1 - 0.25 - 1/2 > 0. Row 0: a_j = 1/2 < 0.98. Cost paid: (0 + 0.4 + 0.4 + 0.25) / 4.
+    logits = np.array([[4.0, 0.0, 0.0, 0.0], [0.0, 0.0, -30.0, 30.0], [0.0, 0.0, -30.0, 30.0], [0.0, 0.0, 30.0, -30.0]])
+    labels, experts = [0, 1, 1, 0], [[0, 0], [1, 1], [1, 1], [0, 0]]
+    paid = deferral_metrics(logits, labels, experts, num_experts=2, expert_costs=[0.25, 0.4])
+    assert paid["coverage"] == 0.25 and paid["mean_cost"] == pytest.approx((0.4 + 0.4 + 0.25) / 4)
+    assert "mean_cost" not in deferral_metrics(logits, labels, experts, num_experts=2)  # zero costs: nothing paid
