@@ -235,6 +235,8 @@ class DeferralTrainer(Trainer):
             values["metrics"] = metrics
             values["num_eval_examples"] = int(np.sum(np.asarray(labels) != -100))
             values["dataset_split"] = "validation" if prefix == "eval" else prefix
+            if any(model.config.expert_costs or []):  # priced experts: the card draws the error-cost curve
+                values["error_cost_curve"] = _error_cost_front(model, logits, labels, expert_labels)
         else:
             logged = [entry for entry in self.state.log_history if any(k.endswith("_system_error") for k in entry)]
             if logged:
@@ -311,6 +313,21 @@ class DeferralTrainer(Trainer):
             render_model_card(data, save_directory or self.args.output_dir, overwrite=overwrite_model_card)
         except FileExistsError as error:
             logger.warning(f"{error} Kept it; pass overwrite_model_card=True to replace it with the deferral card.")
+
+
+def _error_cost_front(model: Any, logits: Any, labels: Any, expert_labels: Any) -> dict[str, list[float]]:
+    """The Pareto front of [`hf_defer.costs.error_cost_curve`] on evaluation logits (rows labelled -100 dropped),
+    sweeping the decision-time costs as multiples of the model's `expert_costs`, for the model card."""
+    from .costs import error_cost_curve
+
+    labels = np.asarray(labels)
+    kept = labels != -100
+    class_probs, expert_accuracy = model.surrogate.probabilities(torch.as_tensor(np.asarray(logits)[kept]).float())
+    curve = error_cost_curve(class_probs.numpy(), expert_accuracy.numpy(), labels[kept],
+                             np.asarray(expert_labels)[kept], model.config.expert_costs,
+                             threshold=float(model.config.defer_threshold))
+    cost, error = curve.front()
+    return {"cost": cost.tolist(), "error": error.tolist()}
 
 
 class _HeadOnlyRows(torch.utils.data.Dataset):

@@ -206,3 +206,30 @@ def test_deferral_metrics_reports_the_mean_cost_of_its_decisions():
     paid = deferral_metrics(logits, labels, experts, num_experts=2, expert_costs=[0.25, 0.4])
     assert paid["coverage"] == 0.25 and paid["mean_cost"] == pytest.approx((0.4 + 0.4 + 0.25) / 4)
     assert "mean_cost" not in deferral_metrics(logits, labels, experts, num_experts=2)  # zero costs: nothing paid
+
+
+def test_trainer_card_draws_the_error_cost_curve_when_costs_are_set(tmp_path):
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from hf_defer import DeferralTrainer
+    from hf_defer.costs import error_cost_curve
+
+    rng = np.random.default_rng(0)
+    data = Dataset.from_dict({"features": rng.normal(size=(64, 4)).astype("float32"), "labels": rng.integers(0, 2, 64),
+                              "expert_labels": rng.integers(0, 2, (64, 2))})
+    model = EncoderForDeferral(DeferralConfig(feature_size=4, num_labels=2, num_experts=2, expert_costs=[0.1, 0.3]))
+    args = TrainingArguments(str(tmp_path / "out"), max_steps=2, report_to=[], use_cpu=True, save_strategy="no")
+    trainer = DeferralTrainer(model=model, args=args, train_dataset=data, eval_dataset=data)
+    trainer.train()
+    trainer.evaluate()
+    card = trainer.model_card_data()
+    with torch.no_grad():  # the front computed independently from the model's own estimates on the same rows
+        out = model.eval()(features=torch.as_tensor(np.asarray(data["features"])))
+    expected = error_cost_curve(out.class_probs.numpy(), out.expert_accuracy.numpy(), np.asarray(data["labels"]),
+                                np.asarray(data["expert_labels"]), [0.1, 0.3]).front()
+    np.testing.assert_allclose(card.error_cost_curve["cost"], expected[0], atol=1e-12)
+    np.testing.assert_allclose(card.error_cost_curve["error"], expected[1], atol=1e-12)
+    trainer.create_model_card(save_directory=str(tmp_path / "card"))
+    assert (tmp_path / "card" / "error_cost_curve.png").is_file()
+    assert "error_cost_curve.png" in (tmp_path / "card" / "README.md").read_text()
