@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
+import os
+import subprocess
+import sys
 import json
 from pathlib import Path
 
@@ -31,22 +33,25 @@ def test_fold_of_rows_is_balanced_and_seeded():
         fold_of_rows(10, 1, seed=0)
 
 
+def run_script(argv: list[str]) -> None:
+    """The script as a user runs it: a fresh interpreter, with this test's offline settings and cache."""
+    subprocess.run([sys.executable, str(SCRIPT), *argv], check=True, env=dict(os.environ), capture_output=True,
+                   text=True)
+
+
 def test_both_stages_on_a_tiny_encoder(tmp_path):
     torch.manual_seed(0)
     encoder = tmp_path / "tiny"
     BertModel(BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=20,
                          vocab_size=len(WORDS))).save_pretrained(encoder)
     BertTokenizer(vocab={word: i for i, word in enumerate(WORDS)}).save_pretrained(encoder)
-    spec = importlib.util.spec_from_file_location("cascade_hatespeech", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     predictions = tmp_path / "costly.json"
     common = ["--max-rows", "150", "--model", str(encoder), "--predictions", str(predictions)]
-    script.main(["--stage", "costly", "--folds", "2", "--train-rows-per-fold", "40", "--max-length", "16", *common])
+    run_script(["--stage", "costly", "--folds", "2", "--train-rows-per-fold", "40", "--max-length", "16", *common])
     payload = json.loads(predictions.read_text())
     assert len(payload["probs"]) == 150 and payload["settings"]["folds"] == 2
     assert np.allclose(np.sum(payload["probs"], axis=1), 1.0, atol=1e-3)
-    script.main(["--stage", "compare", "--seeds", "0", "1", "--head-epochs", "2", "--output", str(tmp_path), *common])
+    run_script(["--stage", "compare", "--seeds", "0", "1", "--head-epochs", "2", "--output", str(tmp_path), *common])
     record = json.loads((tmp_path / "hatespeech_cascade.json").read_text())
     assert set(record["summary"]["area"]) == {"A-SM", "S-SM", "A-OvA", "confidence cascade", "router"}
     assert (tmp_path / "hatespeech_cascade.png").stat().st_size > 0

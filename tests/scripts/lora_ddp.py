@@ -11,10 +11,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import TrainingArguments
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder: reuse the tiny model and data
-from test_decoder_backbones import decoder_model, decoder_tokenizer, text_dataset  # noqa: E402
+from test_decoder_backbones import decoder_model, decoder_tokenizer, text_dataset  # tests/ is on PYTHONPATH
 
-from hf_defer import DeferralTrainer  # noqa: E402
+from hf_defer import DeferralTrainer
 
 torch.manual_seed(0)
 model = get_peft_model(decoder_model("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
