@@ -5,7 +5,6 @@ from __future__ import annotations
 import doctest
 import io
 import math
-from pathlib import Path
 
 import datasets
 import numpy as np

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import peft  # noqa: F401  (a test dependency, pyproject [test])
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from unittest import mock
 
 import datasets
-import numpy as np
 import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizer, pipeline

@@ -16,20 +16,18 @@ from __future__ import annotations
 
 import json
 import re
-import runpy
 import shlex
-import sys
 from pathlib import Path
 
 import datasets
 import numpy as np
 import pandas as pd
-import pytest
 import torch
 import transformers
 from transformers import BertConfig, BertTokenizer, ViTConfig, ViTImageProcessor, ViTModel, pipeline
 
 import hf_defer
+from test_run import run_script  # scripts/run_deferral.py as `python` runs it
 from hf_defer import DeferralConfig, EncoderForDeferral
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,16 +148,6 @@ def bash_command(marker: str) -> list[str]:
             if command.startswith("python scripts/run_deferral.py") and marker in command:
                 return shlex.split(command.split("#")[0])[2:]
     raise AssertionError(f"no run_deferral.py command with {marker!r} in the README")
-
-
-def run_script(argv: list[str]) -> None:
-    script = ROOT / "scripts" / "run_deferral.py"
-    saved = sys.argv
-    sys.argv = [str(script), *argv]
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    finally:
-        sys.argv = saved
 
 
 QUICK = ["--num_train_epochs", "1", "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8",
