@@ -81,6 +81,8 @@ class DataCollatorForDeferral:
                 f"`tokenizer` must be a transformers tokenizer (with a `pad` method) or None, "
                 f"got {type(self.tokenizer).__name__}."
             )
+        self._padder = None if self.tokenizer is None else DataCollatorWithPadding(
+            self.tokenizer, self.padding, self.max_length, self.pad_to_multiple_of, self.return_tensors)
 
     def _to_output(self, array: np.ndarray) -> Any:
         if self.return_tensors == "np":
@@ -204,9 +206,7 @@ class DataCollatorForDeferral:
         if not rest:
             return batch
         if self.tokenizer is not None:  # the padding itself is DataCollatorWithPadding's, on the model inputs only
-            padder = DataCollatorWithPadding(self.tokenizer, self.padding, self.max_length, self.pad_to_multiple_of,
-                                             self.return_tensors)
-            batch.update(padder([{key: row[key] for key in rest} for row in rows]))
+            batch.update(self._padder([{key: row[key] for key in rest} for row in rows]))
             return batch
         if "input_ids" in rest:
             raise ValueError(

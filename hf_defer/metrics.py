@@ -183,8 +183,6 @@ def deferral_metrics(
     ```
     """
     logits = _as_tensor("logits", logits)
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
     if logits.dim() != 2:
         raise ValueError(f"logits must have shape [N, num_classes + num_experts], got {tuple(logits.shape)}.")
     if budget_ranking not in BUDGET_RANKINGS:
@@ -202,8 +200,10 @@ def deferral_metrics(
     if n == 0:
         raise ValueError("labels has no row to evaluate: every label is -100.")
 
-    defer, prediction, expert = (t.numpy() for t in scorer.decide(logits, costs, threshold))
-    _, accuracy = scorer.probabilities(logits)
+    # The logits were checked above: the unchecked forms, so each is read once.
+    paid = scorer.check_costs(costs)
+    defer, prediction, expert = (t.numpy() for t in scorer._decide(logits, paid, threshold))
+    _, accuracy = scorer._probabilities(logits)
     accuracy = accuracy.double().numpy()
     y, m = y.numpy(), m.numpy()
     rows = np.arange(n)
@@ -211,7 +211,7 @@ def deferral_metrics(
     experts_right = m == y[:, None]
     chosen_right = experts_right[rows, expert]
     if budget_ranking == "margin":
-        rank_score = scorer.deferral_margin(logits, costs)[0].numpy()
+        rank_score = scorer._margin(logits, paid)[0].numpy()
     else:
         rank_score = accuracy[rows, expert]
 
@@ -223,20 +223,19 @@ def deferral_metrics(
         "coverage": float(1.0 - defer.mean()),
         "classifier_error": float(1.0 - classifier_right.mean()),
     }
-    eces = [expected_calibration_error(accuracy[:, j], experts_right[:, j], n_bins) for j in range(M)]
+    diagrams = [reliability_bins(accuracy[:, j], experts_right[:, j], n_bins) for j in range(M)]
+    eces = [reliability_ece(diagram) for diagram in diagrams]
     metrics["expert_ece"] = float(np.mean(eces))
     if M > 1:
         for j in range(M):
             metrics[f"expert_ece_{j}"] = eces[j]
         for j in range(M):
             metrics[f"deferral_rate_{j}"] = float(np.mean(defer & (expert == j)))
-    paid = scorer.check_costs(costs)
     if paid is not None:  # what the decisions cost: a deferred input pays its expert's price
         metrics["mean_cost"] = mean_cost(defer, expert, paid.tolist())
     for budget in budgets:
         metrics[_budget_key(budget)] = system_error(budget_deferrals(defer, rank_score, budget))
     if return_reliability:
-        diagrams = [reliability_bins(accuracy[:, j], experts_right[:, j], n_bins) for j in range(M)]
         metrics["reliability"] = diagrams[0] if M == 1 else diagrams
     return metrics
 

@@ -293,8 +293,8 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
                 f"input_ids has {main.shape[1]} tokens per row, more than the {limit} positions of the encoder; tokenize "
                 f"with truncation=True and max_length <= {limit} (the pipeline: pipe(text, truncation=True))."
             )
-        vocab = self.input_vocab_size
-        if values and vocab is not None and (main.device.type == "cpu" or not self._checked_token_ids):
+        if values and (main.device.type == "cpu" or not self._checked_token_ids) and self.input_vocab_size is not None:
+            vocab = self.input_vocab_size
             self._checked_token_ids = True
             low, high = (int(value) for value in torch.aminmax(main))
             if low < 0 or high >= vocab:
@@ -410,9 +410,9 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
         except (OSError, ValueError) as err:
             kind = OSError if isinstance(err, OSError) else ValueError
             raise kind(f"could not load an encoder from name_or_path={str(name_or_path)!r}: {err}") from err
-        model = cls(DeferralConfig(encoder=encoder.config, **kwargs), encoder=encoder).to(encoder.dtype)
-        model.head.float()  # as `_keep_in_fp32_modules_strict` does on loading: logits and loss in float32
-        return model
+        # The head is built in float32 next to the loaded encoder (as `_keep_in_fp32_modules_strict` keeps it on
+        # loading): logits and loss in float32 whatever the encoder's dtype.
+        return cls(DeferralConfig(encoder=encoder.config, **kwargs), encoder=encoder)
 
 
 __all__ = ["DeferralOutput", "DeferralPreTrainedModel", "EncoderForDeferral", "move_saved_files"]

@@ -381,10 +381,11 @@ class DeferralPipeline(Pipeline):
         config = self.model.config
         costs = getattr(config, "expert_costs", None) if expert_costs is None else expert_costs
         threshold = float(config.defer_threshold) if defer_threshold is None else defer_threshold
-        logits = model_outputs["logits"][:1].float()
-        defer, prediction, expert = (int(t[0]) for t in self.model.surrogate.decide(logits, costs, threshold))
+        surrogate = self.model.surrogate
+        logits = model_outputs["logits"][:1].float()  # checked by the model's forward: the unchecked forms follow
+        paid = surrogate.check_costs(costs)
+        defer, top, expert = (int(t[0]) for t in surrogate._decide(logits, paid, threshold))
         probs = model_outputs["class_probs"][0].float().numpy()
-        top = prediction
         order = sorted(range(len(probs)), key=lambda k: -probs[k])[:top_k]
         output = {
             "label": DEFER_LABEL if defer else config.id2label[top],
@@ -396,7 +397,7 @@ class DeferralPipeline(Pipeline):
             "scores": {config.id2label[k]: float(probs[k]) for k in order},
         }
         if return_margin:
-            output["margin"] = float(self.model.surrogate.deferral_margin(logits, costs)[0][0])
+            output["margin"] = float(surrogate._margin(logits, paid)[0][0])
         return output
 
 

@@ -132,28 +132,35 @@ def pipeline_inputs(dataset: datasets.Dataset, text_column: str | None = None, t
     return list(dataset[text_column])
 
 
-def write_predictions(outputs: Iterable[dict[str, Any]], path: str | os.PathLike, expert_names: list[str],
-                      ids: Iterable[Any] | None = None) -> int:
-    """Writes deferral-pipeline outputs as CSV: `id, label, defer, expert, class_label, class_score` and one
-    `expert_accuracy_<name>` column per expert. Returns the number of rows."""
+_HEAD_FIELDS = ("surrogate", "id2label", "num_experts", "expert_names", "expert_costs", "expert_kinds",
+                "defer_threshold", "head_hidden_sizes", "head_dropout")
+
+
+def head_on_sentence_encoder(head_model: EncoderForDeferral, encoder_path: str) -> EncoderForDeferral:
+    """The head of a head-only model trained on the sentence embeddings of `encoder_path`, put on that encoder with
+    its own pooling (and normalization), so that the text model computes what the head was trained on. The encoder
+    is frozen; the config (surrogate, classes, experts, costs, threshold) is the head-only model's."""
+    pooling, normalize = sentence_encoder_pooling(encoder_path)
+    fields = {key: getattr(head_model.config, key) for key in _HEAD_FIELDS}
+    text_model = EncoderForDeferral.from_encoder_pretrained(encoder_path, pooling=pooling, normalize_pooled=normalize,
+                                                            freeze_encoder=True, **fields)
+    text_model.head.load_state_dict(head_model.head.state_dict())
+    return text_model
+
+
+def write_predictions(outputs: Iterable[dict[str, Any]], path: str | os.PathLike, expert_names: list[str]) -> int:
+    """Writes deferral-pipeline outputs as CSV: `id` (the row number), `label, defer, expert, class_label,
+    class_score` and one `expert_accuracy_<name>` column per expert. Returns the number of rows."""
     header = ["id", "label", "defer", "expert", "class_label", "class_score"]
     header += [f"expert_accuracy_{name}" for name in expert_names]
     count = 0
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(header)
-        for row_id, out in zip(ids if ids is not None else _count(), outputs):
-            writer.writerow([row_id, out["label"], out["defer"], out["expert"] or "", out["class_label"],
+        for count, out in enumerate(outputs, start=1):
+            writer.writerow([count - 1, out["label"], out["defer"], out["expert"] or "", out["class_label"],
                              repr(out["class_score"]), *map(repr, out["expert_accuracy"])])
-            count += 1
     return count
-
-
-def _count() -> Iterable[int]:
-    index = 0
-    while True:
-        yield index
-        index += 1
 
 
 def with_lora(model: EncoderForDeferral, model_args: ModelArguments) -> Any:
@@ -265,10 +272,7 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
         final = model.merge_and_unload()
         trainer.model = trainer.model_wrapped = final
     if frozen_text:  # the head goes on the encoder: mean/cls pooling (+ normalization) reproduces the embeddings
-        final = EncoderForDeferral.from_encoder_pretrained(
-            processor_path, surrogate=model_args.surrogate, pooling=pooling, normalize_pooled=normalize,
-            freeze_encoder=True, **names)
-        final.head.load_state_dict(model.head.state_dict())
+        final = head_on_sentence_encoder(model, processor_path)
     final.eval()
     if hasattr(processor, "model_max_length"):  # pipelines called with truncation=True cut where training did
         processor.model_max_length = min(processor.model_max_length, data_args.max_seq_length)

@@ -70,6 +70,8 @@ class DeferralSurrogate:
     """Where it comes from (authors, venue, year)."""
     bounded: bool = True
     """Whether the expert-accuracy estimator lies in [0, 1] by construction (unbounded ones are clipped)."""
+    kernel: Any = None
+    """The `torch.autograd.Function` computing the per-example loss and its gradient (`surrogate_kernels`)."""
 
     def __init__(self, num_classes: int, num_experts: int = 1) -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, Integral) or num_classes < 2:
@@ -288,7 +290,9 @@ class DeferralSurrogate:
 
     # ------------------------------------------------------------------ to implement
     def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        if self.kernel is None:
+            raise NotImplementedError(f"{type(self).__name__} sets no `kernel` (a torch.autograd.Function).")
+        return self.kernel.apply(u, labels, correct, self.num_classes)
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError

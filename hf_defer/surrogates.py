@@ -63,13 +63,11 @@ class ASMSurrogate(DeferralSurrogate):
     """
 
     name = "asm"
+    kernel = _ASMLoss
     display_name = "A-SM"
     description = "asymmetric softmax"
     citation = "Cao et al., NeurIPS 2023"
     bounded = True
-
-    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
-        return _ASMLoss.apply(u, labels, correct, self.num_classes)
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         K = self.num_classes
@@ -99,13 +97,11 @@ class SSMSurrogate(DeferralSurrogate):
     """
 
     name = "ssm"
+    kernel = _SSMLoss
     display_name = "S-SM"
     description = "softmax cross-entropy over classes and experts"
     citation = "Mozannar & Sontag, 2020"
     bounded = False
-
-    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
-        return _SSMLoss.apply(u, labels, correct, self.num_classes)
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         K = self.num_classes
@@ -138,13 +134,11 @@ class SOvASurrogate(DeferralSurrogate):
     """
 
     name = "sova"
+    kernel = _SOvALoss
     display_name = "S-OvA"
     description = "symmetric one-vs-all logistic loss in the consistent L_phi construction"
     citation = "baseline of Cao et al., NeurIPS 2023"
     bounded = False
-
-    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
-        return _SOvALoss.apply(u, labels, correct, self.num_classes)
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         K = self.num_classes
@@ -176,13 +170,11 @@ class AOvASurrogate(DeferralSurrogate):
     """
 
     name = "aova"
+    kernel = _AOvALoss
     display_name = "A-OvA"
     description = "asymmetric one-vs-all"
     citation = "Verma & Nalisnick, 2022"
     bounded = True
-
-    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
-        return _AOvALoss.apply(u, labels, correct, self.num_classes)
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         log_sig = F.logsigmoid(u)

@@ -25,6 +25,9 @@ from .tokenization import ensure_pad_token
 
 logger = logging.get_logger(__name__)
 
+_ESTIMATES = {"class_probs", "expert_accuracy", "defer"}
+"""The outputs of `EncoderForDeferral.forward` besides the logits that evaluation would compute and drop."""
+
 
 class DeferralTrainer(Trainer):
     """A [`~transformers.Trainer`] for [`EncoderForDeferral`] models.
@@ -138,6 +141,13 @@ class DeferralTrainer(Trainer):
         if model.training and self.train_dataset is not None and self.train_dataset is self._checked_train_dataset:
             inputs = {**inputs, "check_inputs": False}  # checked once at construction: no pass, no sync per step
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def prediction_step(self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool,
+                        ignore_keys: list[str] | None = None) -> Any:
+        ignored = ignore_keys if ignore_keys is not None else getattr(model.config, "keys_to_ignore_at_inference", [])
+        if _ESTIMATES <= set(ignored):  # the step keeps the logits only: the estimates would be computed and dropped
+            inputs = {**inputs, "output_estimates": False}
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
 
     def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
         # transformers.Trainer._get_grad_norm computes the norm of all gradients at every step, only to log it, also

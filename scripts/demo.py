@@ -6,7 +6,7 @@
    the embeddings are cached, so a second run skips this step.
 3. Train an A-SM deferral head with `DeferralTrainer` (the paper's protocol: linear head, SGD with momentum,
    cosine schedule, lr 0.1, batch 128) and print the test metrics as a table.
-4. Put the head on top of the encoder (mean pooling + normalisation reproduces the embeddings), save a
+4. Put the head on top of the encoder (its own pooling, mean + normalisation, reproduces the embeddings), save a
    Hub-ready folder (weights, tokenizer, remote code, deferral model card with its reliability diagram), and
    run `pipeline("deferral")` on raw tweets.
 
@@ -33,6 +33,7 @@ from hf_defer.data import HATESPEECH_CITATION, HATESPEECH_HUB_ID, load_hatespeec
 from hf_defer.embeddings import add_embeddings, resolve_sentence_encoder
 from hf_defer.experiments.hatespeech import DEFAULT_ENCODER, Protocol, training_arguments
 from hf_defer.metrics import metric_name_and_meaning
+from hf_defer.run import head_on_sentence_encoder
 from hf_defer.surrogates import surrogate_class
 
 MARKER = ".written_by_hf_defer_demo"
@@ -103,11 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n4/4 Putting the head on the encoder and saving a Hub-ready folder to {output_dir}")
     encoder_path = resolve_sentence_encoder(options.encoder)
-    text_model = hf_defer.EncoderForDeferral.from_encoder_pretrained(
-        encoder_path, num_labels=config.num_labels, surrogate=options.surrogate, pooling="mean",
-        normalize_pooled=True, freeze_encoder=True, id2label=config.id2label, expert_names=config.expert_names,
-    )
-    text_model.head.load_state_dict(model.head.state_dict())
+    text_model = head_on_sentence_encoder(model, encoder_path)  # the encoder's own pooling reproduces the features
     card = trainer.model_card_data(
         model_name="hatespeech-defer", base_model=options.encoder, input_kind="text",
         dataset_name="HateSpeech (Davidson et al., 2017)", dataset_citation=HATESPEECH_CITATION,

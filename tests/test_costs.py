@@ -224,12 +224,17 @@ def test_trainer_card_draws_the_error_cost_curve_when_costs_are_set(tmp_path):
     trainer.train()
     trainer.evaluate()
     card = trainer.model_card_data()
-    with torch.no_grad():  # the front computed independently from the model's own estimates on the same rows
+    with torch.no_grad():  # the wiring: the card's front is error_cost_curve's on the model's estimates of these rows
         out = model.eval()(features=torch.as_tensor(np.asarray(data["features"])))
     expected = error_cost_curve(out.class_probs.numpy(), out.expert_accuracy.numpy(), np.asarray(data["labels"]),
                                 np.asarray(data["expert_labels"]), [0.1, 0.3]).front()
     np.testing.assert_allclose(card.error_cost_curve["cost"], expected[0], atol=1e-12)
     np.testing.assert_allclose(card.error_cost_curve["error"], expected[1], atol=1e-12)
+    # Worked by hand: the sweep's largest scale (1 / 0.1) decides with costs (1, 3), where no accuracy minus cost
+    # can beat a class probability, so nothing is deferred: the front starts at cost 0 with the classifier's error.
+    classifier_error = np.mean(out.class_probs.numpy().argmax(1) != np.asarray(data["labels"]))
+    assert card.error_cost_curve["cost"][0] == 0.0
+    assert card.error_cost_curve["error"][0] == pytest.approx(classifier_error)
     trainer.create_model_card(save_directory=str(tmp_path / "card"))
     assert (tmp_path / "card" / "error_cost_curve.png").is_file()
     assert "error_cost_curve.png" in (tmp_path / "card" / "README.md").read_text()

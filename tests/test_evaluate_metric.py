@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import sys
 
 import evaluate
 import numpy as np
@@ -60,19 +61,22 @@ def test_probabilities_are_the_estimates_of_the_asm_logits_used(num_experts):
     # Same estimates, hence the same decisions (defer iff the best accuracy beats the top class probability) and
     # the same ECE: the metrics of the logits the probabilities came from.
     assert got == pytest.approx(deferral_metrics(logits, labels, experts, "asm", num_experts), abs=1e-6)
-    # And the A-SM logits built from them have exactly these estimates.
-    rebuilt = metric_module_logits(estimates, num_experts)
-    probs_back, accuracy_back = asm.probabilities(torch.tensor(rebuilt))
+    # And the A-SM logits that the shipped module builds from them are the hand-derived inverse, with exactly these
+    # estimates.
+    metric = hf_defer.load_metric()
+    shipped = sys.modules[type(metric).__module__]._asm_logits(estimates, num_experts)
+    np.testing.assert_allclose(shipped, hand_derived_logits(estimates.astype(np.float64), num_experts), atol=1e-9)
+    probs_back, accuracy_back = asm.probabilities(torch.tensor(shipped, dtype=torch.float32))
     np.testing.assert_allclose(probs_back.numpy(), class_probs.numpy(), atol=1e-6)
     np.testing.assert_allclose(accuracy_back.numpy(), accuracy.numpy(), atol=1e-5)  # float32 logits
 
 
-def metric_module_logits(estimates: np.ndarray, num_experts: int) -> np.ndarray:
+def hand_derived_logits(estimates: np.ndarray, num_experts: int) -> np.ndarray:
     """The hand-derived inverse of the A-SM estimator: u_y = log p_y, and from
     a = e^v / (e^v + sum_{y != y*} p_y) = e^v / (e^v + 1 - max p): v = log a + log(1 - max p) - log(1 - a)."""
     probs, accuracy = estimates[:, :-num_experts], estimates[:, -num_experts:]
     v = np.log(accuracy) + np.log(1 - probs.max(axis=1, keepdims=True)) - np.log(1 - accuracy)
-    return np.concatenate([np.log(probs), v], axis=1).astype(np.float32)
+    return np.concatenate([np.log(probs), v], axis=1)
 
 
 def test_bad_inputs_are_rejected():
