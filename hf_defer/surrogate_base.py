@@ -52,7 +52,7 @@ def estimate_margin(class_probs: torch.Tensor, expert_accuracy: torch.Tensor,
 class DeferralSurrogate:
     """Base class of the deferral surrogates. Use :func:`get_surrogate` to build one.
 
-    Subclasses implement ``_per_example_loss`` and ``_log_estimates`` (float32; float64 for the margin); the base class does
+    Subclasses set ``kernel`` and implement ``_log_estimates`` (float32; float64 for the margin); the base class does
     the validation, the ``-100`` masking, the reduction and the decision rule (:meth:`decide`).
 
     Args:
@@ -204,12 +204,11 @@ class DeferralSurrogate:
         u = self.check_logits(logits, check_values=check)
         labels, expert_labels, valid = self.check_targets(labels, expert_labels, u.shape[0], u.device, check)
         correct = (expert_labels == labels[:, None]).float()
-        per_example = torch.where(valid, self._per_example_loss(u, labels, correct), 0.0)
-        if reduction == "none":
-            return per_example
-        if reduction == "sum":
-            return per_example.sum()
-        return per_example.sum() / valid.sum().clamp(min=1)
+        weight = valid.float()  # 0 on ignored rows; the kernel weights each row, so a reduction is one sum
+        if reduction == "mean":
+            weight = weight.div_(weight.sum().clamp_(min=1.0))
+        per_example = self._per_example_loss(u, labels, correct, weight)
+        return per_example if reduction == "none" else per_example.sum()
 
     __call__ = loss
 
@@ -289,10 +288,11 @@ class DeferralSurrogate:
         return margin > float(defer_threshold), prediction, expert
 
     # ------------------------------------------------------------------ to implement
-    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
+    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor,
+                          weight: torch.Tensor) -> torch.Tensor:
         if self.kernel is None:
             raise NotImplementedError(f"{type(self).__name__} sets no `kernel` (a torch.autograd.Function).")
-        return self.kernel.apply(u, labels, correct, self.num_classes)
+        return self.kernel.apply(u, labels, correct, weight, self.num_classes)
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
