@@ -1,13 +1,13 @@
 """Configuration of a learning-to-defer model: an encoder (or precomputed features) and a K + M head.
 
-This module imports only ``transformers`` and the standard library: it is copied next to the weights for
-remote-code loading (``trust_remote_code=True``).
+This module imports ``transformers``, the standard library and its siblings ``surrogates`` / ``surrogate_base`` (the
+surrogate names, the check of expert costs): all are copied next to the weights for remote-code loading
+(``trust_remote_code=True``).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import field
 from numbers import Integral, Real
 from typing import Any, ClassVar
@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
-from .surrogates import SURROGATES as SURROGATE_NAMES  # a sibling module: remote code copies it too
+from .surrogate_base import check_expert_costs  # sibling modules: remote code copies them too
+from .surrogates import SURROGATES as SURROGATE_NAMES
 
 POOLING_MODES: tuple[str, ...] = ("cls", "mean", "max", "last")
 """Values of `DeferralConfig.pooling`."""
@@ -86,21 +87,6 @@ def resolve_pooling(encoder: PretrainedConfig | dict | None, pooling: str | None
     return pooling or "last"
 
 
-def check_expert_costs(costs: Any, num_experts: int, argument: str = "expert_costs") -> list[float]:
-    """One finite, non-negative cost per expert, as floats (zeros when `costs` is None); anything else is refused."""
-    if costs is None:
-        return [0.0] * num_experts
-    if hasattr(costs, "tolist"):  # np.ndarray, torch.Tensor
-        costs = costs.tolist()
-    if not isinstance(costs, (list, tuple)):
-        raise ValueError(f"{argument} must be a list of {num_experts} numbers (one per expert), got {costs!r}.")
-    if len(costs) != num_experts:
-        raise ValueError(f"{argument} must have one cost per expert ({num_experts}), got {len(costs)}: {list(costs)!r}.")
-    if not all(isinstance(c, numbers.Real) and not isinstance(c, bool) and math.isfinite(c) and c >= 0 for c in costs):
-        raise ValueError(f"{argument} must be finite, non-negative numbers, got {list(costs)!r}.")
-    return [float(cost) for cost in costs]
-
-
 class DeferralConfig(PretrainedConfig):
     r"""
     Configuration of [`EncoderForDeferral`]: a model with `num_labels` (K) class outputs and `num_experts` (M)
@@ -110,7 +96,8 @@ class DeferralConfig(PretrainedConfig):
     serialized inside `config.json` the way `VisionTextDualEncoderConfig` nests its sub-models, or, for a
     head-only model, from precomputed feature vectors of width `feature_size` (e.g. 384-d sentence embeddings).
     Exactly one of `encoder` and `feature_size` must be given. Each field is checked by one `validate_*` method
-    (raising `ValueError`), at construction and again by `save_pretrained`.
+    (raising `ValueError`; `TypeError` for `expert_costs` that is not a sequence), at construction and again by
+    `save_pretrained`.
 
     Args:
         encoder (`PretrainedConfig` or `dict`, *optional*):
@@ -308,4 +295,4 @@ class DeferralConfig(PretrainedConfig):
         self._validate_deferral_fields()
 
 
-__all__ = ["EXPERT_KINDS", "DeferralConfig", "check_expert_costs"]
+__all__ = ["EXPERT_KINDS", "DeferralConfig"]

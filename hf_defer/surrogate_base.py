@@ -49,6 +49,29 @@ def estimate_margin(class_probs: torch.Tensor, expert_accuracy: torch.Tensor,
     return best - class_probs.amax(dim=1), expert
 
 
+def check_expert_costs(costs: Any, num_experts: int, argument: str = "expert_costs") -> list[float]:
+    """One finite, non-negative cost per expert, as floats (zeros when `costs` is None): the one check of costs, for
+    the config, the decision, the pipeline and the error-cost sweeps. A negative cost would pay for asking an expert.
+
+    Raises:
+        TypeError: `costs` is not a sequence (a string, a number, a dict...).
+        ValueError: not one cost per expert, or a cost that is negative, NaN, infinite or not a number.
+    """
+    if costs is None:
+        return [0.0] * num_experts
+    if hasattr(costs, "tolist"):  # np.ndarray, torch.Tensor
+        costs = costs.tolist()
+    if isinstance(costs, (str, bytes, dict)) or not hasattr(costs, "__len__"):
+        raise TypeError(f"{argument} must be a sequence of {num_experts} numbers (one per expert), got "
+                        f"{type(costs).__name__} {costs!r}.")
+    costs = list(costs)
+    if len(costs) != num_experts:
+        raise ValueError(f"{argument} must have one cost per expert (num_experts={num_experts}), got {costs!r}.")
+    if not all(_is_finite_number(cost) and cost >= 0 for cost in costs):
+        raise ValueError(f"{argument} must be finite, non-negative numbers, got {costs!r}.")
+    return [float(cost) for cost in costs]
+
+
 class DeferralSurrogate:
     """Base class of the deferral surrogates. Use :func:`get_surrogate` to build one.
 
@@ -251,18 +274,11 @@ class DeferralSurrogate:
         return self._margin(self.check_logits(logits), self.check_costs(expert_costs))
 
     def check_costs(self, expert_costs: Any) -> torch.Tensor | None:
-        """Validates ``expert_costs`` (``M`` finite, non-negative numbers): float64 ``[M]``, or `None` when not given or
-        all zero. A negative cost would pay for asking an expert; it is refused."""
+        """Validates ``expert_costs`` with [`check_expert_costs`]: float64 ``[M]``, or `None` when not given or all
+        zero (the exact logit rule)."""
         if expert_costs is None:
             return None
-        costs = expert_costs.tolist() if hasattr(expert_costs, "tolist") else expert_costs  # np.ndarray, torch.Tensor
-        if isinstance(costs, (str, bytes, dict)) or not hasattr(costs, "__len__"):
-            raise TypeError(f"expert_costs must be a sequence of {self.num_experts} numbers, got {type(costs).__name__}.")
-        costs = list(costs)
-        if len(costs) != self.num_experts:
-            raise ValueError(f"expert_costs must have one cost per expert (num_experts={self.num_experts}), got {costs!r}.")
-        if not all(_is_finite_number(cost) and cost >= 0 for cost in costs):
-            raise ValueError(f"expert_costs must be finite, non-negative numbers, got {costs!r}.")
+        costs = check_expert_costs(expert_costs, self.num_experts)
         return torch.tensor(costs, dtype=torch.float64) if any(costs) else None
 
     # ------------------------------------------------------------------ on logits already checked (check_logits)
