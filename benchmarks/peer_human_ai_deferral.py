@@ -88,7 +88,7 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     datasets.disable_progress_bars()
     splits = load_splits(args.seed, args.data)
-    protocol = Protocol(epochs=args.epochs, in_memory=False)  # the datasets.Dataset: the fast path
+    protocol = Protocol(epochs=args.epochs)
     if args.peer_only:
         print(peer_fit(args.peer_only, splits, args.seed, protocol))
         return

@@ -23,7 +23,6 @@ from ..configuration_deferral import DeferralConfig
 from ..data import HATESPEECH_LABELS, load_hatespeech
 from ..embeddings import add_embeddings
 from ..experts import class_subset_expert, dialect_biased_expert, stack_experts
-from ..in_memory import InMemoryRows
 from ..metrics import deferral_metrics
 from ..modeling_deferral import EncoderForDeferral
 from ..surrogates import get_surrogate
@@ -47,8 +46,6 @@ class Protocol:
     max_train: int | None = None  # subsample the training split (for --quick)
     verbose: bool = False
     threads: int | None = 1  # torch threads while training a head: its ops are tiny, more threads only add waiting
-    in_memory: bool = False  # True: feed InMemoryRows (per-row collation) instead of the datasets.Dataset, which
-    # takes DeferralTrainer's head-only fast path (same batches, same weights bit for bit, fewer ms per step)
 
 
 @dataclass
@@ -198,7 +195,7 @@ def train_head(
         torch.set_num_threads(protocol.threads or threads)
         check_deferral_dataset(train, model, "train_dataset")  # DeferralTrainer checks only datasets.Dataset
         trainer = DeferralTrainer(model=model, args=training_arguments(workdir, seed, protocol),
-                                  train_dataset=InMemoryRows(train) if protocol.in_memory else train.with_format("numpy"))
+                                  train_dataset=train.with_format("numpy"))  # a head-only dataset: the fast path
         if not protocol.verbose:
             trainer.remove_callback(PrinterCallback)  # it prints the final training summary even with logging off
         logits, seconds = _fit_and_predict(trainer, test)
