@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .surrogate_base import check_expert_costs
-from .surrogate_base import estimate_margin
+from .surrogate_base import check_expert_costs, estimate_margin
 
 __all__ = ["ErrorCostCurve", "area_under_error_cost", "error_cost_curve", "mean_cost", "pareto_front",
            "plot_error_cost_curves"]
