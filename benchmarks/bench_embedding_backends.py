@@ -101,7 +101,8 @@ def _runner(kind: str, onnx_file: Path, threads: int) -> Callable[[dict[str, np.
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=DEFAULT_SENTENCE_ENCODER)
+    parser.add_argument("--model", default=DEFAULT_SENTENCE_ENCODER,
+                        help="a sentence-transformers encoder that mean-pools and normalizes, as all-MiniLM-L6-v2 does")
     parser.add_argument("--max-texts", type=int, default=4000, help="the first N distinct tweets (0: all 24,783)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
