@@ -3,10 +3,11 @@
 import json
 
 import pytest
+import torch
 from transformers import AutoConfig, BertConfig, ViTConfig
 
 import hf_defer
-from hf_defer import DeferralConfig
+from hf_defer import DeferralConfig, get_surrogate
 from hf_defer.configuration_deferral import SURROGATE_NAMES
 
 
@@ -149,6 +150,16 @@ def test_expert_costs_are_one_finite_number_per_expert(kwargs, message):
     else:
         with pytest.raises(ValueError, match=message):
             DeferralConfig(feature_size=8, **kwargs)
+
+
+@pytest.mark.parametrize("costs", ["0.1", 0.1, {"a": 0.1}])
+def test_expert_costs_that_are_not_a_sequence_are_a_type_error_as_in_the_decision(costs):
+    # one check serves the config and the surrogate's decision: the same error type and message for both
+    with pytest.raises(TypeError, match="expert_costs must be a sequence of 1 numbers") as config_error:
+        DeferralConfig(feature_size=8, expert_costs=costs)
+    with pytest.raises(TypeError) as decision_error:
+        get_surrogate("asm", 2).decide(torch.zeros(1, 3), expert_costs=costs)
+    assert str(config_error.value) == str(decision_error.value)
 
 
 def test_each_field_has_one_validator_and_save_runs_them(tmp_path):
