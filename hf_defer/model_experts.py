@@ -91,7 +91,9 @@ def as_batch_predictor(predictor: Any, tokenizer: Any = None, max_length: int | 
 def predictor_identity(predictor: Any, tokenizer: Any = None, max_length: int | None = None) -> str | None:
     """A content hash of a predictor: the config and weights of a model or of a pipeline's model, else the code and
     state of a callable (`datasets`' hasher); None (with a warning) when it cannot be hashed."""
-    model = getattr(predictor, "model", predictor)
+    # a pipeline holds its model in `.model`; a model is hashed whole (Llama-style classifiers keep their backbone,
+    # not their head, in `.model`)
+    model = predictor if hasattr(predictor, "state_dict") else getattr(predictor, "model", predictor)
     tokenizer_name = getattr(tokenizer, "name_or_path", None)
     digest = hashlib.sha256(f"{type(predictor).__qualname__}:{tokenizer_name}:{max_length}".encode())
     if hasattr(model, "state_dict") and hasattr(model, "config"):

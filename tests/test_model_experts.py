@@ -8,11 +8,12 @@ from unittest import mock
 import datasets
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification, BertTokenizer, pipeline
+from transformers import (BertConfig, BertForSequenceClassification, BertTokenizer, LlamaConfig,
+                          LlamaForSequenceClassification, pipeline)
 
 from hf_defer import DeferralConfig, EncoderForDeferral
 from hf_defer.experts import model_expert
-from hf_defer.model_experts import answers_to_ids
+from hf_defer.model_experts import answers_to_ids, predictor_identity
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat is good bad very".split()]
 TEXTS = ["the cat is good", "a dog sat", "very bad", "the mat", "good dog", "bad cat sat on the mat", "a", "very good"]
@@ -76,6 +77,19 @@ def test_expert_labels_from_a_model_with_its_tokenizer(tmp_path):
     assert len(forwards) == 4  # new weights: a new key
     with pytest.raises(ValueError, match="needs its tokenizer"):
         model_expert(text_dataset(), model, cache_dir=tmp_path)
+
+
+def test_predictor_identity_covers_the_head_of_a_model_whose_backbone_is_called_model():
+    # LlamaForSequenceClassification keeps its backbone in `.model` and its head in `.score`: a new head is a new key
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, num_labels=2, pad_token_id=0)
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(config)
+    before = predictor_identity(model)
+    with torch.no_grad():
+        model.score.weight.add_(1.0)
+    assert predictor_identity(model) != before
+    assert predictor_identity(model) == predictor_identity(model)
 
 
 def test_expert_labels_from_a_pipeline(tmp_path):
