@@ -262,12 +262,10 @@ def plot_error_cost_curves(
         title (`str`, *optional*): the figure title.
         log_cost (`bool`, *optional*, defaults to `False`): logarithmic cost axis.
     """
-    import matplotlib
+    from .plotting import _figure  # an Agg figure outside pyplot: the caller's backend and figures stay as they were
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6.4, 4.4))
+    figure = _figure(figsize=(6.4, 4.4))
+    axis = figure.add_subplot()
     for name, (cost, error) in curves.items():
         axis.step(np.asarray(cost), 100 * np.asarray(error), where="post", label=name, linewidth=1.6)
     for name, (cost, error) in (points or {}).items():
@@ -283,4 +281,3 @@ def plot_error_cost_curves(
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=130)
-    plt.close(figure)
