@@ -257,7 +257,8 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
             with torch.no_grad():  # the logits are checked once per step: by the loss, or here
                 u = logits.detach().float() if loss is not None else self.surrogate.check_logits(logits, check_inputs)
                 class_probs, expert_accuracy = self.surrogate._probabilities(u)
-                defer = self.surrogate._decide(u, self.config.expert_costs, self.config.defer_threshold)[0]
+                costs = self.surrogate.check_costs(self.config.expert_costs)
+                defer = self.surrogate._decide(u, costs, self.config.defer_threshold)[0]
         output = DeferralOutput(
             loss=loss,
             logits=logits,

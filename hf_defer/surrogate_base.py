@@ -267,7 +267,7 @@ class DeferralSurrogate:
         Returns:
             `tuple`: ``defer [B]`` (bool), ``prediction [B]`` and ``expert [B]`` (meaningful where deferring).
         """
-        return self._decide(self.check_logits(logits), expert_costs, defer_threshold)
+        return self._decide(self.check_logits(logits), self.check_costs(expert_costs), defer_threshold)
 
     def deferral_margin(self, logits: torch.Tensor, expert_costs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``max_j (a_j - c_j) - max_y p(y|x)`` on the raw estimates (float64) and ``argmax_j (a_j - c_j)``: see `decide`."""
@@ -292,10 +292,11 @@ class DeferralSurrogate:
         log_classes, log_experts = self._log_estimates(u.double())  # float64; e^700 keeps raw ssm/sova estimates finite
         return estimate_margin(log_classes.clamp(max=700.0).exp(), log_experts.clamp(max=700.0).exp(), costs)
 
-    def _decide(self, u: torch.Tensor, expert_costs: Any = None, defer_threshold: float = 0.0) -> tuple[torch.Tensor, ...]:
+    def _decide(self, u: torch.Tensor, costs: torch.Tensor | None = None,
+                defer_threshold: float = 0.0) -> tuple[torch.Tensor, ...]:
+        """`decide` on checked logits and costs (`check_costs`' output: float64 ``[M]`` or `None`)."""
         if not _is_finite_number(defer_threshold):
             raise ValueError(f"defer_threshold must be a finite number, got {defer_threshold!r}.")
-        costs = self.check_costs(expert_costs)
         class_max, prediction = u[:, : self.num_classes].max(dim=1)
         if costs is None and defer_threshold == 0:
             expert_max, expert = u[:, self.num_classes :].max(dim=1)
