@@ -26,7 +26,7 @@ from ..experts import class_subset_expert, dialect_biased_expert, stack_experts
 from ..metrics import deferral_metrics
 from ..modeling_deferral import EncoderForDeferral
 from ..surrogates import get_surrogate
-from ..trainer import DeferralTrainer, check_deferral_dataset
+from ..trainer import DeferralTrainer
 
 TABLE2_SURROGATES: tuple[str, ...] = ("ssm", "sova", "aova", "asm")
 """The surrogates in the row order of the paper's Table 2."""
@@ -193,7 +193,6 @@ def train_head(
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as workdir:
         torch.set_num_threads(protocol.threads or threads)
-        check_deferral_dataset(train, model, "train_dataset")  # DeferralTrainer checks only datasets.Dataset
         trainer = DeferralTrainer(model=model, args=training_arguments(workdir, seed, protocol),
                                   train_dataset=train.with_format("numpy"))  # a head-only dataset: the fast path
         if not protocol.verbose:
