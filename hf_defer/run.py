@@ -64,6 +64,7 @@ def load_raw_datasets(data_args: DataTrainingArguments, seed: int = 0) -> datase
 def _simulate_expert(raw: datasets.DatasetDict, data_args: DataTrainingArguments) -> datasets.DatasetDict:
     """Adds the column `data_args.simulated_expert` holding a simulated expert's answers, per split (own seed)."""
     column, label = data_args.simulated_expert, data_args.label_column_name
+    labelled = [dataset for dataset in raw.values() if label in dataset.column_names]
     out = {}
     for index, (split, dataset) in enumerate(raw.items()):
         if label not in dataset.column_names:
@@ -80,7 +81,7 @@ def _simulate_expert(raw: datasets.DatasetDict, data_args: DataTrainingArguments
         if isinstance(feature, datasets.ClassLabel):
             num_classes = feature.num_classes
         elif isinstance(feature, datasets.Value) and feature.dtype.startswith("int"):
-            num_classes = max(max(part[label][:]) for part in raw.values()) + 1
+            num_classes = max(max(part[label][:]) for part in labelled) + 1
         else:
             raise ValueError(f"--simulated_expert class_subset needs class ids in {label!r} (a ClassLabel or int "
                              f"column), got {feature}.")

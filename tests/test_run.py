@@ -324,3 +324,23 @@ def test_use_lora_trains_adapters_and_saves_the_merged_model(data, tmp_path, mon
     changed = [name for name, p in merged.encoder.named_parameters() if not torch.equal(p, seen["before"][name])]
     assert changed and all(("query" in name or "value" in name) and name.endswith("weight") for name in changed)
     check_saved_folder(out, data, None)
+
+
+def test_simulated_class_subset_expert_with_int_labels_and_an_unlabelled_test_split():
+    # the number of classes comes from the labelled splits: an unlabelled test split (predictions only) is passed on
+    import datasets
+
+    from hf_defer.arguments import DataTrainingArguments
+    from hf_defer.run import _simulate_expert
+
+    raw = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"text": list("abcdef"), "label": [0, 1, 2, 0, 1, 2]}),
+        "validation": datasets.Dataset.from_dict({"text": list("gh"), "label": [3, 0]}),
+        "test": datasets.Dataset.from_dict({"text": list("ij")}),
+    })
+    data_args = DataTrainingArguments(train_file="unused.csv", simulated_expert="class_subset", expert_k=4,
+                                      expert_p=1.0)
+    out = _simulate_expert(raw, data_args)
+    assert out["test"].column_names == ["text"]
+    # an expert right with probability 1 on the first 4 classes: 4 classes were counted, label 3 included
+    assert out["train"]["class_subset"] == [0, 1, 2, 0, 1, 2] and out["validation"]["class_subset"] == [3, 0]
