@@ -7,15 +7,14 @@ surrogate names, the check of expert costs): all are copied next to the weights 
 
 from __future__ import annotations
 
-import math
 from dataclasses import field
-from numbers import Integral, Real
+from numbers import Integral
 from typing import Any, ClassVar
 
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
-from .surrogate_base import check_expert_costs  # sibling modules: remote code copies them too
+from .surrogate_base import _is_finite_number, check_defer_threshold, check_expert_costs  # sibling modules: remote code copies them too
 from .surrogates import SURROGATES as SURROGATE_NAMES
 
 POOLING_MODES: tuple[str, ...] = ("cls", "mean", "max", "last")
@@ -26,10 +25,6 @@ EXPERT_KINDS: tuple[str, ...] = ("person", "model")
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def is_decoder_only(encoder: PretrainedConfig | dict) -> bool:
@@ -260,7 +255,7 @@ class DeferralConfig(PretrainedConfig):
         sizes = self.head_hidden_sizes
         if not isinstance(sizes, list) or not all(_is_int(size) and size >= 1 for size in sizes):
             raise ValueError(f"head_hidden_sizes must be a list of positive integers, got {sizes!r}.")
-        if not (_is_number(self.head_dropout) and 0.0 <= self.head_dropout < 1.0):
+        if not (_is_finite_number(self.head_dropout) and 0.0 <= self.head_dropout < 1.0):
             raise ValueError(f"head_dropout must be a number in [0, 1), got {self.head_dropout!r}.")
 
     def validate_expert_names(self) -> None:
@@ -274,8 +269,7 @@ class DeferralConfig(PretrainedConfig):
             )
 
     def validate_decision(self) -> None:
-        if not _is_number(self.defer_threshold):
-            raise ValueError(f"defer_threshold must be a finite number, got {self.defer_threshold!r}.")
+        check_defer_threshold(self.defer_threshold)
         check_expert_costs(self.expert_costs, self.num_experts)
 
     def validate_expert_kinds(self) -> None:

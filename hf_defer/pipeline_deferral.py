@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import math
 import os
 from collections.abc import Sized
 from typing import Any
@@ -29,6 +28,7 @@ from .pipeline_options import (
     _processor_options,
     _stack_features,
 )
+from .surrogate_base import check_defer_threshold, check_expert_costs
 
 DEFER_LABEL = "defer"
 """The ``"label"`` of a deferred input."""
@@ -192,12 +192,9 @@ class DeferralPipeline(Pipeline):
                 raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}.")
             postprocess["top_k"] = None if top_k is None else int(top_k)
         if expert_costs is not None:
-            costs = self.model.surrogate.check_costs(expert_costs)
-            postprocess["expert_costs"] = [0.0] * self.model.config.num_experts if costs is None else costs.tolist()
+            postprocess["expert_costs"] = check_expert_costs(expert_costs, self.model.config.num_experts)
         if defer_threshold is not None:
-            if not _is_number(defer_threshold) or not math.isfinite(defer_threshold):
-                raise ValueError(f"defer_threshold must be a finite number, got {defer_threshold!r}.")
-            postprocess["defer_threshold"] = float(defer_threshold)
+            postprocess["defer_threshold"] = check_defer_threshold(defer_threshold)
         if return_margin is not None:
             if not isinstance(return_margin, bool):
                 raise ValueError(f"return_margin must be a bool, got {return_margin!r}.")

@@ -72,6 +72,14 @@ def check_expert_costs(costs: Any, num_experts: int, argument: str = "expert_cos
     return [float(cost) for cost in costs]
 
 
+def check_defer_threshold(value: Any) -> float:
+    """The margin to defer (`defer_threshold`): a finite number, as a float; the one check for the config, the
+    decision and the pipeline."""
+    if not _is_finite_number(value):
+        raise ValueError(f"defer_threshold must be a finite number, got {value!r}.")
+    return float(value)
+
+
 class DeferralSurrogate:
     """Base class of the deferral surrogates. Use :func:`get_surrogate` to build one.
 
@@ -295,14 +303,13 @@ class DeferralSurrogate:
     def _decide(self, u: torch.Tensor, costs: torch.Tensor | None = None,
                 defer_threshold: float = 0.0) -> tuple[torch.Tensor, ...]:
         """`decide` on checked logits and costs (`check_costs`' output: float64 ``[M]`` or `None`)."""
-        if not _is_finite_number(defer_threshold):
-            raise ValueError(f"defer_threshold must be a finite number, got {defer_threshold!r}.")
+        defer_threshold = check_defer_threshold(defer_threshold)
         class_max, prediction = u[:, : self.num_classes].max(dim=1)
         if costs is None and defer_threshold == 0:
             expert_max, expert = u[:, self.num_classes :].max(dim=1)
             return expert_max > class_max, prediction, expert
         margin, expert = self._margin(u, costs)
-        return margin > float(defer_threshold), prediction, expert
+        return margin > defer_threshold, prediction, expert
 
     # ------------------------------------------------------------------ to implement
     def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor,
