@@ -29,6 +29,14 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin")
 
 
+def check_deferral_model(model: Any) -> None:
+    """Refuses anything but a deferral model (`config.model_type == "deferral"`): for the Trainer and the Hub helpers."""
+    if getattr(getattr(model, "config", None), "model_type", None) != "deferral":
+        raise ValueError(
+            f"model must be a deferral model (config.model_type == 'deferral'), got {type(model).__name__}."
+        )
+
+
 def _rows(mask: Any) -> list[int]:
     return np.flatnonzero(np.asarray(mask))[:5].tolist()
 
@@ -249,4 +257,4 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
     return None
 
 
-__all__ = ["PEEK_ROWS", "check_deferral_dataset", "last_complete_checkpoint"]
+__all__ = ["PEEK_ROWS", "check_deferral_dataset", "check_deferral_model", "last_complete_checkpoint"]

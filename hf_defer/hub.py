@@ -17,14 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from .adapters import has_adapters
+from .checks import check_deferral_model
 from .saving_deferral import move_saved_files
-
-
-def _check_model(model: Any) -> None:
-    if getattr(getattr(model, "config", None), "model_type", None) != "deferral":
-        raise ValueError(
-            f"model must be a deferral model (config.model_type == 'deferral'), got {type(model).__name__}."
-        )
 
 
 def save_for_hub(
@@ -68,7 +62,7 @@ def save_for_hub(
 
     ```
     """
-    _check_model(model)
+    check_deferral_model(model)
     if not isinstance(save_directory, (str, os.PathLike)):
         raise TypeError(f"save_directory must be a str or os.PathLike, got {type(save_directory).__name__}.")
     folder = Path(save_directory)
@@ -142,7 +136,7 @@ def push_to_hub(
         validate_repo_id(repo_id)
     except HFValidationError as error:
         raise ValueError(f"repo_id must be a Hub repository id such as 'user/name', got {repo_id!r}: {error}") from None
-    _check_model(model)
+    check_deferral_model(model)
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
     keep_card = card_data is None and api.file_exists(repo_id, "README.md", revision=revision)

@@ -18,7 +18,7 @@ from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .configuration_deferral import DeferralConfig
-from .saving_deferral import DeferralSavingMixin, move_saved_files
+from .saving_deferral import DeferralSavingMixin
 from .surrogates import get_surrogate
 
 _ENCODER_INPUTS = ("input_ids", "pixel_values")
@@ -416,4 +416,4 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
         return cls(DeferralConfig(encoder=encoder.config, **kwargs), encoder=encoder)
 
 
-__all__ = ["DeferralOutput", "DeferralPreTrainedModel", "EncoderForDeferral", "move_saved_files"]
+__all__ = ["DeferralOutput", "DeferralPreTrainedModel", "EncoderForDeferral"]

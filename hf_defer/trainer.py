@@ -17,7 +17,7 @@ from transformers.utils import logging
 from transformers.trainer_utils import EvalLoopOutput, IntervalStrategy
 
 from .adapters import check_head_trainable, has_adapters, is_peft_model, load_adapter_checkpoint
-from .checks import check_deferral_dataset, last_complete_checkpoint
+from .checks import check_deferral_dataset, check_deferral_model, last_complete_checkpoint
 from .data import DataCollatorForDeferral
 from .metrics import DeferralMetrics, deferral_metrics
 from .model_card import DeferralModelCardData, render_model_card
@@ -91,11 +91,8 @@ class DeferralTrainer(Trainer):
         arguments.pop("self")
         arguments.update(arguments.pop("kwargs", {}))
         model = arguments.get("model")
-        config = getattr(model, "config", None)
-        if getattr(config, "model_type", None) != "deferral":
-            raise ValueError(
-                f"model must be a deferral model (config.model_type == 'deferral'), got {type(model).__name__}."
-            )
+        check_deferral_model(model)
+        config = model.config
         check_head_trainable(model)
         processing_class = arguments.get("processing_class")
         tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
