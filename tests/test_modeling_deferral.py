@@ -468,11 +468,13 @@ def test_auto_model_for_deferral_is_a_small_explicit_mapping(tmp_path):
     config = DeferralConfig(feature_size=8, num_labels=2)
     model = AutoModelForDeferral.from_config(config)
     assert type(model) is EncoderForDeferral
-    model.save_pretrained(tmp_path)
-    assert type(AutoModelForDeferral.from_pretrained(tmp_path, dtype=torch.bfloat16)).__name__ == "EncoderForDeferral"
-    # loading arguments reach the model class: dtype=bfloat16 is applied, and the head stays float32 by design
-    # (`_keep_in_fp32_modules_strict`), which for a head-only model is every weight
-    assert AutoModelForDeferral.from_pretrained(tmp_path, dtype=torch.bfloat16).head[-1].weight.dtype == torch.float32
+    make_model("bert").save_pretrained(tmp_path)
+    loaded = AutoModelForDeferral.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert type(loaded).__name__ == "EncoderForDeferral"
+    # loading arguments reach the model class: dtype=bfloat16 is applied to the encoder, and the head stays float32
+    # by design (`_keep_in_fp32_modules_strict`)
+    assert loaded.encoder.dtype == torch.bfloat16
+    assert loaded.head[-1].weight.dtype == torch.float32
     with pytest.raises(ValueError, match="no model for BertConfig"):
         AutoModelForDeferral.from_config(BertConfig())
     with pytest.raises(OSError, match="from_pretrained"):

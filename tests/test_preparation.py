@@ -208,12 +208,19 @@ def test_calibration_loads_the_saved_tokenizer_and_uses_the_pipelines_truncation
     EncoderForDeferral(DeferralConfig(encoder=encoder, num_labels=2)).save_pretrained(tmp_path)
     tokenizer().save_pretrained(tmp_path)
     model = EncoderForDeferral.from_pretrained(tmp_path)
+    with torch.no_grad():
+        model.head[-1].bias[2] += 3.0  # the expert logit: most inputs would defer, so the budget binds
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.choice(WORDS[5:], size=rng.integers(1, 12))) for _ in range(40)]
     threshold = hf_defer.calibrate_deferral(model, texts, max_deferral_rate=0.2, truncation=True, max_length=4)
     clf = pipeline("deferral", model=model, tokenizer=tokenizer())
-    margins = [max(o["expert_accuracy"]) - o["class_score"] for o in clf(texts, truncation=True, max_length=4)]
-    assert threshold == pytest.approx(max(0.0, sorted(margins, reverse=True)[8]))  # floor(0.2 * 40) = 8
+    margins = sorted((max(o["expert_accuracy"]) - o["class_score"] for o in clf(texts, truncation=True, max_length=4)),
+                     reverse=True)
+    assert margins[8] > 0 and margins[7] > margins[8]  # the budget binds: more than floor(0.2 * 40) = 8 would defer
+    # halfway between the 8th and 9th margin (the pipeline reports float32 estimates, calibration works in float64)
+    assert threshold == pytest.approx((margins[7] + margins[8]) / 2, abs=1e-7)
+    # the threshold comes from the truncated inputs, as the pipeline will see them
+    assert abs(hf_defer.calibrate_deferral(model, texts, max_deferral_rate=0.2) - threshold) > 1e-6
     assert sum(o["defer"] for o in clf(texts, truncation=True, max_length=4)) <= 8
     fresh = EncoderForDeferral(DeferralConfig(encoder=encoder, num_labels=2))
     with pytest.raises(ValueError, match="found no tokenizer saved with the model"):

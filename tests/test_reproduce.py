@@ -17,9 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-import hf_defer
 from hf_defer.experiments import hatespeech, reporting, runs, statistics
-from hf_defer.experts import annotator_accuracy
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "reproduce_hatespeech.py"
@@ -104,12 +102,6 @@ def test_estimate_errors_by_hand():
     assert errors["mae"] == pytest.approx(0.2) and errors["wasserstein"] == pytest.approx(0.2)
     with pytest.raises(ValueError, match="one shape"):
         hatespeech.estimate_errors(np.array([0.5]), np.array([0.5, 0.5]))
-
-
-def test_true_expert_accuracy_by_hand():
-    ds = datasets.Dataset.from_dict({"labels": [0, 1, 2], "count": [3, 6, 4], "hate_speech": [2, 1, 0],
-                                     "offensive_language": [1, 4, 1], "neither": [0, 1, 3]})
-    np.testing.assert_allclose(annotator_accuracy(ds, hf_defer.data.HATESPEECH_LABELS), [2 / 3, 4 / 6, 3 / 4])
 
 
 # ------------------------------------------------------------------------------------------------ training
