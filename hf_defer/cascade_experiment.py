@@ -292,6 +292,7 @@ def summarize(result: dict[str, Any], budgets: int = 200) -> dict[str, Any]:
     from scipy import stats
 
     from .costs import area_under_error_cost
+    from .experiments.statistics import mean_and_standard_error
 
     low, high = result["prices"]["cheap"], result["prices"]["person"]
     grid = np.geomspace(low, high, budgets)
@@ -304,9 +305,8 @@ def summarize(result: dict[str, Any], budgets: int = 200) -> dict[str, Any]:
     summary: dict[str, Any] = {"budgets": grid.tolist(), "range": [low, high], "seeds": seeds,
                                "mean_curve": {m: v.tolist() for m, v in mean_curve.items()}, "area": {}, "versus": {}}
     for m in METHODS:
-        values = np.asarray(area[m])
-        summary["area"][m] = {"per_seed": values.tolist(), "mean": float(values.mean()),
-                              "se": float(values.std(ddof=1) / np.sqrt(seeds)) if seeds > 1 else float("nan")}
+        mean, error = mean_and_standard_error(area[m])
+        summary["area"][m] = {"per_seed": np.asarray(area[m]).tolist(), "mean": mean, "se": error}
     for m in METHODS[1:]:
         difference = np.asarray(area["A-SM"]) - np.asarray(area[m])
         p = float(stats.ttest_rel(area["A-SM"], area[m]).pvalue) if seeds > 1 and difference.std() > 0 else float("nan")

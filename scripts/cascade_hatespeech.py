@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from hf_defer import cascade_experiment as cx
-from hf_defer.embeddings import resolve_sentence_encoder
+from hf_defer.embeddings import DEFAULT_SENTENCE_ENCODER, resolve_sentence_encoder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="file the costly stage writes and the compare stage reads")
     parser.add_argument("--output", type=Path, default=ROOT / "results", help="folder of the compare stage's files")
     parser.add_argument("--max-rows", type=int, default=None, help="use only the first rows (quick tests)")
-    parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2",
+    parser.add_argument("--model", default=DEFAULT_SENTENCE_ENCODER,
                         help="encoder fine-tuned by the costly stage and embedding the tweets for the compare stage")
     costly = parser.add_argument_group("costly stage")
     costly.add_argument("--folds", type=int, default=5)
@@ -80,7 +80,7 @@ def run_costly(args: argparse.Namespace) -> None:
 
 def run_compare(args: argparse.Namespace) -> None:
     from hf_defer.costs import plot_error_cost_curves
-    from hf_defer.embeddings import DEFAULT_SENTENCE_ENCODER, add_embeddings
+    from hf_defer.embeddings import add_embeddings
 
     payload = json.loads(args.predictions.read_text())
     costly = payload["settings"]

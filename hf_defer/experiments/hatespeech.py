@@ -21,7 +21,7 @@ from transformers import PrinterCallback, TrainingArguments
 
 from ..configuration_deferral import DeferralConfig
 from ..data import HATESPEECH_LABELS, load_hatespeech
-from ..embeddings import add_embeddings
+from ..embeddings import DEFAULT_SENTENCE_ENCODER, add_embeddings
 from ..experts import class_subset_expert, dialect_biased_expert, stack_experts
 from ..metrics import deferral_metrics
 from ..modeling_deferral import EncoderForDeferral
@@ -32,7 +32,7 @@ TABLE2_SURROGATES: tuple[str, ...] = ("ssm", "sova", "aova", "asm")
 """The surrogates in the row order of the paper's Table 2."""
 EXPERT_COLUMNS: tuple[str, ...] = ("annotator", "dialect_biased", "hate_specialist")
 """The experts of the three-expert experiment, in expert order."""
-DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
+DEFAULT_ENCODER = DEFAULT_SENTENCE_ENCODER
 
 
 @dataclass
