@@ -59,6 +59,11 @@ class ModelArguments:
                           "Default: every linear layer of the encoder."},
     )
 
+    @property
+    def lora_targets(self) -> list[str] | str:
+        """`lora_target_modules` as peft's `target_modules`: the listed names, else every linear layer."""
+        return _names(self.lora_target_modules) if self.lora_target_modules else "all-linear"
+
 
 @dataclass
 class DataTrainingArguments:

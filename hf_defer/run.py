@@ -172,10 +172,8 @@ def with_lora(model: EncoderForDeferral, model_args: ModelArguments) -> Any:
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise ImportError("--use_lora needs peft: pip install 'hf-defer[peft]'.") from None
-    targets = model_args.lora_target_modules
-    targets = [name.strip() for name in targets.split(",") if name.strip()] if targets else "all-linear"
     config = LoraConfig(r=model_args.lora_r, lora_alpha=model_args.lora_alpha, lora_dropout=model_args.lora_dropout,
-                        target_modules=targets, modules_to_save=["head"])
+                        target_modules=model_args.lora_targets, modules_to_save=["head"])
     return get_peft_model(model, config)
 
 
