@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .costs import ErrorCostCurve
+from .surrogate_base import check_expert_costs
 
 __all__ = ["confidence_cascade_curve", "router_curve"]
 
@@ -26,12 +27,9 @@ __all__ = ["confidence_cascade_curve", "router_curve"]
 def _members(member_answers: Any, labels: Any, prices: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     answers = np.asarray(member_answers, dtype=np.int64)
     y = np.asarray(labels, dtype=np.int64)
-    costs = np.asarray(prices, dtype=np.float64)
     if answers.ndim != 2 or answers.shape[0] != y.shape[0] or answers.shape[0] == 0 or answers.shape[1] < 2:
         raise ValueError(f"`member_answers` must be [N, L] with N = len(labels) > 0 and L >= 2, got {answers.shape}.")
-    if costs.shape != (answers.shape[1],) or not np.isfinite(costs).all() or (costs < 0).any():
-        raise ValueError(f"`prices` must be {answers.shape[1]} finite non-negative numbers, got {list(prices)!r}.")
-    return answers, y, costs
+    return answers, y, np.asarray(check_expert_costs(prices, answers.shape[1], "prices"), dtype=np.float64)
 
 
 def _grid(settings: Any, width: int, name: str) -> np.ndarray:
@@ -113,6 +111,7 @@ def router_curve(
     values = np.asarray(score, dtype=np.float64)
     if values.shape != y.shape:
         raise ValueError(f"`score` must have one value per input ({len(y)}), got shape {values.shape}.")
+    check_expert_costs([router_cost], 1, "router_cost")
     grid = _grid(thresholds, answers.shape[1] - 1, "thresholds")
     if (np.diff(grid, axis=1) < 0).any():
         raise ValueError("each row of `thresholds` must be ascending (s_1 <= s_2 <= ...).")

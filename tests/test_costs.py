@@ -123,6 +123,10 @@ def test_confidence_cascade_and_router_by_hand():
     assert routed.cost.tolist() == pytest.approx([1 + 110 / 4, 1 + 300 / 4])
     assert routed.error.tolist() == pytest.approx([0.25, 0.0])
     assert routed.pareto.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="router_cost must be finite, non-negative"):
+        router_curve(score, answers, labels, [0.0, 10.0, 100.0], [[0.5, 0.8]], router_cost=-1.0)
+    with pytest.raises(ValueError, match="prices must have one cost per expert"):
+        confidence_cascade_curve(confidence, answers, labels, [1.0, 10.0], [[0.8, 0.8]])
     with pytest.raises(ValueError, match="ascending"):
         router_curve(score, answers, labels, [0.0, 10.0, 100.0], [[0.8, 0.5]])
     with pytest.raises(ValueError, match="one column per member but the last"):
