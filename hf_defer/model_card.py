@@ -37,8 +37,15 @@ def surrogate_description(name: str) -> str:
     return f"{cls.description} ({cls.citation}): consistent, with {estimator} expert-accuracy estimator"
 
 
-_PATTERN = re.compile(r"^(system_error|coverage|classifier_error|expert_ece|expert_ece_\d+|deferral_rate_\d+|"
-                      r"budgeted_error_\d+(?:\.\d+)?)$")
+def _is_fraction_key(name: str) -> bool:
+    """Whether `name` is a key of `deferral_metrics` that holds a fraction (all but `mean_cost`, a price)."""
+    try:
+        metric_name_and_meaning(name)
+    except ValueError:
+        return False
+    return name != "mean_cost"
+
+
 _INPUTS = {
     "text": ("text (a string, or a pair `{\"text\": ..., \"text_pair\": ...}`)", '"An example input."',
              "text-classification"),
@@ -155,7 +162,7 @@ class DeferralModelCardData(ModelCardData):
         metrics = {}
         for key, value in self.metrics.items():
             name = re.sub(r"^(eval|test|validation)_", "", str(key))
-            if not _PATTERN.match(name):
+            if not _is_fraction_key(name):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"metrics[{key!r}] must be a fraction in [0, 1], got {value!r}.")
