@@ -54,10 +54,13 @@ def has_adapters(model: Any) -> bool:
     return is_peft_model(model) or bool(getattr(model, "_hf_peft_config_loaded", False))
 
 
-def _active_peft_config(model: Any) -> Any:
+def _active_adapter(model: Any) -> str:
     active = model.active_adapters  # a property of PeftModel, a method of transformers' PeftAdapterMixin
-    active = active() if callable(active) else active
-    return model.peft_config[active[0]]
+    return (active() if callable(active) else active)[0]
+
+
+def _active_peft_config(model: Any) -> Any:
+    return model.peft_config[_active_adapter(model)]
 
 
 def adapter_base_model(model: Any) -> str | None:
@@ -89,9 +92,7 @@ def load_adapter_checkpoint(model: Any, checkpoint: str | os.PathLike) -> None:
     state_dict = load_file(path)
     if not is_peft_model(model):  # saved in peft's format, with the keys of a PeftModel around the model
         state_dict = {key.removeprefix("base_model.model."): value for key, value in state_dict.items()}
-    active = model.active_adapters
-    active = (active() if callable(active) else active)[0]
-    result = set_peft_model_state_dict(model, state_dict, adapter_name=active)
+    result = set_peft_model_state_dict(model, state_dict, adapter_name=_active_adapter(model))
     unexpected = getattr(result, "unexpected_keys", None) or []
     if unexpected:
         raise ValueError(f"the adapter in {str(checkpoint)!r} has weights this model lacks: {unexpected[:5]}.")
