@@ -134,9 +134,7 @@ def calibrate_deferral(
     if not inputs:
         raise ValueError("dataset is empty: calibration needs held-out inputs.")
     # Validates expert_costs the way the pipeline does, before any forward pass; a pipeline built with costs keeps them.
-    costs = pipe._sanitize_parameters(expert_costs=expert_costs)[2].get("expert_costs")
-    if costs is None:
-        costs = pipe._postprocess_params.get("expert_costs", getattr(pipe.model.config, "expert_costs", None))
+    costs = pipe.resolve_costs(expert_costs)
     outputs = pipe((item for item in inputs), batch_size=batch_size, expert_costs=costs, defer_threshold=0.0,
                    return_margin=True, **processor_kwargs)  # a generator streams
     decided = [(out["defer"], out["margin"])

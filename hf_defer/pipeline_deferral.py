@@ -286,11 +286,17 @@ class DeferralPipeline(Pipeline):
             outputs = self(items, **kwargs)
         finally:
             self.model_experts = saved
-        costs = self._sanitize_parameters(expert_costs=kwargs.get("expert_costs"))[2].get("expert_costs")
-        costs = costs or self._postprocess_params.get("expert_costs") or self.model.config.expert_costs
+        costs = self.resolve_costs(kwargs.get("expert_costs"))
         batch_size = kwargs.get("batch_size") or self._batch_size or 32
         outputs = runner(outputs, items, self.model_experts, self.model.config, costs, batch_size)
         return outputs[0] if single else outputs
+
+    def resolve_costs(self, expert_costs: Any = None) -> list[float] | None:
+        """The costs a call decides with: `expert_costs` (checked), else those given when the pipeline was built,
+        else `model.config.expert_costs`."""
+        if expert_costs is not None:
+            return check_expert_costs(expert_costs, self.model.config.num_experts)
+        return self._postprocess_params.get("expert_costs", getattr(self.model.config, "expert_costs", None))
 
     def preprocess(self, inputs: Any, **processor_kwargs: Any) -> dict[str, torch.Tensor]:
         if self.input_kind == "features":
