@@ -292,7 +292,3 @@ def load_hatespeech(
     return datasets.DatasetDict(
         {"train": second["train"], "validation": second["test"], "test": first["test"]}
     )
-
-
-from .preparation import PreparedDeferralData, prepare_deferral_dataset  # noqa: E402  (re-exported)
-__all__ += ["PreparedDeferralData", "prepare_deferral_dataset"]

@@ -19,6 +19,8 @@ import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from .surrogate_base import IGNORE_INDEX
+
 __all__ = ["MISSING_EXPERT_MODES", "PreparedDeferralData", "prepare_deferral_dataset"]
 
 logger = logging.getLogger(__name__)
@@ -26,7 +28,6 @@ logger = logging.getLogger(__name__)
 MISSING_EXPERT_MODES = ("error", "drop")
 """What [`prepare_deferral_dataset`] does with a missing expert annotation (`None`, `-1` or NaN)."""
 
-IGNORE_INDEX = -100
 _MISSING = object()
 
 
