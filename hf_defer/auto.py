@@ -80,17 +80,18 @@ class AutoModelForDeferral:
         """
         config = kwargs.pop("config", None)
         path = os.fspath(pretrained_model_name_or_path)
+        config_source = pretrained_model_name_or_path
         if config is None and not os.path.isfile(os.path.join(path, CONFIG_NAME)) and is_peft_available():
+            # an adapter folder: the config is the base model's; `from_pretrained` itself loads the base and the
+            # adapter on top (transformers' `maybe_load_adapters`)
             hub = {key: kwargs[key] for key in ("revision", "token", "cache_dir", "local_files_only") if key in kwargs}
             adapter_config = find_adapter_config_file(path, **hub)
             if adapter_config is not None:
                 with open(adapter_config, encoding="utf-8") as handle:
-                    base = json.load(handle)["base_model_name_or_path"]
-                kwargs["adapter_kwargs"] = {**kwargs.get("adapter_kwargs", {}), "_adapter_model_path": path}
-                pretrained_model_name_or_path = base
+                    config_source = json.load(handle)["base_model_name_or_path"]
         if not isinstance(config, PretrainedConfig):
             hub = {key: kwargs[key] for key in _HUB_KWARGS if key in kwargs}
-            config = AutoConfig.from_pretrained(config or pretrained_model_name_or_path, **hub)
+            config = AutoConfig.from_pretrained(config or config_source, **hub)
         model_class = cls._model_class(config)
         kwargs.pop("trust_remote_code", None)
         return model_class.from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
