@@ -103,13 +103,13 @@ def costly_predictions(
     num_labels = int(labels.max()) + 1
     fold = fold_of_rows(len(texts), folds, seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    lengths = np.array([len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]])
+    encoded = tokenizer(texts, truncation=True, max_length=max_length)  # once: batches only pad
+    lengths = np.array([len(ids) for ids in encoded["input_ids"]])
     probs = np.zeros((len(texts), num_labels), dtype=np.float32)
     rng = np.random.default_rng(seed)
 
     def encode(rows: np.ndarray) -> dict[str, torch.Tensor]:
-        batch = tokenizer([texts[i] for i in rows], truncation=True, max_length=max_length, padding=True,
-                          return_tensors="pt")
+        batch = tokenizer.pad({key: [values[i] for i in rows] for key, values in encoded.items()}, return_tensors="pt")
         return {key: value.to(device) for key, value in batch.items()}
 
     transformers.logging.set_verbosity_error()  # one "classifier newly initialised" report per fold is noise
