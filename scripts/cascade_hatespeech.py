@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from hf_defer import cascade_experiment as cx
+from hf_defer.experiments.reporting import markdown_table
 from hf_defer.embeddings import DEFAULT_SENTENCE_ENCODER, resolve_sentence_encoder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,9 +116,11 @@ def markdown(record: dict, figure: str) -> str:
     settings, summary = record["settings"], record["summary"]
     costly, (cheap, expensive, person) = settings["costly_predictions"], settings["prices"]
     low, high = summary["range"]
-    rows = [f"| {m} | {100 * summary['area'][m]['mean']:.2f} ({100 * summary['area'][m]['se']:.2f}) | "
-            + " ".join(f"{100 * v:.2f}" for v in summary["area"][m]["per_seed"]) + " |" for m in cx.METHODS]
-    members = [f"| {name} | {cost:g} | {100 * error:.2f} |" for name, (cost, error) in summary["members"].items()]
+    areas = markdown_table(["Method", "area", "per seed"], [
+        [m, f"{100 * summary['area'][m]['mean']:.2f} ({100 * summary['area'][m]['se']:.2f})",
+         " ".join(f"{100 * v:.2f}" for v in summary["area"][m]["per_seed"])] for m in cx.METHODS])
+    members = markdown_table(["Member alone", "cost", "error (%)"], [
+        [name, f"{cost:g}", f"{100 * error:.2f}"] for name, (cost, error) in summary["members"].items()])
     verdicts, below_all = [], True
     for m, v in summary["versus"].items():
         below = v["mean_difference"] < 0 and v["p_value"] < 0.05
@@ -169,13 +172,13 @@ def markdown(record: dict, figure: str) -> str:
         "The figure shows, per method, the mean over seeds of the lowest test error reachable within each budget "
         "(log cost axis); points are the members alone.",
         "",
-        "| Member alone | cost | error (%) |", "|---|---|---|", *members,
+        members,
         "",
         f"**Area under the error-cost staircase**: the mean, over budgets from {low:g} to {high:g} spread uniformly "
         "in log cost (as in the figure), of the lowest test error the method reaches within the budget; percent, "
         "mean (standard error) over seeds, then each seed:",
         "",
-        "| Method | area | per seed |", "|---|---|---|", *rows,
+        areas,
         "",
         "## Verdict",
         "",
