@@ -59,18 +59,19 @@ def _load_pipeline(model: str) -> Any:
     return pipeline("deferral", model=model)
 
 
-def _pipeline_inputs(dataset: datasets.Dataset, args: argparse.Namespace, input_kind: str) -> list[Any]:
+def _pipeline_inputs(dataset: datasets.Dataset, input_kind: str, text_column_name: str | None = None,
+                     text_pair_column_name: str | None = None, image_column_name: str | None = None) -> list[Any]:
     from .run import pipeline_inputs
 
     if input_kind == "features":
         raise ValueError("--model is a head-only model over feature vectors; predict/evaluate take text or images.")
-    column = (args.image_column_name or "image") if input_kind == "image" else (args.text_column_name or "text")
+    column = (image_column_name or "image") if input_kind == "image" else (text_column_name or "text")
     if column not in dataset.column_names:
         raise ValueError(f"--input has no column {column!r} (the model's {input_kind} input); its columns are "
                          f"{dataset.column_names}. Name it with --{input_kind}_column_name.")
     if input_kind == "image":
         return pipeline_inputs(dataset, image_column=column)
-    return pipeline_inputs(dataset, column, args.text_pair_column_name)
+    return pipeline_inputs(dataset, column, text_pair_column_name)
 
 
 def predict_file(model: str, input_path: str, output: str = "predictions.csv", batch_size: int = 32,
@@ -88,10 +89,9 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
     """
     from .run import write_predictions
 
-    args = argparse.Namespace(text_column_name=text_column_name, text_pair_column_name=text_pair_column_name,
-                              image_column_name=image_column_name)
     pipe = _load_pipeline(model)
-    inputs = _pipeline_inputs(read_table(input_path), args, pipe.input_kind)
+    inputs = _pipeline_inputs(read_table(input_path), pipe.input_kind, text_column_name, text_pair_column_name,
+                              image_column_name)
     if pipe.input_kind == "text":
         pipeline_kwargs.setdefault("truncation", True)
     outputs = pipe(inputs, batch_size=batch_size, **pipeline_kwargs)
