@@ -38,7 +38,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from hf_defer.data import load_hatespeech
-from hf_defer.embeddings import DEFAULT_SENTENCE_ENCODER, resolve_sentence_encoder
+from hf_defer.experts.embeddings import DEFAULT_SENTENCE_ENCODER, resolve_sentence_encoder
 
 
 def _batches(model: SentenceTransformer, texts: list[str], batch_size: int):

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from hf_defer.surrogates import SURROGATES, get_surrogate
+from hf_defer.modeling.surrogates import SURROGATES, get_surrogate
 
 
 def _timed(step: Callable[[], None], repeats: int) -> float:

@@ -1,21 +1,26 @@
-"""hf_defer: learning to defer (A-SM and baselines) for the Hugging Face stack."""
+"""hf_defer: learning to defer (A-SM and baselines) for the Hugging Face stack.
 
-from .metrics import DeferralMetrics, deferral_metrics, expected_calibration_error, reliability_bins
-from .surrogates import SURROGATES, DeferralSurrogate, get_surrogate
-from .configuration_deferral import DeferralConfig
-from .modeling_deferral import DeferralOutput, EncoderForDeferral
-from .auto import AutoModelForDeferral
-from .trainer import DeferralTrainer
+The folders are the architecture: `modeling` (what a saved folder carries), `evaluation`, `data`, `experts`,
+`training`, `hub`, `commands` and `experiments`; each subpackage's docstring says what lives there and what it may
+import. This module re-exports the public API and registers the model type, the auto classes and the pipeline task.
+"""
+
+from .evaluation.metrics import DeferralMetrics, deferral_metrics, expected_calibration_error, reliability_bins
+from .modeling.surrogates import SURROGATES, DeferralSurrogate, get_surrogate
+from .modeling.configuration_deferral import DeferralConfig
+from .modeling.modeling_deferral import DeferralOutput, EncoderForDeferral
+from .modeling.saving_deferral import DeferralSavingMixin
+from .hub.auto import AutoModelForDeferral
+from .training.trainer import DeferralTrainer
 from .data import DataCollatorForDeferral, load_hatespeech
-from .preparation import PreparedDeferralData, prepare_deferral_dataset
-from .embeddings import add_embeddings, embed_texts
+from .data.preparation import PreparedDeferralData, prepare_deferral_dataset
+from .experts.embeddings import add_embeddings, embed_texts
 from .experts import annotator_expert, class_subset_expert, model_expert, stack_experts
-from .costs import ErrorCostCurve, error_cost_curve, mean_cost
-from .calibration import calibrate_deferral
-from .evaluate_metric import load_metric
+from .evaluation.costs import ErrorCostCurve, error_cost_curve, mean_cost
+from .evaluation.calibration import calibrate_deferral
+from .evaluation.evaluate_metric import load_metric
 from .hub import push_to_hub, save_for_hub
-from .model_card import DeferralModelCardData, render_model_card
-
+from .hub.model_card import DeferralModelCardData, render_model_card
 
 def _register_auto_classes() -> None:
     """Library mode: `AutoConfig`, `AutoModel` and `AutoModelForDeferral` load folders of model type "deferral".
@@ -33,7 +38,7 @@ def _register_auto_classes() -> None:
 
 _register_auto_classes()
 
-from .pipeline_deferral import DeferralPipeline  # noqa: E402
+from .modeling.pipeline_deferral import DeferralPipeline  # noqa: E402
 
 
 def _register_pipeline() -> None:
@@ -42,12 +47,16 @@ def _register_pipeline() -> None:
 
     if PIPELINE_REGISTRY.supported_tasks.get("deferral", {}).get("impl") is not DeferralPipeline:
         PIPELINE_REGISTRY.register_pipeline("deferral", pipeline_class=DeferralPipeline, pt_model=AutoModelForDeferral)
-    from .model_experts import answer_with_model_experts
+    from .experts.model_experts import answer_with_model_experts
 
     DeferralPipeline.model_expert_runner = staticmethod(answer_with_model_experts)  # experts= (library mode)
 
 
 _register_pipeline()
+
+# `model.push_to_hub(...)` writes the deferral card through hf_defer.push_to_hub (library mode only: the saved folder's
+# code never imports hf_defer).
+DeferralSavingMixin.card_pusher = staticmethod(push_to_hub)
 
 __version__ = "0.1.0"
 

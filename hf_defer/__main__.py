@@ -1,5 +1,5 @@
 """`python -m hf_defer train|predict|evaluate ...`: the `hf-defer` command."""
 
-from .cli import main
+from .commands.cli import main
 
 raise SystemExit(main())

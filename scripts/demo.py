@@ -30,11 +30,11 @@ from transformers import AutoTokenizer, pipeline
 
 import hf_defer
 from hf_defer.data import HATESPEECH_CITATION, HATESPEECH_HUB_ID, load_hatespeech
-from hf_defer.embeddings import add_embeddings, resolve_sentence_encoder
+from hf_defer.experts.embeddings import add_embeddings, resolve_sentence_encoder
 from hf_defer.experiments.hatespeech import DEFAULT_ENCODER, Protocol, training_arguments
-from hf_defer.metrics import metric_name_and_meaning
-from hf_defer.run import head_on_sentence_encoder
-from hf_defer.surrogates import surrogate_class
+from hf_defer.evaluation.metrics import metric_name_and_meaning
+from hf_defer.commands.run import head_on_sentence_encoder
+from hf_defer.modeling.surrogates import surrogate_class
 
 MARKER = ".written_by_hf_defer_demo"
 METRICS = ("system_error", "coverage", "classifier_error", "expert_ece", "budgeted_error_10", "budgeted_error_20",

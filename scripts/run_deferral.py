@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from hf_defer.arguments import parse_run_arguments
-from hf_defer.run import run_deferral
+from hf_defer.commands.arguments import parse_run_arguments
+from hf_defer.commands.run import run_deferral
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

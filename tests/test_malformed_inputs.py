@@ -25,7 +25,7 @@ from transformers import BertConfig, BertTokenizer, pipeline
 
 import hf_defer
 from hf_defer import DataCollatorForDeferral, DeferralConfig, EncoderForDeferral, calibrate_deferral, deferral_metrics
-from hf_defer.checks import check_deferral_dataset
+from hf_defer.data.checks import check_deferral_dataset
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 SLOW_PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))

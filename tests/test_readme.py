@@ -190,7 +190,7 @@ def test_the_cifar100_line_runs_on_a_tiny_generated_dataset_with_a_tiny_vit(tmp_
     outputs = pipeline("deferral", model=str(out))(list(test_images))
     assert list(rows["label"]) == [o["label"] for o in outputs]
     np.testing.assert_allclose(rows["class_score"], [o["class_score"] for o in outputs], atol=1e-6)
-    from hf_defer.cli import main as hf_defer_main
+    from hf_defer.commands.cli import main as hf_defer_main
 
     assert hf_defer_main(["predict", "--model", str(out), "--input", str(folder / "test.parquet"),
                           "--image_column_name", "img", "--output", str(tmp_path / "decisions.csv")]) == 0

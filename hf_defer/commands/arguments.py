@@ -169,7 +169,7 @@ def parse_run_arguments(
     Example:
 
     ```python
-    >>> from hf_defer.arguments import parse_run_arguments
+    >>> from hf_defer.commands.arguments import parse_run_arguments
     >>> model_args, data_args, training_args = parse_run_arguments(
     ...     ["--model_name_or_path", "bert-base-uncased", "--train_file", "train.csv", "--expert_column_names",
     ...      "alice,bob", "--output_dir", "out"])

@@ -83,7 +83,7 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
     Example:
 
     ```python
-    >>> from hf_defer.cli import predict_file
+    >>> from hf_defer.commands.cli import predict_file
     >>> predict_file("my-deferral-model", "reviews.csv", "decisions.csv")  # doctest: +SKIP
     ```
     """
@@ -110,13 +110,13 @@ def evaluate_file(model: str, input_path: str, label_column_name: str = "label",
     Example:
 
     ```python
-    >>> from hf_defer.cli import evaluate_file
+    >>> from hf_defer.commands.cli import evaluate_file
     >>> evaluate_file("my-deferral-model", "test.csv", expert_column_names=["alice", "bob"])  # doctest: +SKIP
     ```
     """
-    from .data import DataCollatorForDeferral
-    from .metrics import deferral_metrics
-    from .preparation import prepare_deferral_dataset
+    from ..data.collator import DataCollatorForDeferral
+    from ..evaluation.metrics import deferral_metrics
+    from ..data.preparation import prepare_deferral_dataset
 
     pipe = _load_pipeline(model)
     config = pipe.model.config

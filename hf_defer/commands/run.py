@@ -21,13 +21,13 @@ import datasets
 from transformers import AutoImageProcessor, AutoTokenizer, TrainingArguments, set_seed
 
 from .arguments import DataTrainingArguments, ModelArguments
-from .calibration import calibrate_deferral
-from .configuration_deferral import DeferralConfig
-from .experts import annotator_expert, class_subset_expert
-from .hub import push_to_hub, save_for_hub
-from .modeling_deferral import EncoderForDeferral
-from .preparation import prepare_deferral_dataset
-from .trainer import DeferralTrainer
+from ..evaluation.calibration import calibrate_deferral
+from ..modeling.configuration_deferral import DeferralConfig
+from ..experts.simulated import annotator_expert, class_subset_expert
+from ..hub.sharing import push_to_hub, save_for_hub
+from ..modeling.modeling_deferral import EncoderForDeferral
+from ..data.preparation import prepare_deferral_dataset
+from ..training.trainer import DeferralTrainer
 
 __all__ = ["load_raw_datasets", "pipeline_inputs", "run_deferral", "sentence_encoder_pooling", "write_predictions"]
 
@@ -199,8 +199,8 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     Example:
 
     ```python
-    >>> from hf_defer.arguments import parse_run_arguments
-    >>> from hf_defer.run import run_deferral
+    >>> from hf_defer.commands.arguments import parse_run_arguments
+    >>> from hf_defer.commands.run import run_deferral
     >>> metrics = run_deferral(*parse_run_arguments([  # doctest: +SKIP
     ...     "--model_name_or_path", "sentence-transformers/all-MiniLM-L6-v2", "--train_file", "train.csv",
     ...     "--validation_file", "dev.csv", "--expert_column_names", "alice,bob", "--do_train", "--do_eval",
@@ -217,7 +217,7 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
         frozen_text = model_args.freeze_encoder and image_column is None
         processor_path = model_args.model_name_or_path
         if frozen_text:
-            from .embeddings import resolve_sentence_encoder
+            from ..experts.embeddings import resolve_sentence_encoder
 
             processor_path = resolve_sentence_encoder(model_args.model_name_or_path)
         processor = (AutoImageProcessor if image_column else AutoTokenizer).from_pretrained(processor_path)
@@ -239,7 +239,7 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
         if model_args.pooling not in (None, pooling) or (model_args.normalize_pooled and not normalize):
             raise ValueError(f"--freeze_encoder trains on {processor_path}'s sentence embeddings ({pooling} pooling"
                              f"{', normalized' if normalize else ''}); drop --pooling / --normalize_pooled.")
-        from .embeddings import add_embeddings
+        from ..experts.embeddings import add_embeddings
 
         with training_args.main_process_first(desc="sentence embeddings"):
             splits = add_embeddings(splits, processor_path, cache_dir=model_args.embedding_cache_dir,

@@ -1,7 +1,7 @@
 """Data shipped inside the package: the HateSpeech tweets and the TwitterAAE dialect model, checksum-verified.
 
-The files live in ``hf_defer/bundled/`` as gzip copies of the upstream files (sources, commits, licenses and checksums
-in ``hf_defer/bundled/README.md``). Every read decompresses the file and compares the SHA-256 of the decompressed bytes
+The files live in ``hf_defer/data/bundled/`` as gzip copies of the upstream files (sources, commits, licenses and checksums
+in ``hf_defer/data/bundled/README.md``). Every read decompresses the file and compares the SHA-256 of the decompressed bytes
 with the upstream checksum, so a truncated or edited copy raises instead of producing silently wrong data.
 """
 
@@ -23,7 +23,7 @@ class BundledFile:
     """One shipped file: where it lies in the package and what it must decompress to."""
 
     path: str
-    """Path relative to ``hf_defer/bundled/`` of the gzip file."""
+    """Path relative to ``hf_defer/data/bundled/`` of the gzip file."""
     sha256: str
     """SHA-256 of the decompressed bytes (the upstream file's checksum)."""
     source: str
@@ -81,7 +81,7 @@ def bundled_bytes(name: str) -> bytes:
     Example:
 
     ```python
-    >>> from hf_defer.bundled_data import bundled_bytes
+    >>> from hf_defer.data.bundled_data import bundled_bytes
     >>> bundled_bytes("hatespeech/labeled_data.csv")[:40]
     b',count,hate_speech,offensive_language,ne'
 

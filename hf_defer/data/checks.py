@@ -160,7 +160,7 @@ def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset") -> N
     ```python
     >>> from datasets import Dataset
     >>> from hf_defer import DeferralConfig, EncoderForDeferral
-    >>> from hf_defer.checks import check_deferral_dataset
+    >>> from hf_defer.data.checks import check_deferral_dataset
     >>> model = EncoderForDeferral(DeferralConfig(feature_size=2, num_labels=2))
     >>> data = Dataset.from_dict({"features": [[0.5, float("nan")]], "labels": [1], "expert_labels": [0]})
     >>> check_deferral_dataset(data, model, "train_dataset")

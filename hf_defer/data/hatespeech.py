@@ -23,7 +23,7 @@ import pandas as pd
 
 from .bundled_data import bundled_bytes
 from .collator import DataCollatorForDeferral  # re-exported: `from hf_defer.data import DataCollatorForDeferral`
-from .experts import annotator_expert
+from ..experts.simulated import annotator_expert
 
 __all__ = [
     "HATESPEECH_CITATION",
@@ -60,7 +60,7 @@ def default_hatespeech_source() -> str | None:
     """Where [`load_hatespeech`] reads from when `path_or_repo` is None.
 
     The environment variable `HF_DEFER_HATESPEECH` (a local path or a Hub dataset id) if it is set; otherwise `None`,
-    which means the copy shipped inside the package (`hf_defer/bundled/hatespeech/labeled_data.csv.gz`, checked
+    which means the copy shipped inside the package (`hf_defer/data/bundled/hatespeech/labeled_data.csv.gz`, checked
     against its upstream SHA-256 when read). The Hub is only used when a Hub id is asked for explicitly.
 
     Returns:

@@ -19,7 +19,7 @@ import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from .surrogate_base import IGNORE_INDEX
+from ..modeling.surrogate_base import IGNORE_INDEX
 
 __all__ = ["MISSING_EXPERT_MODES", "PreparedDeferralData", "prepare_deferral_dataset"]
 

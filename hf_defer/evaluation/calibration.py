@@ -9,7 +9,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .metrics import budget_deferrals
-from .pipeline_deferral import DeferralPipeline
+from ..modeling.pipeline_deferral import DeferralPipeline
 
 
 def _pipeline_inputs(dataset: Any, input_kind: str) -> list[Any]:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .surrogate_base import check_expert_costs, estimate_margin
+from ..modeling.surrogate_base import check_expert_costs, estimate_margin
 
 __all__ = ["ErrorCostCurve", "area_under_error_cost", "error_cost_curve", "mean_cost", "pareto_front",
            "plot_error_cost_curves"]
@@ -45,7 +45,7 @@ def _decide_with_costs(
     """The cost-sensitive Bayes rule on estimates: `(defer [N], expert [N], prediction [N])`.
 
     Defers iff `max_j (a_j - c_j) - max_y p_y > threshold`, to `argmax_j (a_j - c_j)` (first on ties); `prediction`
-    is `argmax_y p_y` for every row: [`~hf_defer.surrogate_base.estimate_margin`], the rule the model, the pipeline
+    is `argmax_y p_y` for every row: [`~hf_defer.modeling.surrogate_base.estimate_margin`], the rule the model, the pipeline
     and the metrics decide by, here on estimates already computed.
     """
     margin, expert = estimate_margin(torch.as_tensor(class_probs, dtype=torch.float64),
@@ -69,7 +69,7 @@ def mean_cost(defer: Any, expert: Any, expert_costs: Sequence[float], model_cost
     Example:
 
     ```python
-    >>> from hf_defer.costs import mean_cost
+    >>> from hf_defer.evaluation.costs import mean_cost
     >>> mean_cost([True, False, True, False], [1, 0, 0, 1], expert_costs=[2.0, 10.0], model_cost=1.0)
     4.0
 
@@ -123,7 +123,7 @@ def pareto_front(cost: Any, error: Any) -> np.ndarray:
     Example:
 
     ```python
-    >>> from hf_defer.costs import pareto_front
+    >>> from hf_defer.evaluation.costs import pareto_front
     >>> pareto_front(cost=[1.0, 2.0, 2.0, 3.0, 0.5], error=[0.3, 0.2, 0.25, 0.2, 0.4]).tolist()
     [4, 0, 1]
 
@@ -153,7 +153,7 @@ def area_under_error_cost(cost: Any, error: Any, low: float, high: float) -> flo
     Example:
 
     ```python
-    >>> from hf_defer.costs import area_under_error_cost
+    >>> from hf_defer.evaluation.costs import area_under_error_cost
     >>> area_under_error_cost(cost=[1.0, 2.0], error=[0.3, 0.1], low=1.0, high=3.0)  # (0.3 * 1 + 0.1 * 1) / 2
     0.2
 
@@ -207,7 +207,7 @@ def error_cost_curve(
     Example:
 
     ```python
-    >>> from hf_defer.costs import error_cost_curve
+    >>> from hf_defer.evaluation.costs import error_cost_curve
     >>> curve = error_cost_curve(class_probs=[[0.9, 0.1], [0.6, 0.4]], expert_accuracy=[[0.5], [0.95]],
     ...                          labels=[0, 1], expert_labels=[1, 1], expert_costs=[1.0], scales=[0.0, 1.0])
     >>> curve.cost.tolist(), curve.error.tolist()  # scale 0 defers the second input; scale 1 defers none

@@ -24,7 +24,7 @@ from .reliability import (  # noqa: F401  (pool_reliability, reliability_ece, MA
     reliability_ece,
 )
 from .costs import mean_cost
-from .surrogates import DeferralSurrogate, get_surrogate
+from ..modeling.surrogates import DeferralSurrogate, get_surrogate
 
 
 def _as_tensor(name: str, values: Any) -> torch.Tensor:
@@ -75,7 +75,7 @@ def budget_deferrals(deferred: Any, score: Any, max_deferral_rate: float) -> np.
     Example:
 
     ```python
-    >>> from hf_defer.metrics import budget_deferrals
+    >>> from hf_defer.evaluation.metrics import budget_deferrals
     >>> budget_deferrals([True, True, False, True], [0.2, 0.9, 0.99, 0.9], max_deferral_rate=0.5).tolist()
     [False, True, False, True]
 
@@ -143,7 +143,7 @@ def deferral_metrics(
       ``[[m = y]]`` over all inputs. With ``M > 1`` experts, ``expert_ece_j`` for each expert (against that
       expert's correctness) and ``expert_ece`` their mean; ``deferral_rate_j`` is the share routed to expert ``j``.
     * ``mean_cost`` (when some expert cost is not 0): the mean price paid per input, each deferred input paying the
-      cost of its expert ([`hf_defer.costs.mean_cost`]).
+      cost of its expert ([`hf_defer.evaluation.costs.mean_cost`]).
     * ``budgeted_error_{100x}`` for each ``x`` in ``budgets``: the system error when at most ``floor(x N)`` inputs
       stay deferred ([`budget_deferrals`]). With ``budget_ranking="expert_accuracy"`` (the paper's definition, the
       default) the deferred inputs with the highest estimated (clipped) accuracy of their expert stay; with
@@ -319,7 +319,7 @@ def metric_name_and_meaning(key: str) -> tuple[str, str]:
     Example:
 
     ```python
-    >>> from hf_defer.metrics import metric_name_and_meaning
+    >>> from hf_defer.evaluation.metrics import metric_name_and_meaning
     >>> metric_name_and_meaning("budgeted_error_10")[0]
     'Budgeted error @ 10%'
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import pool_reliability, reliability_ece
+from .reliability import pool_reliability, reliability_ece
 
 __all__ = ["plot_estimate_histograms", "plot_pooled_reliability", "plot_reliability_diagram"]
 
@@ -40,7 +40,7 @@ def plot_reliability_diagram(reliability: Any, path: str | os.PathLike, expert_n
     ```python
     >>> import os, tempfile
     >>> from hf_defer import reliability_bins
-    >>> from hf_defer.plotting import plot_reliability_diagram
+    >>> from hf_defer.evaluation.plotting import plot_reliability_diagram
     >>> path = os.path.join(tempfile.mkdtemp(), "diagram.png")
     >>> plot_reliability_diagram(reliability_bins([0.2, 0.9, 0.8], [0, 1, 1], n_bins=5), path)
     >>> open(path, "rb").read(8) == b"\\x89PNG\\r\\n\\x1a\\n"
@@ -86,7 +86,7 @@ def plot_pooled_reliability(
     ```python
     >>> import os, tempfile
     >>> from hf_defer import reliability_bins
-    >>> from hf_defer.plotting import plot_pooled_reliability
+    >>> from hf_defer.evaluation.plotting import plot_pooled_reliability
     >>> runs = [reliability_bins([0.2, 0.9], [0, 1], n_bins=5), reliability_bins([0.8], [1], n_bins=5)]
     >>> plot_pooled_reliability({"A-SM": runs}, os.path.join(tempfile.mkdtemp(), "pooled.png"))["A-SM"]["counts"]
     [0, 1, 0, 0, 2]
@@ -135,7 +135,7 @@ def plot_estimate_histograms(
     ```python
     >>> import os, tempfile
     >>> import numpy as np
-    >>> from hf_defer.plotting import plot_estimate_histograms
+    >>> from hf_defer.evaluation.plotting import plot_estimate_histograms
     >>> path = os.path.join(tempfile.mkdtemp(), "hist.png")
     >>> plot_estimate_histograms({"A-SM": np.array([0.7, 0.9])}, np.array([1.0, 2 / 3]), path, "expert accuracy")
     >>> os.path.getsize(path) > 0

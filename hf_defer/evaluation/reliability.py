@@ -1,5 +1,5 @@
 """Reliability diagrams and expected calibration error: equal-width confidence bins, their pooling over runs, and
-the ECE of binned data. [`deferral_metrics`] reports the experts' ECE with them; also importable from `hf_defer.metrics`.
+the ECE of binned data. [`deferral_metrics`] reports the experts' ECE with them; also importable from `hf_defer.evaluation.metrics`.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def pool_reliability(diagrams: Sequence[dict[str, list[float]]]) -> dict[str, li
     Example:
 
     ```python
-    >>> from hf_defer.metrics import pool_reliability
+    >>> from hf_defer.evaluation.metrics import pool_reliability
     >>> a = {"bin_edges": [0, 0.5, 1], "counts": [1, 1], "mean_confidence": [0.2, 0.9], "accuracy": [0.0, 1.0]}
     >>> b = {"bin_edges": [0, 0.5, 1], "counts": [0, 3], "mean_confidence": [float("nan"), 0.7], "accuracy": [float("nan"), 0.5]}
     >>> pool_reliability([a, b])["accuracy"]
@@ -148,7 +148,7 @@ def reliability_ece(bins: dict[str, list[float]]) -> float:
     Example:
 
     ```python
-    >>> from hf_defer.metrics import reliability_ece
+    >>> from hf_defer.evaluation.metrics import reliability_ece
     >>> reliability_ece({"counts": [1, 1], "mean_confidence": [0.25, 0.75], "accuracy": [0.0, 1.0]})
     0.25
 

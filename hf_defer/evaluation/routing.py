@@ -1,6 +1,6 @@
 """Baselines for deferring to models: the confidence cascade and a threshold router, in the error-cost plane.
 
-A deferral model routes each input with one trained model and a price list (see `hf_defer.costs`). The two
+A deferral model routes each input with one trained model and a price list (see `hf_defer.evaluation.costs`). The two
 common alternatives, evaluated here on the same footing (one [`ErrorCostCurve`] over a grid of settings):
 
 - [`confidence_cascade_curve`]: members in order of price; member i answers when its top softmax probability is
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .costs import ErrorCostCurve
-from .surrogate_base import check_expert_costs
+from ..modeling.surrogate_base import check_expert_costs
 
 __all__ = ["confidence_cascade_curve", "router_curve"]
 
@@ -57,7 +57,7 @@ def confidence_cascade_curve(
     Example:
 
     ```python
-    >>> from hf_defer.routing import confidence_cascade_curve
+    >>> from hf_defer.evaluation.routing import confidence_cascade_curve
     >>> curve = confidence_cascade_curve([[0.9], [0.6]], [[0, 0], [0, 1]], labels=[0, 1], prices=[1.0, 10.0],
     ...                                  thresholds=[[0.0], [0.7]])
     >>> curve.cost.tolist(), curve.error.tolist()  # t = 0.7: the second input goes on (1 + 10 paid)
@@ -100,7 +100,7 @@ def router_curve(
     Example:
 
     ```python
-    >>> from hf_defer.routing import router_curve
+    >>> from hf_defer.evaluation.routing import router_curve
     >>> curve = router_curve([0.2, 0.8], [[0, 0], [0, 1]], labels=[0, 1], prices=[0.0, 10.0], thresholds=[[0.5]])
     >>> curve.cost.tolist(), curve.error.tolist()
     ([5.0], [0.0])

@@ -7,7 +7,7 @@ Two stages, run by `scripts/cascade_hatespeech.py`:
   predicted by a model trained on (a sample of) the other folds, so no tweet is ever answered by a model that saw it.
 - [`compare`] (`--stage compare`): for each seed, a cheap model (linear head on frozen sentence embeddings), the
   confidence cascade, a RouteLLM-style router and three deferral models (A-SM, S-SM, A-OvA) with two experts (the
-  costly model, the annotator), all evaluated on the same test tweets in the error-cost plane (see `hf_defer.costs`).
+  costly model, the annotator), all evaluated on the same test tweets in the error-cost plane (see `hf_defer.evaluation.costs`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def cascade_data() -> Any:
     one after the other) as a `datasets.Dataset`; both stages index rows in this order."""
     import datasets
 
-    from .data import load_hatespeech
+    from ..data.hatespeech import load_hatespeech
 
     splits = load_hatespeech(seed=0)
     return datasets.concatenate_datasets([splits[name] for name in ("train", "validation", "test")])
@@ -167,8 +167,8 @@ def _fit_linear(features: np.ndarray, targets: np.ndarray, num_classes: int, see
 def _fit_deferral(features: np.ndarray, labels: np.ndarray, expert_labels: np.ndarray, surrogate: str, seed: int,
                   epochs: int) -> Any:
     """A linear `EncoderForDeferral` head with M = 2 experts (Adam, batch 256); returns features -> (p, a)."""
-    from .configuration_deferral import DeferralConfig
-    from .modeling_deferral import EncoderForDeferral
+    from ..modeling.configuration_deferral import DeferralConfig
+    from ..modeling.modeling_deferral import EncoderForDeferral
 
     torch.manual_seed(seed)
     model = EncoderForDeferral(DeferralConfig(feature_size=features.shape[1], num_labels=int(labels.max()) + 1,
@@ -218,10 +218,10 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
     Returns:
         `dict`: per seed and method, the test (cost, error) points; the members alone.
     """
-    from .costs import error_cost_curve
-    from .data import HATESPEECH_LABELS
-    from .experts import annotator_expert
-    from .routing import confidence_cascade_curve, router_curve
+    from ..evaluation.costs import error_cost_curve
+    from ..data.hatespeech import HATESPEECH_LABELS
+    from ..experts.simulated import annotator_expert
+    from ..evaluation.routing import confidence_cascade_curve, router_curve
 
     cheap_price, costly_price, person_price = (float(p) for p in prices)
     labels = np.asarray(data["labels"], dtype=np.int64)
@@ -291,8 +291,8 @@ def summarize(result: dict[str, Any], budgets: int = 200) -> dict[str, Any]:
     their mean and standard error over seeds, paired t-tests of A-SM against the others, and the mean curves."""
     from scipy import stats
 
-    from .costs import area_under_error_cost
-    from .experiments.statistics import mean_and_standard_error
+    from ..evaluation.costs import area_under_error_cost
+    from .statistics import mean_and_standard_error
 
     low, high = result["prices"]["cheap"], result["prices"]["person"]
     grid = np.geomspace(low, high, budgets)

@@ -19,14 +19,14 @@ import torch
 import transformers
 from transformers import PrinterCallback, TrainingArguments
 
-from ..configuration_deferral import DeferralConfig
-from ..data import HATESPEECH_LABELS, load_hatespeech
-from ..embeddings import DEFAULT_SENTENCE_ENCODER, add_embeddings
-from ..experts import class_subset_expert, dialect_biased_expert, stack_experts
-from ..metrics import deferral_metrics
-from ..modeling_deferral import EncoderForDeferral
-from ..surrogates import get_surrogate
-from ..trainer import DeferralTrainer
+from ..modeling.configuration_deferral import DeferralConfig
+from ..data.hatespeech import HATESPEECH_LABELS, load_hatespeech
+from ..experts.embeddings import DEFAULT_SENTENCE_ENCODER, add_embeddings
+from ..experts.simulated import class_subset_expert, dialect_biased_expert, stack_experts
+from ..evaluation.metrics import deferral_metrics
+from ..modeling.modeling_deferral import EncoderForDeferral
+from ..modeling.surrogates import get_surrogate
+from ..training.trainer import DeferralTrainer
 
 TABLE2_SURROGATES: tuple[str, ...] = ("ssm", "sova", "aova", "asm")
 """The surrogates in the row order of the paper's Table 2."""
@@ -125,7 +125,7 @@ def load_splits(
         seed (`int`): seed of the 70/10/20 split and of the expert draw.
         data (`str`, *optional*): the Davidson CSV or a folder holding it; defaults to the copy shipped in hf_defer.
         encoder (`str`, *optional*): sentence encoder (name or folder).
-        cache_dir (`str`, *optional*): embedding cache folder (default: `~/.cache/hf_defer/embeddings`).
+        cache_dir (`str`, *optional*): embedding cache folder (default: `~/.cache/hf_defer/experts/embeddings`).
         show_progress (`bool`, *optional*, defaults to True): progress bar while embedding (first run only).
 
     Returns:

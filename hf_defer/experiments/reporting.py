@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from ..plotting import plot_pooled_reliability
-from ..surrogates import surrogate_class
+from ..evaluation.plotting import plot_pooled_reliability
+from ..modeling.surrogates import surrogate_class
 from .hatespeech import EXPERT_COLUMNS, TABLE2_SURROGATES
 from .statistics import comparable_methods, mean_and_standard_error
 
@@ -68,7 +68,7 @@ def render_template(name: str, **context: Any) -> str:
 
 
 def display_name(surrogate: str) -> str:
-    """How reports write a surrogate ("A-SM", ...), from its class in `hf_defer.surrogates`."""
+    """How reports write a surrogate ("A-SM", ...), from its class in `hf_defer.modeling.surrogates`."""
     return surrogate_class(surrogate).display_name
 
 

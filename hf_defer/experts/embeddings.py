@@ -69,7 +69,7 @@ def resolve_sentence_encoder(name_or_path: str | os.PathLike = DEFAULT_SENTENCE_
 
     ```python
     >>> import os
-    >>> from hf_defer.embeddings import resolve_sentence_encoder
+    >>> from hf_defer.experts.embeddings import resolve_sentence_encoder
     >>> path = resolve_sentence_encoder("sentence-transformers/all-MiniLM-L6-v2")
     >>> os.path.isfile(os.path.join(path, "modules.json"))
     True
@@ -105,7 +105,7 @@ def resolve_sentence_encoder(name_or_path: str | os.PathLike = DEFAULT_SENTENCE_
 
 def default_embedding_cache_dir() -> Path:
     """Directory of the embedding cache: `$HF_DEFER_CACHE/embeddings` if the variable is set, else
-    `~/.cache/hf_defer/embeddings`.
+    `~/.cache/hf_defer/experts/embeddings`.
 
     Returns:
         `pathlib.Path`: the (possibly not yet existing) cache directory.
@@ -113,7 +113,7 @@ def default_embedding_cache_dir() -> Path:
     Example:
 
     ```python
-    >>> from hf_defer.embeddings import default_embedding_cache_dir
+    >>> from hf_defer.experts.embeddings import default_embedding_cache_dir
     >>> default_embedding_cache_dir().name
     'embeddings'
 
@@ -228,7 +228,7 @@ def embed_texts(
             Encoding batch size.
         cache_dir (`str` or `os.PathLike`, *optional*):
             Cache directory; defaults to [`default_embedding_cache_dir`] (`$HF_DEFER_CACHE/embeddings` or
-            `~/.cache/hf_defer/embeddings`).
+            `~/.cache/hf_defer/experts/embeddings`).
         show_progress_bar (`bool`, *optional*, defaults to True):
             Show the encoding progress bar.
         device (`str`, *optional*):
@@ -244,7 +244,7 @@ def embed_texts(
     Example:
 
     ```python
-    >>> from hf_defer.embeddings import embed_texts
+    >>> from hf_defer.experts.embeddings import embed_texts
     >>> vectors = embed_texts(["a cat", "a dog"], show_progress_bar=False)
     >>> vectors.shape, vectors.dtype
     ((2, 384), dtype('float32'))
@@ -320,7 +320,7 @@ def add_embeddings(
 
     ```python
     >>> import datasets
-    >>> from hf_defer.embeddings import add_embeddings
+    >>> from hf_defer.experts.embeddings import add_embeddings
     >>> ds = datasets.Dataset.from_dict({"text": ["a cat", "a dog"], "labels": [0, 1]})
     >>> ds = add_embeddings(ds, show_progress_bar=False)
     >>> ds.features["features"]

@@ -22,7 +22,7 @@ from typing import Any
 import datasets
 import numpy as np
 
-from .experts import _check_column_name, _check_dataset, _require_columns
+from .simulated import _check_column_name, _check_dataset, _require_columns
 
 __all__ = ["answer_with_model_experts", "answers_to_ids", "as_batch_predictor", "model_expert", "predict_ids",
            "predictor_identity"]
@@ -47,7 +47,7 @@ def as_batch_predictor(predictor: Any, tokenizer: Any = None, max_length: int | 
     Example:
 
     ```python
-    >>> from hf_defer.model_experts import as_batch_predictor, predict_ids
+    >>> from hf_defer.experts.model_experts import as_batch_predictor, predict_ids
     >>> run = as_batch_predictor(lambda texts: ["pos" if "good" in text else "neg" for text in texts])
     >>> predict_ids(run, ["good", "bad"], {"neg": 0, "pos": 1}, expert="keyword").tolist()
     [1, 0]
@@ -223,7 +223,7 @@ def model_expert(
     right. If the expert is a model that was trained on those rows, it is right there far more often than on new
     inputs, and the deferral model learns to trust an expert that memorised its training data. Use a model trained
     on other rows, or cross-fit (train K models, each answering the fold it did not see; see
-    `hf_defer.cascade_experiment.costly_predictions`).
+    `hf_defer.experiments.cascade.costly_predictions`).
 
     Answers (class names or ids) are mapped through the label set of `dataset[label_column]` (a `ClassLabel`):
     `label_map` first, then a class name, a class id, or transformers' `"LABEL_<id>"`. The predictor runs on batches

@@ -9,9 +9,9 @@ Every function here takes a `datasets.Dataset` and returns a new one with an add
 - [`class_subset_expert`]: the CIFAR-style synthetic expert: accurate (with probability `p`) on the first `k`
   classes, uniformly random elsewhere.
 - [`dialect_biased_expert`]: the "synthetic" HateSpeech expert of Mozannar et al. (2023), whose accuracy depends on
-  the dialect of the text (flag it with [`~hf_defer.aae.TwitterAAE`]).
+  the dialect of the text (flag it with [`~hf_defer.experts.aae.TwitterAAE`]).
 - [`annotator_accuracy`]: the exact accuracy of [`annotator_expert`] on each example, `counts[label] / sum(counts)`.
-- [`model_expert`] (from [`hf_defer.model_experts`]): the answers of a model (pipeline, model, callable) as an expert.
+- [`model_expert`] (from [`hf_defer.experts.model_experts`]): the answers of a model (pipeline, model, callable) as an expert.
 - [`stack_experts`]: turns M single-expert columns into the list column `expert_labels` of an M-expert dataset.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import datasets
 import numpy as np
 
-__all__ = ["annotator_accuracy", "annotator_expert", "class_subset_expert", "dialect_biased_expert", "model_expert",
+__all__ = ["annotator_accuracy", "annotator_expert", "class_subset_expert", "dialect_biased_expert",
            "stack_experts"]
 
 SeedLike = int | np.random.Generator
@@ -446,5 +446,3 @@ def dialect_biased_expert(
     expert = np.where(right, labels, guess).astype(np.int64)
     return _replace_column(dataset, column, expert, datasets.Value("int64"))
 
-
-from .model_experts import model_expert  # noqa: E402  (an expert from a model; it builds on the helpers above)

@@ -16,10 +16,10 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .adapters import adapter_base_model
-from .metrics import metric_name_and_meaning
-from .plotting import plot_reliability_diagram
-from .surrogates import SURROGATES, surrogate_class
+from ..training.adapters import adapter_base_model
+from ..evaluation.metrics import metric_name_and_meaning
+from ..evaluation.plotting import plot_reliability_diagram
+from ..modeling.surrogates import SURROGATES, surrogate_class
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class DeferralModelCardData(ModelCardData):
             expert; drawn as `reliability_diagram.png` next to the card.
         expert_costs (`list[float]`, *optional*): the price of each expert (`config.expert_costs`).
         error_cost_curve (`dict`, *optional*): `{"cost": [...], "error": [...]}`, the Pareto front of
-            [`hf_defer.costs.error_cost_curve`] on the evaluation data; drawn as `error_cost_curve.png` when some
+            [`hf_defer.evaluation.costs.error_cost_curve`] on the evaluation data; drawn as `error_cost_curve.png` when some
             expert has a cost.
         intended_use / extra_limitations (`str`, *optional*): free text.
         language / license / tags: card metadata.
@@ -238,7 +238,7 @@ def _is_generated_card(path: Path) -> bool:
 
 def default_template_path() -> Path:
     """The card template shipped with the package (``model_cards/`` in the repository links to it)."""
-    return Path(__file__).resolve().parent / "templates" / TEMPLATE_NAME
+    return Path(__file__).resolve().parents[1] / "templates" / TEMPLATE_NAME
 
 
 def render_model_card(
@@ -304,7 +304,7 @@ def render_model_card(
     cost_image = None
     if data.error_cost_curve and any(cost > 0 for cost in data.expert_costs or []):
         try:
-            from .costs import plot_error_cost_curves
+            from ..evaluation.costs import plot_error_cost_curves
 
             curve = (data.error_cost_curve["cost"], data.error_cost_curve["error"])
             plot_error_cost_curves({"this model": curve}, folder / ERROR_COST_IMAGE, title="Error against cost")

@@ -120,7 +120,7 @@ class DeferralPipeline(Pipeline):
     _load_feature_extractor = False
     _load_tokenizer = None
     model_expert_runner: Any = None
-    """Set by `import hf_defer` to `hf_defer.model_experts.answer_with_model_experts` (library mode only)."""
+    """Set by `import hf_defer` to `hf_defer.experts.model_experts.answer_with_model_experts` (library mode only)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         model = kwargs.get("model", args[0] if args else None)

@@ -13,6 +13,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from transformers import PreTrainedModel
@@ -100,6 +101,10 @@ class DeferralSavingMixin:
             repo_id = upload.pop("repo_id", folder.resolve().name)
             self.push_to_hub(repo_id, token=kwargs.get("token"), **upload)
 
+    #: [`hf_defer.push_to_hub`], set by `import hf_defer` (library mode). A class loaded with `trust_remote_code=True`
+    #: has none, and this module never imports hf_defer: a saved folder's code stays free of the library.
+    card_pusher: Callable[..., Any] | None = None
+
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
         """Uploads the model with the deferral model card and the code for `trust_remote_code` loading, instead of
         `transformers`' generic card: [`hf_defer.push_to_hub`]`(self, repo_id, **kwargs)`, whose keyword arguments
@@ -114,13 +119,13 @@ class DeferralSavingMixin:
         >>> model.push_to_hub("me/tiny-defer")  # doctest: +SKIP
         ```
         """
-        try:  # absolute, inside try: transformers then neither copies hub.py into saved folders nor requires it
-            from hf_defer.hub import push_to_hub
-        except ImportError:  # loaded with trust_remote_code, hf_defer not installed
+        push_to_hub = type(self).card_pusher
+        if push_to_hub is None:  # loaded with trust_remote_code: the deferral card needs hf_defer's own classes
             raise ImportError(
                 "push_to_hub of a deferral model needs hf_defer (pip install hf-defer) to write the deferral card "
-                "and the code for remote loading."
-            ) from None
+                "and the code for remote loading: `import hf_defer` and load the folder with "
+                "hf_defer.AutoModelForDeferral.from_pretrained(...) instead of trust_remote_code=True."
+            )
         unsupported = sorted(set(kwargs) - set(inspect.signature(push_to_hub).parameters))
         if unsupported:
             raise TypeError(f"push_to_hub() of a deferral model got unsupported arguments {unsupported}.")

@@ -195,7 +195,7 @@ def surrogate_class(name: str) -> type[DeferralSurrogate]:
     Example:
 
     ```python
-    >>> from hf_defer.surrogates import surrogate_class
+    >>> from hf_defer.modeling.surrogates import surrogate_class
     >>> surrogate_class("ssm").display_name, surrogate_class("ssm").bounded
     ('S-SM', False)
 

@@ -17,10 +17,10 @@ from transformers.utils import logging
 from transformers.trainer_utils import EvalLoopOutput, IntervalStrategy
 
 from .adapters import check_head_trainable, has_adapters, is_peft_model, load_adapter_checkpoint
-from .checks import check_deferral_dataset, check_deferral_model, last_complete_checkpoint
-from .data import DataCollatorForDeferral
-from .metrics import DeferralMetrics, deferral_metrics
-from .model_card import DeferralModelCardData, render_model_card
+from ..data.checks import check_deferral_dataset, check_deferral_model, last_complete_checkpoint
+from ..data.collator import DataCollatorForDeferral
+from ..evaluation.metrics import DeferralMetrics, deferral_metrics
+from ..hub.model_card import DeferralModelCardData, render_model_card
 from .tokenization import ensure_pad_token
 
 logger = logging.get_logger(__name__)
@@ -323,9 +323,9 @@ class DeferralTrainer(Trainer):
 
 
 def _error_cost_front(model: Any, logits: Any, labels: Any, expert_labels: Any) -> dict[str, list[float]]:
-    """The Pareto front of [`hf_defer.costs.error_cost_curve`] on evaluation logits (rows labelled -100 dropped),
+    """The Pareto front of [`hf_defer.evaluation.costs.error_cost_curve`] on evaluation logits (rows labelled -100 dropped),
     sweeping the decision-time costs as multiples of the model's `expert_costs`, for the model card."""
-    from .costs import error_cost_curve
+    from ..evaluation.costs import error_cost_curve
 
     labels = np.asarray(labels)
     kept = labels != -100

@@ -20,10 +20,10 @@ from transformers import AutoTokenizer, BertConfig, BertModel, BertTokenizer, pi
 
 import hf_defer
 from hf_defer import EncoderForDeferral, deferral_metrics
-import hf_defer.run
-from hf_defer.cli import main as hf_defer_main
+import hf_defer.commands.run
+from hf_defer.commands.cli import main as hf_defer_main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "run_deferral.py"
 WORDS = "good bad great awful fine movie plot actor boring fun".split()
 CLASSES = ["negative", "neutral", "positive"]  # sorted: the order prepare_deferral_dataset gives string labels
@@ -213,7 +213,7 @@ def test_two_processes(data, tmp_path, launcher, frozen):
 
 
 def test_help_lists_every_flag_and_the_console_script_is_declared(capsys):
-    from hf_defer.arguments import DataTrainingArguments, ModelArguments
+    from hf_defer.commands.arguments import DataTrainingArguments, ModelArguments
 
     with pytest.raises(SystemExit):
         hf_defer_main(["train", "--help"])
@@ -228,7 +228,7 @@ def test_help_lists_every_flag_and_the_console_script_is_declared(capsys):
             hf_defer_main([command, "--help"])
         text = capsys.readouterr().out
         assert all(flag in text for flag in flags)
-    assert 'hf-defer = "hf_defer.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    assert 'hf-defer = "hf_defer.commands.cli:main"' in (ROOT / "pyproject.toml").read_text()
     assert hf_defer_main([]) == 2 and hf_defer_main(["nonsense"]) == 2
 
 
@@ -251,7 +251,7 @@ def test_unlabelled_test_file_gets_predictions_and_push_to_hub_uploads_the_saved
     pd.read_csv(data / "test.csv")[["review"]].to_csv(tmp_path / "unlabelled.csv", index=False)
     pushed = {}
     monkeypatch.setattr(hf_defer.DeferralTrainer, "init_hf_repo", lambda self, token=None: None)  # no Hub here
-    monkeypatch.setattr(hf_defer.run, "push_to_hub", lambda model, repo_id, **kw: pushed.update(
+    monkeypatch.setattr(hf_defer.commands.run, "push_to_hub", lambda model, repo_id, **kw: pushed.update(
         model=model, repo_id=repo_id, **kw))
     out = tmp_path / "pushed"
     flags = data_flags(data)
@@ -296,7 +296,7 @@ def test_simulated_annotator_expert_from_count_columns(data, tmp_path):
 def test_use_lora_trains_adapters_and_saves_the_merged_model(data, tmp_path, monkeypatch):
     import peft  # noqa: F401  (a test dependency)
 
-    from hf_defer import run as run_module
+    from hf_defer.commands import run as run_module
 
     seen = {}
     original = run_module.with_lora
@@ -330,8 +330,8 @@ def test_simulated_class_subset_expert_with_int_labels_and_an_unlabelled_test_sp
     # the number of classes comes from the labelled splits: an unlabelled test split (predictions only) is passed on
     import datasets
 
-    from hf_defer.arguments import DataTrainingArguments
-    from hf_defer.run import _simulate_expert
+    from hf_defer.commands.arguments import DataTrainingArguments
+    from hf_defer.commands.run import _simulate_expert
 
     raw = datasets.DatasetDict({
         "train": datasets.Dataset.from_dict({"text": list("abcdef"), "label": [0, 1, 2, 0, 1, 2]}),

@@ -1,4 +1,4 @@
-"""Tests of hf_defer.bundled_data: the data shipped in the package, and that an installed wheel carries it."""
+"""Tests of hf_defer.data.bundled_data: the data shipped in the package, and that an installed wheel carries it."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-import hf_defer.bundled_data as bundled
+import hf_defer.data.bundled_data as bundled
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # The upstream checksums, as published with the offline copies (shared/data/SHA256SUMS.txt), typed in here.
 UPSTREAM_SHA256 = {
     "hatespeech/labeled_data.csv": "fcb8bc7c68120ae4af04a5b9acd58585513ede11e1548ebf36a5c2040b6f6281",
@@ -65,10 +65,10 @@ def test_wheel_carries_the_data_and_loads_it_when_installed(tmp_path):
     (wheel,) = wheels.glob("hf_defer-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for entry in bundled.BUNDLED_FILES.values():
-        assert f"hf_defer/bundled/{entry.path}" in names
-    assert {"hf_defer/bundled/hatespeech/LICENSE", "hf_defer/bundled/twitteraae/LICENSE"} <= names
+        assert f"hf_defer/data/bundled/{entry.path}" in names
+    assert {"hf_defer/data/bundled/hatespeech/LICENSE", "hf_defer/data/bundled/twitteraae/LICENSE"} <= names
     subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], check=True)
-    script = ("import hf_defer, hf_defer.data as d, hf_defer.aae as a;"
+    script = ("import hf_defer, hf_defer.data as d, hf_defer.experts.aae as a;"
               "print(hf_defer.__file__); ds = d.load_hatespeech();"
               "print(sum(ds.num_rows.values())); print(len(a.TwitterAAE().word_index))")
     env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1"}

@@ -1,4 +1,4 @@
-"""hf_defer.checks: bad data caught when DeferralTrainer is built (it used to fail mid-training), and the choice of
+"""hf_defer.data.checks: bad data caught when DeferralTrainer is built (it used to fail mid-training), and the choice of
 the checkpoint to resume from when the newest one is half written."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from transformers import BertConfig, BertTokenizer, TrainingArguments
 from transformers.testing_utils import CaptureLogger
 
 from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral
-from hf_defer.checks import PEEK_ROWS, check_deferral_dataset, last_complete_checkpoint, logger
+from hf_defer.data.checks import PEEK_ROWS, check_deferral_dataset, last_complete_checkpoint, logger
 
 K, D = 3, 6
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat is good bad very".split()]
@@ -222,7 +222,7 @@ def test_no_checkpoint_or_only_incomplete_ones(tmp_path):
 def test_docstring_examples_run():
     import doctest
 
-    import hf_defer.checks as checks_module
+    import hf_defer.data.checks as checks_module
 
     result = doctest.testmod(checks_module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

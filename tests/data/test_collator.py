@@ -1,4 +1,4 @@
-"""Tests for hf_defer.collator: DataCollatorForDeferral (text padding, head-only features, pixels, errors)."""
+"""Tests for hf_defer.data.collator: DataCollatorForDeferral (text padding, head-only features, pixels, errors)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-import hf_defer.collator as collator_module
+import hf_defer.data.collator as collator_module
 from hf_defer.data import DataCollatorForDeferral
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "dog", "ran"]

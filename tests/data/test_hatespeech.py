@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import hf_defer.data as data_module
+import hf_defer.data.hatespeech as data_module
 from hf_defer.data import load_hatespeech
 
 LABEL_NAMES = ["hate_speech", "offensive_language", "neither"]
@@ -142,7 +142,7 @@ def test_default_never_touches_the_hub(monkeypatch: pytest.MonkeyPatch):
 def test_shipped_copy_is_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     import gzip
 
-    import hf_defer.bundled_data as bundled
+    import hf_defer.data.bundled_data as bundled
 
     original = bundled.bundled_path("hatespeech/labeled_data.csv").read_bytes()
     folder = tmp_path / "hatespeech"

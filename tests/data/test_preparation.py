@@ -13,7 +13,7 @@ import torch
 from transformers import BertConfig, BertTokenizer, TrainingArguments, ViTConfig, ViTImageProcessor, pipeline
 
 import hf_defer
-import hf_defer.preparation as preparation_module
+import hf_defer.data.preparation as preparation_module
 from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral, prepare_deferral_dataset
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"good bad fine movie plot".split()]
@@ -39,7 +39,7 @@ def tokenizer() -> BertTokenizer:
 
 
 def test_string_labels_and_two_annotators_map_through_one_label2id_and_drop_logs_per_split(caplog):
-    with caplog.at_level(logging.WARNING, logger="hf_defer.preparation"):
+    with caplog.at_level(logging.WARNING, logger="hf_defer.data.preparation"):
         prepared = prepare_deferral_dataset(reviews(), "label", ["alice", "bob"], text_column="review",
                                             missing_expert="drop")
     assert prepared.id2label == {0: "neg", 1: "neutral", 2: "pos"}  # sorted names
@@ -171,7 +171,7 @@ def test_image_processor_makes_pixel_values_when_rows_are_read():
     vit = ViTConfig(image_size=4, patch_size=2, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                     intermediate_size=8)
     model = EncoderForDeferral(DeferralConfig(encoder=vit, **prepared.model_kwargs()))
-    hf_defer.trainer.check_deferral_dataset(prepared.dataset, model)  # lazy pixel_values are not "untokenized"
+    hf_defer.training.trainer.check_deferral_dataset(prepared.dataset, model)  # lazy pixel_values are not "untokenized"
 
 
 def test_trainer_takes_label_and_rejects_untokenized_text_nan_features_and_ignored_labels(tmp_path):

@@ -1,4 +1,4 @@
-"""hf_defer.costs and hf_defer.routing against hand-worked values; costs stored in the config, saved, reloaded and
+"""hf_defer.evaluation.costs and hf_defer.evaluation.routing against hand-worked values; costs stored in the config, saved, reloaded and
 overridden in the pipeline."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from transformers import pipeline
 
 from hf_defer import DeferralConfig, EncoderForDeferral
-from hf_defer.costs import (
+from hf_defer.evaluation.costs import (
     _decide_with_costs,
     area_under_error_cost,
     error_cost_curve,
@@ -19,7 +19,7 @@ from hf_defer.costs import (
     pareto_front,
     plot_error_cost_curves,
 )
-from hf_defer.routing import confidence_cascade_curve, router_curve
+from hf_defer.evaluation.routing import confidence_cascade_curve, router_curve
 
 # Three inputs, K = 2 classes, M = 2 experts (prices 1 and 10). Hand-worked decisions (defer iff max_j (a_j - d_j) >
 # max_y p_y, to the argmax):
@@ -217,7 +217,7 @@ def test_trainer_card_draws_the_error_cost_curve_when_costs_are_set(tmp_path):
     from transformers import TrainingArguments
 
     from hf_defer import DeferralTrainer
-    from hf_defer.costs import error_cost_curve
+    from hf_defer.evaluation.costs import error_cost_curve
 
     rng = np.random.default_rng(0)
     data = Dataset.from_dict({"features": rng.normal(size=(64, 4)).astype("float32"), "labels": rng.integers(0, 2, 64),

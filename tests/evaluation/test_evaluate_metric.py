@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hf_defer
-import hf_defer.evaluate_metric as metric_module
+import hf_defer.evaluation.evaluate_metric as metric_module
 from hf_defer import deferral_metrics, get_surrogate
 
 
@@ -32,7 +32,7 @@ def test_batch_by_batch_and_at_once_equal_deferral_metrics(num_experts, surrogat
         metric.add_batch(predictions=logits[start:start + 16], references=labels[start:start + 16],
                          expert_predictions=experts[start:start + 16])
     assert metric.compute(surrogate=surrogate) == pytest.approx(expected)
-    at_once = evaluate.load(hf_defer.evaluate_metric.DEFERRAL_METRIC_PATH).compute(
+    at_once = evaluate.load(hf_defer.evaluation.evaluate_metric.DEFERRAL_METRIC_PATH).compute(
         predictions=logits, references=labels, expert_predictions=experts, surrogate=surrogate)
     assert at_once == pytest.approx(expected)
     one = hf_defer.load_metric()
@@ -90,9 +90,9 @@ def test_shipped_in_the_package_and_docstring_examples_run():
     from pathlib import Path
 
     root = Path(hf_defer.__file__).resolve().parent
-    assert (root / "metric_scripts" / "deferral" / "deferral.py").is_file()
+    assert (root / "evaluation" / "metric_scripts" / "deferral" / "deferral.py").is_file()
     pyproject = tomllib.loads((root.parent / "pyproject.toml").read_text())
-    assert "metric_scripts/*/*.py" in pyproject["tool"]["setuptools"]["package-data"]["hf_defer"]
+    assert "metric_scripts/*/*.py" in pyproject["tool"]["setuptools"]["package-data"]["hf_defer.evaluation"]
     assert any(dep.startswith("evaluate") for dep in pyproject["project"]["dependencies"])
     result = doctest.testmod(metric_module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0

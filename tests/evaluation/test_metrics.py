@@ -1,4 +1,4 @@
-"""Tests for hf_defer.metrics on small examples worked out by hand.
+"""Tests for hf_defer.evaluation.metrics on small examples worked out by hand.
 
 Logit construction used throughout (K = 3 classes, A-SM, the default surrogate): the predicted class
 gets logit t >= 0, the two other classes get -ln 2, so the "sum over classes other than the argmax"
@@ -345,7 +345,7 @@ def test_metrics_reject_labels_and_expert_labels_and_nan():
 
 # ----------------------------------------------------------------------------- names
 def test_every_metric_key_has_a_display_name():
-    from hf_defer.metrics import metric_name_and_meaning
+    from hf_defer.evaluation.metrics import metric_name_and_meaning
 
     logits = np.array([[3.0, 0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.5, 4.0, 2.0]])
     keys = deferral_metrics(logits, [0, 2], [[1, 2], [2, 2]], num_experts=2)

@@ -1,4 +1,4 @@
-"""Tests of hf_defer.plotting: every figure is a PNG, the pooled panels draw the pooled bins."""
+"""Tests of hf_defer.evaluation.plotting: every figure is a PNG, the pooled panels draw the pooled bins."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import doctest
 
 import numpy as np
 
-import hf_defer.plotting as plotting
+import hf_defer.evaluation.plotting as plotting
 from hf_defer import reliability_bins
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""Tests for hf_defer.reliability (reliability diagrams, ECE, pooling over runs) on examples worked out by hand."""
+"""Tests for hf_defer.evaluation.reliability (reliability diagrams, ECE, pooling over runs) on examples worked out by hand."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import doctest
 import numpy as np
 import pytest
 
-import hf_defer.reliability as reliability_module
+import hf_defer.evaluation.reliability as reliability_module
 from hf_defer import expected_calibration_error, reliability_bins
-from hf_defer.metrics import pool_reliability, reliability_ece
+from hf_defer.evaluation.metrics import pool_reliability, reliability_ece
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, BertTokenizer
 
-from hf_defer.cascade_experiment import fold_of_rows
+from hf_defer.experiments.cascade import fold_of_rows
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "cascade_hatespeech.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cascade_hatespeech.py"
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a i you is are to and of rt bitch hoes not so my".split()]
 
 

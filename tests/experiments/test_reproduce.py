@@ -19,7 +19,7 @@ import torch
 
 from hf_defer.experiments import hatespeech, reporting, runs, statistics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "reproduce_hatespeech.py"
 
 

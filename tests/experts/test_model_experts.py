@@ -13,7 +13,7 @@ from transformers import (BertConfig, BertForSequenceClassification, BertTokeniz
 
 from hf_defer import DeferralConfig, EncoderForDeferral
 from hf_defer.experts import model_expert
-from hf_defer.model_experts import answers_to_ids, predictor_identity
+from hf_defer.experts.model_experts import answers_to_ids, predictor_identity
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat is good bad very".split()]
 TEXTS = ["the cat is good", "a dog sat", "very bad", "the mat", "good dog", "bad cat sat on the mat", "a", "very good"]

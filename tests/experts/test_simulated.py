@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-import hf_defer.experts as experts_module
-from hf_defer.bundled_data import bundled_bytes
+import hf_defer.experts.simulated as experts_module
+from hf_defer.data.bundled_data import bundled_bytes
 from hf_defer.experts import (
     annotator_accuracy,
     annotator_expert,

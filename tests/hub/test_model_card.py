@@ -12,7 +12,7 @@ from transformers import BertConfig
 
 import hf_defer
 from hf_defer import DeferralConfig, EncoderForDeferral, reliability_bins
-from hf_defer.model_card import DeferralModelCardData, default_template_path, render_model_card
+from hf_defer.hub.model_card import DeferralModelCardData, default_template_path, render_model_card
 
 METRICS = {
     "eval_system_error": 0.1234,
@@ -141,7 +141,7 @@ def test_the_template_is_shipped_in_the_package_and_linked_from_model_cards():
     path = default_template_path()
     assert path.parent == Path(hf_defer.__file__).resolve().parent / "templates"
     assert "{{ card_data }}" in path.read_text()
-    link = Path(__file__).resolve().parent.parent / "model_cards" / "deferral_model_card_template.md"
+    link = Path(__file__).resolve().parents[2] / "model_cards" / "deferral_model_card_template.md"
     assert link.resolve() == path
 
 

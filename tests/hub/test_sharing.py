@@ -23,13 +23,13 @@ from transformers import AutoTokenizer, BertConfig, BertTokenizer, TrainingArgum
 import hf_defer
 from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral
 from hf_defer.hub import push_to_hub, save_for_hub
-from hf_defer.pipeline_deferral import REMOTE_TASK
+from hf_defer.modeling.pipeline_deferral import REMOTE_TASK
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat is good bad very".split()]
 TEXTS = ["the cat sat on the mat", "a very bad dog", "good"]
 CODE_FILES = {"configuration_deferral.py", "modeling_deferral.py", "saving_deferral.py", "surrogates.py", "surrogate_base.py",
               "surrogate_kernels.py", "pipeline_deferral.py", "pipeline_options.py"}
-PACKAGE = Path(hf_defer.__file__).parent
+PACKAGE = Path(hf_defer.__file__).parent / "modeling"  # the code a saved folder carries
 
 
 @pytest.fixture(autouse=True)

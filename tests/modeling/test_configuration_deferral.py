@@ -8,7 +8,7 @@ from transformers import AutoConfig, BertConfig, ViTConfig
 
 import hf_defer
 from hf_defer import DeferralConfig, get_surrogate
-from hf_defer.configuration_deferral import SURROGATE_NAMES
+from hf_defer.modeling.configuration_deferral import SURROGATE_NAMES
 
 
 @pytest.fixture(autouse=True)
@@ -182,7 +182,7 @@ def test_a_loaded_config_keeps_custom_pipelines_and_library_mode_still_works(tmp
 
     EncoderForDeferral(DeferralConfig(feature_size=4)).save_pretrained(tmp_path)
     loaded = DeferralConfig.from_pretrained(tmp_path)
-    assert set(loaded.custom_pipelines) == {hf_defer.pipeline_deferral.REMOTE_TASK}  # no special case on loading
+    assert set(loaded.custom_pipelines) == {hf_defer.modeling.pipeline_deferral.REMOTE_TASK}  # no special case on loading
     assert type(pipeline("deferral", model=str(tmp_path))) is hf_defer.DeferralPipeline
 
 

@@ -24,8 +24,8 @@ from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging
 
 from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral
-from hf_defer.configuration_deferral import is_decoder_only, resolve_pooling
-from hf_defer.tokenization import ensure_pad_token
+from hf_defer.modeling.configuration_deferral import is_decoder_only, resolve_pooling
+from hf_defer.training.tokenization import ensure_pad_token
 
 WORDS = ["<unk>", "</s>", *"the a cat dog sat on mat is good bad very not".split()]
 DECODERS = {"llama": LlamaConfig, "qwen2": Qwen2Config, "gemma": GemmaConfig}
@@ -140,7 +140,7 @@ def test_encoder_decoder_configs_are_refused_when_the_config_is_built(encoder):
 def test_ensure_pad_token_pads_with_eos_warns_and_sets_the_encoder_pad_token_id():
     tokenizer, model = decoder_tokenizer(), decoder_model()
     assert tokenizer.pad_token is None and model.config.encoder.pad_token_id is None
-    logger = logging.get_logger("hf_defer.tokenization")
+    logger = logging.get_logger("hf_defer.training.tokenization")
     with CaptureLogger(logger) as captured:
         ensure_pad_token(tokenizer, model)
     assert "no padding token" in captured.out and "'</s>'" in captured.out

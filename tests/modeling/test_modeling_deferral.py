@@ -479,9 +479,9 @@ def test_auto_model_for_deferral_is_a_small_explicit_mapping(tmp_path):
         AutoModelForDeferral.from_config(BertConfig())
     with pytest.raises(OSError, match="from_pretrained"):
         AutoModelForDeferral()
-    import hf_defer.auto
+    import hf_defer.hub.auto
 
-    assert "_BaseAutoModelClass" not in open(hf_defer.auto.__file__).read()
+    assert "_BaseAutoModelClass" not in open(hf_defer.hub.auto.__file__).read()
 
 
 def test_training_forward_computes_only_the_loss_unless_asked():

@@ -12,7 +12,7 @@ from transformers import BertConfig, BertModel, BertTokenizer, pipeline
 
 import hf_defer  # noqa: F401  (registers the "deferral" task)
 from hf_defer import DeferralConfig, EncoderForDeferral
-from hf_defer.pipeline_deferral import DeferralPipeline
+from hf_defer.modeling.pipeline_deferral import DeferralPipeline
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat is good bad very".split()]
 

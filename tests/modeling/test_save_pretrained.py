@@ -81,7 +81,7 @@ def test_every_saved_folder_loads_in_library_and_remote_code_mode_with_identical
     for path in folders.values():
         config = json.loads((path / "config.json").read_text())
         assert set(config["auto_map"]) == {"AutoConfig", "AutoModel"} and set(config["custom_pipelines"]) == {
-            hf_defer.pipeline_deferral.REMOTE_TASK}
+            hf_defer.modeling.pipeline_deferral.REMOTE_TASK}
         assert not [name for name in os.listdir(path) if name.startswith(".hf_defer_save_")]  # no temporary folder left
 
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
@@ -135,7 +135,7 @@ def test_save_for_hub_refuses_to_delete_or_overwrite_the_users_files(tmp_path):
     assert unchanged(tmp_path, files) and not [n for n in os.listdir(tmp_path) if n.startswith(".hf_defer")]
     save_for_hub(head_only_model(), tmp_path, processing_class=tiny_tokenizer(), overwrite=True)
     assert not (tmp_path / "model-00001-of-00002.safetensors").exists()
-    assert (tmp_path / "surrogates.py").read_bytes() == (Path(hf_defer.__file__).parent / "surrogates.py").read_bytes()
+    assert (tmp_path / "surrogates.py").read_bytes() == (Path(hf_defer.__file__).parent / "modeling" / "surrogates.py").read_bytes()
 
 
 @pytest.mark.parametrize("how", ["model", "pipeline", "trainer"])
@@ -178,5 +178,5 @@ def test_a_folder_saved_with_the_old_task_name_is_rewritten_for_library_mode(tmp
                                      "other": {"impl": "mine.Pipeline", "pt": ["AutoModel"]}}
     model.save_pretrained(tmp_path)
     written = json.loads((tmp_path / "config.json").read_text())["custom_pipelines"]
-    assert set(written) == {"other", hf_defer.pipeline_deferral.REMOTE_TASK}
+    assert set(written) == {"other", hf_defer.modeling.pipeline_deferral.REMOTE_TASK}
     assert set(model.config.custom_pipelines) == {"deferral", "other"}  # the in-memory config is left as it was

@@ -1,4 +1,4 @@
-"""Tests for hf_defer.surrogates.
+"""Tests for hf_defer.modeling.surrogates.
 
 Every expected value here is derived independently of the code under test: the naive textbook
 formulas evaluated in float64 with numpy, the known minimiser of the conditional surrogate risk, or
@@ -647,9 +647,9 @@ def test_rejects_wrong_number_of_expert_columns(name):
 
 
 def test_each_surrogate_class_carries_its_names_and_the_one_list_is_shared():
-    from hf_defer.configuration_deferral import SURROGATE_NAMES
-    from hf_defer.model_card import surrogate_description
-    from hf_defer.surrogates import SURROGATES, surrogate_class
+    from hf_defer.modeling.configuration_deferral import SURROGATE_NAMES
+    from hf_defer.hub.model_card import surrogate_description
+    from hf_defer.modeling.surrogates import SURROGATES, surrogate_class
 
     assert SURROGATES == ("asm", "ssm", "sova", "aova") and SURROGATE_NAMES is SURROGATES
     assert [surrogate_class(name).display_name for name in SURROGATES] == ["A-SM", "S-SM", "S-OvA", "A-OvA"]

@@ -17,11 +17,11 @@ from transformers import TrainingArguments, pipeline
 import peft  # a test dependency (pyproject [test])
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from test_decoder_backbones import decoder_model, decoder_tokenizer, padded, text_dataset  # noqa: E402
-from test_hub import fake_hub  # noqa: E402, F401  (the patched HfApi fixture)
+from test_sharing import fake_hub  # noqa: E402, F401  (the patched HfApi fixture)
 
 import hf_defer  # noqa: E402
 from hf_defer import AutoModelForDeferral, DeferralTrainer  # noqa: E402
-from hf_defer.adapters import adapter_base_model, check_head_trainable, has_adapters  # noqa: E402
+from hf_defer.training.adapters import adapter_base_model, check_head_trainable, has_adapters  # noqa: E402
 
 WAYS = ["peft", "transformers"]
 TARGETS = ["q_proj", "v_proj"]

@@ -14,7 +14,7 @@ import pytest
 
 import peft  # noqa: F401  (a test dependency, pyproject [test])
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "scripts" / "lora_ddp.py"
 
 

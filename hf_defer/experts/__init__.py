@@ -1,0 +1,12 @@
+"""Experts: simulated ones (a real annotator drawn from vote counts, class-subset and dialect-biased experts), experts
+that are models (`model_expert`), the TwitterAAE dialect model and cached sentence embeddings.
+
+Imports `hf_defer.data.bundled_data` (the shipped dialect model) and the libraries; never modeling internals,
+training, hub, commands or experiments.
+"""
+
+from .model_experts import model_expert
+from .simulated import annotator_accuracy, annotator_expert, class_subset_expert, dialect_biased_expert, stack_experts
+
+__all__ = ["annotator_accuracy", "annotator_expert", "class_subset_expert", "dialect_biased_expert", "model_expert",
+           "stack_experts"]

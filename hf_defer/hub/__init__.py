@@ -1,0 +1,9 @@
+"""The Hub: saving and uploading a deferral folder with its card (`save_for_hub`, `push_to_hub`), the model card and
+`AutoModelForDeferral`.
+
+Imports modeling, evaluation, data and training's adapter helpers; never commands, review or experiments.
+"""
+
+from .sharing import push_to_hub, save_for_hub
+
+__all__ = ["push_to_hub", "save_for_hub"]
