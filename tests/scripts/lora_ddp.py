@@ -11,7 +11,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import TrainingArguments
 
-from test_decoder_backbones import decoder_model, decoder_tokenizer, text_dataset  # tests/ is on PYTHONPATH
+from test_decoder_backbones import decoder_model, decoder_tokenizer, text_dataset  # tests/modeling/ is on PYTHONPATH
 
 from hf_defer import DeferralTrainer
 

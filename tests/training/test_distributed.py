@@ -21,7 +21,7 @@ SCRIPT = ROOT / "tests" / "scripts" / "lora_ddp.py"
 def run(command: list[str], output: Path) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            # the checkout, and the tests folder whose tiny model and data the script reuses
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "modeling"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([*command, str(SCRIPT), str(output)], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
