@@ -96,6 +96,70 @@ def test_deferral_metrics(arguments):
     assert all(isinstance(value, float) and 0.0 <= value <= 1.0 for value in metrics.values()), metrics
 
 
+# ---------------------------------------------------------------------------------------------------- error-cost curves
+
+
+@st.composite
+def curve_arguments(draw) -> tuple[str, dict]:
+    """Valid arguments of error_cost_curve, confidence_cascade_curve or router_curve, then zero to two corrupted, or
+    one array transposed (an [M, N] where [N, M] is expected) or given a NaN."""
+    n, K, M = draw(st.integers(1, 5)), draw(st.integers(2, 4)), draw(st.integers(1, 3))
+    unit = st.floats(0, 1, width=32)
+    kind = draw(st.sampled_from(["error_cost", "cascade", "router"]))
+    labels = draw(hnp.arrays(np.int64, (n,), elements=st.integers(0, K - 1)))
+    if kind == "error_cost":
+        arguments = {"class_probs": draw(hnp.arrays(np.float64, (n, K), elements=unit)),
+                     "expert_accuracy": draw(hnp.arrays(np.float64, (n, M), elements=unit)),
+                     "labels": labels, "expert_labels": draw(hnp.arrays(np.int64, (n, M), elements=st.integers(0, K - 1))),
+                     "expert_costs": draw(st.lists(st.floats(0, 2), min_size=M, max_size=M)),
+                     "scales": draw(st.lists(st.floats(0, 5), min_size=1, max_size=3)),
+                     "threshold": draw(st.floats(-1, 1))}
+    else:
+        L = M + 1
+        arguments = {"member_answers": draw(hnp.arrays(np.int64, (n, L), elements=st.integers(0, K - 1))),
+                     "labels": labels, "prices": draw(st.lists(st.floats(0, 2), min_size=L, max_size=L)),
+                     "thresholds": np.sort(draw(hnp.arrays(np.float64, (2, L - 1), elements=unit)), axis=1)}
+        if kind == "cascade":
+            arguments["member_confidence"] = draw(hnp.arrays(np.float64, (n, L - 1), elements=unit))
+        else:
+            arguments["score"] = draw(hnp.arrays(np.float64, (n,), elements=unit))
+    arrays = [name for name, value in arguments.items() if isinstance(value, np.ndarray) and value.ndim == 2]
+    change = draw(st.sampled_from(["none", "corrupt", "transpose", "nan"]))
+    if change == "corrupt":
+        arguments = draw(corrupt(arguments, list(arguments)))
+    elif change == "transpose":
+        name = draw(st.sampled_from(arrays))
+        arguments[name] = arguments[name].T
+    elif change == "nan":
+        name = draw(st.sampled_from([name for name in arrays if arguments[name].dtype == np.float64] + ["labels"]))
+        value = arguments[name].astype(np.float64)
+        value.flat[draw(st.integers(0, value.size - 1))] = np.nan
+        arguments[name] = value
+    return kind, arguments
+
+
+@SLOW_PROPERTY
+@given(curve_arguments())
+def test_error_cost_and_routing_curves(case):
+    from hf_defer.evaluation.costs import error_cost_curve
+    from hf_defer.evaluation.routing import confidence_cascade_curve, router_curve
+
+    kind, arguments = case
+    function = {"error_cost": error_cost_curve, "cascade": confidence_cascade_curve, "router": router_curve}[kind]
+    try:
+        curve = function(**arguments)
+    except (ValueError, TypeError) as error:
+        check_error(error, {*arguments, "defer_threshold"})
+        return
+    # Accepted: the inputs were what the documentation asks for, read in their own order.
+    n = len(arguments["labels"])
+    assert np.asarray(arguments["labels"]).shape == (n,) and np.isfinite(np.asarray(arguments["labels"], float)).all()
+    for name, value in arguments.items():
+        if isinstance(value, np.ndarray) and value.ndim == 2 and name not in ("thresholds",):
+            assert value.shape[0] == n and np.isfinite(value).all(), name
+    assert np.isfinite(curve.cost).all() and ((curve.error >= 0) & (curve.error <= 1)).all()
+
+
 # ---------------------------------------------------------------------------------------------------- calibration
 
 TWO_EXPERTS = EncoderForDeferral(DeferralConfig(feature_size=D, num_labels=3, num_experts=2)).eval()

@@ -55,21 +55,32 @@ def _list_column(dataset: datasets.Dataset, column: str, name: str) -> tuple[pa.
     return pc.list_flatten(array), pc.list_value_length(array)
 
 
-def _integer_column(dataset: datasets.Dataset, column: str, name: str) -> np.ndarray:
-    """An integer column (one int, or one list of ints of the same length, per row) as an array [N] or [N, width]."""
+def _integer_column(dataset: datasets.Dataset, column: str, name: str, numbers: bool = False) -> np.ndarray:
+    """An integer column (one int, or one list of ints of the same length, per row) as an array [N] or [N, width];
+    with ``numbers``, a column of numbers (floats, ints or bools: `expert_correct`)."""
     values, lengths = _list_column(dataset, column, name)
     if values.null_count or (lengths is not None and lengths.null_count):
         missing = pc.is_null(values if lengths is None else lengths).to_numpy(zero_copy_only=False)
+        if lengths is not None and not lengths.null_count:  # a None inside the lists: one per row
+            missing = missing.reshape(len(dataset), -1).any(axis=1)
+        fill = "-100 marks a missing answer" if column in ("expert_labels", "expert_correct") else \
+            "-100 marks a row to ignore"
         raise ValueError(f"{name}: column '{column}' has missing values (None), e.g. in rows {_rows(missing)}; "
-                         "fill them (-100 marks a row to ignore) or drop those rows.")
-    if not pa.types.is_integer(values.type):
+                         f"fill them ({fill}) or drop those rows.")
+    if numbers and (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)
+                    or pa.types.is_boolean(values.type)):
+        pass
+    elif numbers:
+        raise ValueError(f"{name}: column '{column}' must hold numbers in [0, 1] (or -100 where there is none), got "
+                         f"{values.type} values such as {values.slice(0, 3).to_pylist()}.")
+    elif not pa.types.is_integer(values.type):
         sample = values.slice(0, 3).to_pylist()
         hint = (f"; map class names to ids first (hf_defer.prepare_deferral_dataset, or "
                 f"dataset.class_encode_column('{column}'))"
                 if pa.types.is_string(values.type) or pa.types.is_large_string(values.type) else "")
         raise ValueError(f"{name}: column '{column}' must hold class ids (int), got {values.type} values such as "
                          f"{sample}{hint}.")
-    array = values.to_numpy()
+    array = values.to_numpy(zero_copy_only=False)
     if lengths is None:
         return array
     low, high = pc.min_max(lengths).values()
@@ -142,18 +153,31 @@ def _first_rows(dataset: datasets.IterableDataset, name: str) -> datasets.Datase
         raise ValueError(f"{name}: its first examples do not have the same columns and types ({err}).") from None
 
 
-def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset") -> None:
+def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset",
+                           require_answers: bool = False) -> dict[str, int] | None:
     """Checks that a dataset can train/evaluate ``model`` before any step runs ([`DeferralTrainer`] calls it).
 
     A `datasets.Dataset` is checked whole; a streamed `datasets.IterableDataset` on its first `PEEK_ROWS` examples;
-    other datasets (a torch `Dataset`) are not checked.
+    other datasets (a torch `Dataset`) are not checked. The experts' targets are ``expert_labels`` (class ids, -100
+    where an expert did not answer) or ``expert_correct`` (numbers in [0, 1], -100 where there is none).
+
+    Args:
+        dataset, model, name: the data, the deferral model it is for, and how errors call the data.
+        require_answers (`bool`, *optional*, defaults to `False`): refuse an expert who answered no labelled row (the
+            training split, where such an expert's estimate would learn nothing).
+
+    Returns:
+        `dict[str, int]` or `None`: for each expert (by name), how many labelled rows it answered (also logged);
+        `None` when the dataset is not checked.
 
     Raises:
         `ValueError`: naming ``name``, the column and the fix, when ``labels`` (or ``label``) or ``expert_labels`` is
         missing, not integer class ids (strings, None, floats) or ragged; the expert labels do not have
         ``num_experts`` entries per row; a label lies outside ``[0, num_labels)``; every label is -100; the model's
         input column is missing (a text dataset never tokenized), ``features`` have the wrong width or NaN/inf, or
-        ``input_ids`` are empty, longer than the encoder's positions or outside its vocabulary.
+        ``input_ids`` are empty, longer than the encoder's positions or outside its vocabulary; ``expert_correct``
+        holds a value outside [0, 1] other than -100 (NaN included), or comes with ``expert_labels``; with
+        ``require_answers``, an expert answered no labelled row.
 
     Example:
 
@@ -175,9 +199,15 @@ def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset") -> N
         name = f"{name} (its first {len(dataset)} examples)"
     columns = getattr(dataset, "column_names", None)
     if columns is None or not isinstance(dataset, datasets.Dataset):  # a torch Dataset: nothing cheap to check
-        return
+        return None
     label_column = "label" if "labels" not in columns and "label" in columns else "labels"  # the collator renames it
-    for column in (label_column, "expert_labels"):
+    if getattr(model.config, "route_only", False) is True:  # no classes: each expert's correctness or score only
+        return _check_route_only_dataset(dataset, model, name, columns, label_column)
+    if "expert_correct" in columns and "expert_labels" in columns:
+        raise ValueError(f"{name} has both 'expert_labels' and 'expert_correct': keep one (the experts' answers, or "
+                         "whether each was right / its score).")
+    targets = "expert_correct" if "expert_correct" in columns else "expert_labels"
+    for column in (label_column, targets):
         if column not in columns:
             hint = (" (map your annotator columns with hf_defer.prepare_deferral_dataset(..., expert_columns=[...]), "
                     "or simulate an expert with hf_defer.experts)") if column == "expert_labels" else ""
@@ -186,20 +216,52 @@ def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset") -> N
         raise ValueError(f"{name} is empty.")
     config = model.config
     labels = _integer_column(dataset, label_column, name)
-    expert_labels = _integer_column(dataset, "expert_labels", name)
-    if config.num_experts > 1 and (expert_labels.ndim != 2 or expert_labels.shape[1] != config.num_experts):
-        width = expert_labels.shape[1] if expert_labels.ndim == 2 else 1
-        raise ValueError(
-            f"{name}: expert_labels must have num_experts={config.num_experts} entries per row, got {width}."
-        )
+    given = _integer_column(dataset, targets, name, numbers=targets == "expert_correct")
+    if config.num_experts > 1 and (given.ndim != 2 or given.shape[1] != config.num_experts):
+        width = given.shape[1] if given.ndim == 2 else 1
+        raise ValueError(f"{name}: {targets} must have num_experts={config.num_experts} entries per row, got {width}.")
     try:
-        model.surrogate.check_targets(torch.tensor(labels), torch.tensor(expert_labels), len(dataset))
+        _, _, observed, valid = model.surrogate.check_expert_targets(
+            torch.tensor(labels), **{targets: torch.tensor(given.astype(np.float32) if targets == "expert_correct"
+                                                           else given)})
     except ValueError as error:
         raise ValueError(f"{name}: {error}") from error
     if (labels == -100).all():
         raise ValueError(f"{name}: every '{label_column}' is -100 (ignored): there is no example to train or evaluate "
                          "on; give it rows with class ids.")
+    answered = dict(zip(config.expert_names, (observed & valid[:, None]).sum(dim=0).tolist()))
+    silent = [expert for expert, count in answered.items() if count == 0]
+    if silent and require_answers:
+        raise ValueError(f"{name}: expert(s) {silent} answered none of the {int(valid.sum())} labelled rows ({targets} "
+                         "is -100 on all of them): nothing can teach the model their accuracy; give them answers or "
+                         "leave them out of expert_columns / num_experts.")
+    if any(count < int(valid.sum()) for count in answered.values()):
+        logger.info(f"{name}: labelled rows answered per expert (of {int(valid.sum())}): {answered}")
     _check_model_inputs(dataset, model, name)
+    return answered
+
+
+def _check_route_only_dataset(dataset: datasets.Dataset, model: Any, name: str, columns: list[str],
+                              label_column: str) -> dict[str, int]:
+    """[`check_deferral_dataset`] for a route-only model: an ``expert_correct`` column ``[N, M]`` in [0, 1] (-100:
+    missing) and no class labels or answers, which it cannot use."""
+    unusable = [column for column in (label_column, "expert_labels") if column in columns]
+    if unusable:
+        raise ValueError(f"{name} has {unusable}: a route-only model has no class head and cannot use class labels or "
+                         "the experts' answers; give each expert's correctness or score as 'expert_correct'.")
+    if "expert_correct" not in columns:
+        raise ValueError(f"{name} must have an 'expert_correct' column (each expert's correctness or score) for a "
+                         f"route-only model; its columns are {columns}.")
+    if len(dataset) == 0:
+        raise ValueError(f"{name} is empty.")
+    given = _integer_column(dataset, "expert_correct", name, numbers=True)
+    try:
+        _, _, observed, _ = model.surrogate.check_expert_targets(
+            expert_correct=torch.tensor(given.astype(np.float32)), batch_size=len(dataset))
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from error
+    _check_model_inputs(dataset, model, name)
+    return dict(zip(model.config.expert_names, observed.sum(dim=0).tolist()))
 
 
 def _is_complete(folder: str) -> bool:

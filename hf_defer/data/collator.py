@@ -1,6 +1,6 @@
 """The batch collator for learning to defer: [`DataCollatorForDeferral`] pads tokenized text (or stacks precomputed
-feature vectors / pixel values) and keeps `labels` and `expert_labels` as integer tensors, ready for
-`EncoderForDeferral` and `DeferralTrainer`. Also importable from `hf_defer.data`.
+feature vectors / pixel values) and keeps `labels` and `expert_labels` as integer tensors (or `expert_correct` as a
+float tensor), ready for `EncoderForDeferral` and `DeferralTrainer`. Also importable from `hf_defer.data`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ class DataCollatorForDeferral:
 
     The text inputs are padded by `transformers.DataCollatorWithPadding`, which alone would fail on a string column
     and on head-only rows; around it, three differences: `expert_labels` is collated next to
-    `labels` (a long tensor `[B]` for one expert, `[B, M]` for M experts); without a tokenizer it stacks the
+    `labels` (a long tensor `[B]` for one expert, `[B, M]` for M experts; -100 where an expert did not answer), or
+    `expert_correct` (float32 `[B]` / `[B, M]`: whether each expert was right, or its score; -100 where there is
+    none) in its place; without a tokenizer it stacks the
     precomputed `features` vectors (float `[B, D]`) for head-only models; and string columns such as `text` are
     dropped instead of breaking the tensor conversion. `pixel_values` are stacked as float tensors. Any other
     column is passed to `tokenizer.pad` (or, without a tokenizer, stacked as is). A `label` or `label_ids` key is
@@ -133,6 +135,20 @@ class DataCollatorForDeferral:
         return np.stack(out)
 
     @staticmethod
+    def _scores(values: list[Any]) -> np.ndarray:
+        """`expert_correct` as float32 `[B]` or `[B, M]`: bools, 0/1 or scores, -100 where there is none."""
+        if any(value is None or (isinstance(value, (list, tuple)) and None in value) for value in values):
+            raise ValueError("`features`: expert_correct holds None; write -100 where an expert did not answer.")
+        try:
+            array = np.asarray(values, dtype=np.float32)
+        except (TypeError, ValueError):
+            array = None
+        if array is None or array.ndim not in (1, 2) or (array.ndim == 2 and array.shape[1] == 0):
+            raise ValueError(f"`features`: expert_correct must be a number in [0, 1] (or -100) per expert, the same "
+                             f"number of experts in every row; got rows such as {values[:2]!r:.120}.")
+        return array
+
+    @staticmethod
     def _float_arrays(values: list[Any], key: str) -> np.ndarray:
         if not hasattr(values[0], "detach"):  # fast path for lists and numpy arrays, as for the labels
             try:
@@ -186,22 +202,28 @@ class DataCollatorForDeferral:
                 )
 
         batch: dict[str, Any] = {}
+        if "expert_labels" in keys and "expert_correct" in keys:
+            raise ValueError("`features` have both 'expert_labels' and 'expert_correct'; keep one: the experts' answers, "
+                             "or whether each was right (a score in [0, 1]).")
         if "labels" in keys:
-            if "expert_labels" not in keys:
+            if "expert_labels" not in keys and "expert_correct" not in keys:
                 raise ValueError(
                     "`features` have 'labels' but no 'expert_labels'; a deferral model needs the expert's answer for "
-                    "every example (add it with hf_defer.annotator_expert / class_subset_expert)."
+                    "every example (add it with hf_defer.annotator_expert / class_subset_expert; -100 where one did "
+                    "not answer), or 'expert_correct' (whether it was right)."
                 )
             batch["labels"] = self._to_output(self._integer_labels([row["labels"] for row in rows], "labels"))
         if "expert_labels" in keys:
             batch["expert_labels"] = self._to_output(
                 self._integer_labels([row["expert_labels"] for row in rows], "expert_labels")
             )
+        if "expert_correct" in keys:
+            batch["expert_correct"] = self._to_output(self._scores([row["expert_correct"] for row in rows]))
         for key in _PASSTHROUGH_FLOAT_KEYS:
             if key in keys:
                 batch[key] = self._to_output(self._float_arrays([row[key] for row in rows], key))
 
-        handled = {"labels", "expert_labels", *_PASSTHROUGH_FLOAT_KEYS}
+        handled = {"labels", "expert_labels", "expert_correct", *_PASSTHROUGH_FLOAT_KEYS}
         rest = [key for key in keys if key not in handled and not _is_string_value(rows[0][key])]
         if not rest:
             return batch

@@ -59,6 +59,7 @@ def calibrate_deferral(
     expert_costs: Any = None,
     tokenizer: Any = None,
     image_processor: Any = None,
+    available_experts: Any = None,
     **processor_kwargs: Any,
 ) -> float:
     """Sets the deferral threshold so that at most ``max_deferral_rate`` of held-out inputs go to an expert.
@@ -67,11 +68,13 @@ def calibrate_deferral(
     ``defer_threshold`` ([`DeferralSurrogate.decide`]). Of the inputs deferred at threshold 0, the budget
     ([`budget_deferrals`], ranked by margin) keeps the ``floor(max_deferral_rate * N)`` with the highest margins; the
     threshold is then the midpoint between the lowest margin kept and the highest margin left out (or 0 when
-    the model defers within the budget on its own), strictly between the two, so that a rounding difference
-    between calibration and a later pipeline run does not flip an input. On the same inputs the pipeline then defers
-    exactly those kept inputs, and its system error is ``deferral_metrics(..., budget_ranking="margin")``'s
-    ``budgeted_error``; inputs whose margin ties the highest one left out cannot be told apart by a threshold and
-    stay with the classifier (fewer deferrals than the budget). The threshold is never negative: an input whose
+    the model defers within the budget on its own), never closer than ``MARGIN_TOLERANCE`` (1e-7) to any margin, so
+    that a rounding difference between calibration and a later pipeline run (another batch size, padding) does not
+    flip an input. On the same inputs the pipeline then defers exactly those kept inputs, and its system error is
+    ``deferral_metrics(..., budget_ranking="margin")``'s ``budgeted_error``; kept inputs whose margin ties the
+    highest one left out (to within the tolerance) cannot be told apart by a threshold and stay with the classifier
+    (fewer deferrals than the budget). With ``floor(max_deferral_rate * N) = 0`` the threshold lies above every
+    margin: nothing is deferred. The threshold is never negative: an input whose
     best expert is not estimated to beat the classifier is never deferred.
 
     The threshold is stored in ``model.config.defer_threshold``, and given costs in ``model.config.expert_costs``
@@ -89,6 +92,9 @@ def calibrate_deferral(
             was built with, else `model.config.expert_costs`); stored in `model.config.expert_costs`.
         tokenizer / image_processor (*optional*): for a text / vision model; by default the one saved with the model
             (in the folder it was loaded from, else with its encoder).
+        available_experts (*optional*): who can be asked, as the pipeline takes it: expert names (or a bool mask) for
+            every input, or one entry per input of `dataset`. The margins, hence the budget, count only those; an
+            input with nobody to ask is never deferred (and still counts in `N`).
         processor_kwargs (*optional*): the tokenizer (or image-processor) settings the pipeline will be called with,
             e.g. `truncation=True, max_length=128`: the margins, hence the threshold, depend on them.
 
@@ -135,13 +141,17 @@ def calibrate_deferral(
         raise ValueError("dataset is empty: calibration needs held-out inputs.")
     # Validates expert_costs the way the pipeline does, before any forward pass; a pipeline built with costs keeps them.
     costs = pipe.resolve_costs(expert_costs)
-    outputs = pipe((item for item in inputs), batch_size=batch_size, expert_costs=costs, defer_threshold=0.0,
-                   return_margin=True, **processor_kwargs)  # a generator streams
+    if available_experts is not None:  # a per-input mask needs the list; the names of the whole call do not mind
+        processor_kwargs = {**processor_kwargs, "available_experts": available_experts}
+    outputs = pipe(inputs if available_experts is not None else (item for item in inputs), batch_size=batch_size,
+                   expert_costs=costs, defer_threshold=0.0, return_margin=True, **processor_kwargs)  # a generator streams
     decided = [(out["defer"], out["margin"])
                for out in tqdm(outputs, total=len(inputs), desc="Calibrating deferral", disable=len(inputs) < 1000)]
     deferred, margins = np.array([d for d, _ in decided], dtype=bool), np.array([m for _, m in decided])
+    if np.isneginf(margins).any():  # nobody available: never deferred; below every other margin, but finite
+        margins[np.isneginf(margins)] = min(0.0, float(margins[np.isfinite(margins)].min(initial=0.0))) - 1.0
     kept = budget_deferrals(deferred, margins, max_deferral_rate)
-    threshold = 0.0 if kept.sum() == deferred.sum() else _threshold_between(margins, kept)
+    threshold = _threshold_between(margins, kept)
     config = pipe.model.config
     config.defer_threshold = threshold
     if costs is not None:
@@ -151,17 +161,27 @@ def calibrate_deferral(
     return threshold
 
 
+MARGIN_TOLERANCE = 1e-7
+"""Margins closer than twice this (in units of probability, times the largest margin when that exceeds 1) count as
+tied: batch composition, padding and kernels change a margin in its last float32 digits between two runs (about 1e-8
+on a CPU; a float32 step is 6e-8 at 0.5), so a threshold never sits closer than this to a calibration margin."""
+
+
 def _threshold_between(margins: np.ndarray, kept: np.ndarray) -> float:
-    """A positive threshold ``t`` with ``margin > t`` exactly on the kept inputs whose margin beats every other one."""
-    lower = max(0.0, float(margins[~kept].max()))
-    above = margins[kept & (margins > lower)]
-    if above.size == 0:  # nothing separable: defer nothing
-        return lower if lower > 0 else float(np.nextafter(0.0, 1.0))
-    upper = float(above.min())
-    middle = (lower + upper) / 2
-    if lower < middle < upper:
-        return middle
-    return lower if lower > 0 else float(np.nextafter(0.0, 1.0))
+    """The threshold ``t >= 0`` for which ``margin > t`` holds on kept inputs only, at least the tolerance away from
+    every margin: 0 when no input left out comes near 0, else the middle of the first gap wider than twice the
+    tolerance above the highest margin left out (and 0); above the highest margin when there is none (a budget of
+    ``floor(bN) = 0``, or kept margins all tied with one left out): then nothing is deferred."""
+    tolerance = MARGIN_TOLERANCE * max(1.0, float(margins.max(initial=0.0)))  # t >= 0: the scale of the top
+    left_out = margins[~kept]
+    if left_out.size == 0 or left_out.max() < -tolerance:  # the model defers within the budget on its own
+        return 0.0
+    lower = max(0.0, float(left_out.max()))
+    points = np.unique(np.append(margins[margins > lower], lower))  # ascending, from `lower`; all above are kept
+    wide = np.flatnonzero(np.diff(points) > 2 * tolerance)
+    if wide.size:
+        return float((points[wide[0]] + points[wide[0] + 1]) / 2)
+    return float(points[-1] + tolerance)
 
 
 __all__ = ["calibrate_deferral"]

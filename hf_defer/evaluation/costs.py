@@ -24,18 +24,66 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..modeling.surrogate_base import check_expert_costs, estimate_margin
+from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs, estimate_margin
 
 __all__ = ["ErrorCostCurve", "area_under_error_cost", "error_cost_curve", "mean_cost", "pareto_front",
            "plot_error_cost_curves"]
 
 
 def _array(name: str, values: Any, ndim: int, dtype: Any = np.float64) -> np.ndarray:
+    """`values` as an array of `ndim` dimensions; numbers (`float64`) must be finite. A `ValueError` naming `name`
+    otherwise: an [`ErrorCostCurve`] of NaN estimates would be a curve of nothing."""
     if hasattr(values, "detach"):  # a torch tensor
         values = values.detach().cpu().numpy()
-    array = np.asarray(values, dtype=dtype)
+    try:
+        raw = np.asarray(values)
+        if raw.dtype.kind not in "biuf" or (raw.dtype.kind == "b" and dtype is not bool):
+            raise TypeError(f"dtype {raw.dtype}")
+        array = raw.astype(dtype)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"`{name}` must be a rectangular array of numbers, got a {type(values).__name__} that is "
+                         f"not ({err}).") from None
     if array.ndim != ndim:
         raise ValueError(f"`{name}` must have {ndim} dimension(s), got shape {array.shape}.")
+    if dtype is np.float64 and not np.isfinite(array).all():
+        rows = np.flatnonzero(~np.isfinite(array).reshape(array.shape[0], -1).all(axis=1))[:5].tolist()
+        raise ValueError(f"`{name}` must be finite, got NaN or infinity in rows {rows}.")
+    if dtype is bool and raw.dtype.kind != "b" and not np.isin(raw, (0, 1)).all():
+        raise ValueError(f"`{name}` must hold booleans (or 0 and 1), got {np.unique(raw)[:5].tolist()}.")
+    return array
+
+
+def _class_ids(name: str, values: Any, ndim: int, num_classes: int | None = None) -> np.ndarray:
+    """`values` as integer class ids (`int64`) of `ndim` dimensions, each in `[0, num_classes)` (`>= 0` when
+    `num_classes` is None): a label of -100 or -1, or a fraction, would otherwise be scored as an answer."""
+    array = _array(name, values, ndim)
+    if not (array == np.round(array)).all():
+        raise ValueError(f"`{name}` must be integer class ids, got {array[array != np.round(array)][:5].tolist()}.")
+    bad = (array < 0) | (array >= (num_classes if num_classes is not None else np.inf))
+    if bad.any():
+        where = np.flatnonzero(bad.reshape(array.shape[0], -1).any(axis=1))[:5].tolist()
+        expected = f"in [0, {num_classes})" if num_classes is not None else ">= 0"
+        raise ValueError(f"`{name}` must be class ids {expected}, got {array[bad][:5].astype(np.int64).tolist()} "
+                         f"in rows {where} (drop rows with an ignored or missing label first).")
+    return array.astype(np.int64)
+
+
+def _per_row(name: str, values: Any, n: int, width: int, num_classes: int | None = None,
+             ids: bool = False) -> np.ndarray:
+    """A `[n, width]` array (class ids with `ids`) from `values` of shape `[n, width]` (or `[n]` when `width == 1`),
+    never reshaped from another shape: `[width, n]` is refused (transpose it), not read in the wrong order."""
+    try:
+        ndim = np.ndim(values.detach().cpu().numpy() if hasattr(values, "detach") else values)
+    except ValueError:  # numpy refuses ragged nested lists
+        raise ValueError(f"`{name}` must be a rectangular [{n}, {width}] array, got rows of different lengths.") from None
+    ndim = 1 if ndim == 1 and width == 1 else 2
+    array = _class_ids(name, values, ndim, num_classes) if ids else _array(name, values, ndim)
+    if ndim == 1:
+        array = array[:, None]
+    if array.shape != (n, width):
+        hint = " (transpose it: one row per input)" if array.shape == (width, n) else ""
+        raise ValueError(f"`{name}` must have shape [N, {width}] = [{n}, {width}]{' or [N]' if width == 1 else ''}"
+                         f", got {array.shape}{hint}.")
     return array
 
 
@@ -76,7 +124,10 @@ def mean_cost(defer: Any, expert: Any, expert_costs: Sequence[float], model_cost
     ```
     """
     defer = _array("defer", defer, 1, bool)
-    expert = _array("expert", expert, 1, np.int64)
+    expert = _array("expert", expert, 1)
+    if not (expert == np.round(expert)).all():
+        raise ValueError(f"`expert` must be integer expert ids, got {expert[expert != np.round(expert)][:5].tolist()}.")
+    expert = expert.astype(np.int64)
     if defer.shape != expert.shape or defer.size == 0:
         raise ValueError(
             f"`defer` and `expert` must be non-empty and of one length, got {defer.size} and {expert.size}."
@@ -192,8 +243,8 @@ def error_cost_curve(
     Args:
         class_probs (array-like `[N, K]`) / expert_accuracy (array-like `[N, M]`): the model's estimates on a
             validation set (`DeferralOutput.class_probs` / `.expert_accuracy`).
-        labels (array-like `[N]`): true classes.
-        expert_labels (array-like `[N]` or `[N, M]`): each expert's answers.
+        labels (array-like `[N]`): true classes, ids in `[0, K)` (drop rows labelled -100 first).
+        expert_labels (array-like `[N, M]`, or `[N]` for one expert): each expert's answers, ids in `[0, K)`.
         expert_costs (sequence of `float`): the price of asking each expert (what is paid).
         decision_costs (array-like `[S, M]`, *optional*): the costs to decide with, one row per setting.
         scales (sequence of `float`, *optional*): instead, decide with `scale * expert_costs` for each scale. When
@@ -203,6 +254,11 @@ def error_cost_curve(
 
     Returns:
         [`ErrorCostCurve`] with `settings` = the decision costs.
+
+    Raises:
+        `ValueError`: estimates that are NaN or infinite, labels or answers outside `[0, K)` or not integers, arrays
+            of another shape (an `[M, N]` array is refused, not reshaped), prices that are not one finite,
+            non-negative number per expert.
 
     Example:
 
@@ -217,14 +273,15 @@ def error_cost_curve(
     """
     probs, accuracy = _array("class_probs", class_probs, 2), _array("expert_accuracy", expert_accuracy, 2)
     n, m = accuracy.shape
-    y = _array("labels", labels, 1, np.int64)
-    experts = np.asarray(expert_labels, dtype=np.int64).reshape(len(y), -1) if len(y) else np.zeros((0, m), int)
-    if probs.shape[0] != n or y.shape[0] != n or experts.shape != (n, m) or n == 0:
+    y = _class_ids("labels", labels, 1, probs.shape[1])
+    if probs.shape[0] != n or y.shape[0] != n or n == 0:
         raise ValueError(
-            f"class_probs {probs.shape}, expert_accuracy {accuracy.shape}, labels {y.shape} and expert_labels "
-            f"{np.shape(expert_labels)} must describe the same N > 0 inputs and M experts."
+            f"class_probs {probs.shape}, expert_accuracy {accuracy.shape} and labels {y.shape} must describe the same "
+            "N > 0 inputs."
         )
+    experts = _per_row("expert_labels", expert_labels, n, m, probs.shape[1], ids=True)
     prices = np.asarray(check_expert_costs(list(np.ravel(expert_costs)), m), dtype=np.float64)
+    threshold = check_defer_threshold(threshold)
     if decision_costs is None:
         if scales is None:
             positive = prices[prices > 0]

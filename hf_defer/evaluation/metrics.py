@@ -1,12 +1,14 @@
 """Deferral metrics of Cao et al. (2023), appendix "Details of Evaluation Metrics".
 
 All metrics are fractions in [0, 1]. Rows whose label is -100 (Hugging Face padding) are dropped first. The
-reliability diagrams and ECE functions live in ``reliability.py`` and are re-exported here.
+reliability diagrams and ECE functions live in ``reliability.py`` and are re-exported here. Per-expert keys carry the
+expert's name ([`expert_keys`]): ``expert_ece_alice``, ``deferral_rate_alice``; numbers only where no name is known.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from decimal import Decimal
 from numbers import Real
@@ -24,7 +26,8 @@ from .reliability import (  # noqa: F401  (pool_reliability, reliability_ece, MA
     reliability_ece,
 )
 from .costs import mean_cost
-from ..modeling.surrogates import DeferralSurrogate, get_surrogate
+from .route_only_metrics import route_only_metrics
+from ..modeling.surrogates import DeferralSurrogate, RouteOnlySurrogate, get_surrogate, surrogate_for_config
 
 
 def _as_tensor(name: str, values: Any) -> torch.Tensor:
@@ -96,14 +99,49 @@ def budget_deferrals(deferred: Any, score: Any, max_deferral_rate: float) -> np.
     return kept
 
 
-def _read_config(surrogate: Any, num_experts: int, width: int) -> tuple[DeferralSurrogate, Any, float]:
-    """The surrogate, costs and threshold that ``surrogate`` (a name, a surrogate, a config or a model) stands for."""
+def expert_keys(expert_names: Sequence[str] | None, num_experts: int) -> list[str]:
+    """The suffix of each expert's per-expert metric keys (``expert_ece_<suffix>``, ``deferral_rate_<suffix>``).
+
+    A name becomes its word characters, other runs joined by ``_`` (``"gpt-4o mini"`` gives ``gpt_4o_mini``); the
+    default names ``expert_0, expert_1, ...`` and no names at all give the numbers ``0, 1, ...``; an empty result or
+    a clash with an earlier expert's key takes ``_<index>``, so the keys are distinct.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.evaluation.metrics import expert_keys
+    >>> expert_keys(["alice", "Dr. Who", "expert_2", "dr who"], 4)
+    ['alice', 'Dr_Who', '2', 'dr_who']
+    >>> expert_keys(None, 2), expert_keys(["a b", "a_b"], 2)
+    (['0', '1'], ['a_b', 'a_b_1'])
+
+    ```
+    """
+    if expert_names is None:
+        return [str(j) for j in range(num_experts)]
+    if isinstance(expert_names, str) or len(expert_names) != num_experts or not all(
+            isinstance(name, str) for name in expert_names):
+        raise ValueError(f"expert_names must be {num_experts} names (str), one per expert, got {expert_names!r}.")
+    keys: list[str] = []
+    for j, name in enumerate(expert_names):
+        key = str(j) if name == f"expert_{j}" else re.sub(r"\W+", "_", name).strip("_")
+        if not key or key in keys:
+            key = f"{key}_{j}" if key else str(j)
+        while key in keys:
+            key += "_"
+        keys.append(key)
+    return keys
+
+
+def _read_config(surrogate: Any, num_experts: int, width: int) -> tuple[DeferralSurrogate, Any, float, Any]:
+    """The surrogate, costs, threshold and expert names that ``surrogate`` (a name, a surrogate, a config or a model)
+    stands for."""
     config = getattr(surrogate, "config", surrogate)
     if getattr(config, "model_type", None) == "deferral":
-        scorer = get_surrogate(config.surrogate, config.num_labels, config.num_experts)
-        return scorer, getattr(config, "expert_costs", None), float(config.defer_threshold)
+        scorer = surrogate_for_config(config)  # a route-only config gives a RouteOnlySurrogate
+        return scorer, getattr(config, "expert_costs", None), float(config.defer_threshold), config.expert_names
     if isinstance(surrogate, DeferralSurrogate):
-        return surrogate, None, 0.0
+        return surrogate, None, 0.0, None
     if not _is_int(num_experts) or num_experts < 1:
         raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
     num_experts = int(num_experts)
@@ -112,13 +150,13 @@ def _read_config(surrogate: Any, num_experts: int, width: int) -> tuple[Deferral
             f"logits must have num_classes + num_experts columns with num_classes >= 2; with num_experts="
             f"{num_experts} that needs at least {num_experts + 2} columns, got {width}."
         )
-    return get_surrogate(surrogate, width - num_experts, num_experts), None, 0.0
+    return get_surrogate(surrogate, width - num_experts, num_experts), None, 0.0, None
 
 
 def deferral_metrics(
     logits: Any,
     labels: Any,
-    expert_labels: Any,
+    expert_labels: Any = None,
     surrogate: Any = "asm",
     num_experts: int = 1,
     n_bins: int = 15,
@@ -128,6 +166,9 @@ def deferral_metrics(
     expert_costs: Any = None,
     defer_threshold: float | None = None,
     budget_ranking: str = "expert_accuracy",
+    expert_correct: Any = None,
+    available: Any = None,
+    expert_names: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Evaluates a deferral model from its logits, with the decision of [`DeferralSurrogate.decide`].
 
@@ -140,8 +181,9 @@ def deferral_metrics(
     * ``coverage``: share of inputs the classifier answers. ``classifier_error``: error of
       ``argmax_{y<=K}`` on all inputs.
     * ``expert_ece``: ECE (``n_bins`` equal-width bins) of the expert-accuracy estimate against
-      ``[[m = y]]`` over all inputs. With ``M > 1`` experts, ``expert_ece_j`` for each expert (against that
-      expert's correctness) and ``expert_ece`` their mean; ``deferral_rate_j`` is the share routed to expert ``j``.
+      ``[[m = y]]`` over all inputs. With ``M > 1`` experts, ``expert_ece_<name>`` for each expert (against that
+      expert's correctness; ``<name>`` from [`expert_keys`], the expert's index where no names are known) and
+      ``expert_ece`` their mean; ``deferral_rate_<name>`` is the share routed to that expert.
     * ``mean_cost`` (when some expert cost is not 0): the mean price paid per input, each deferred input paying the
       cost of its expert ([`hf_defer.evaluation.costs.mean_cost`]).
     * ``budgeted_error_{100x}`` for each ``x`` in ``budgets``: the system error when at most ``floor(x N)`` inputs
@@ -152,10 +194,18 @@ def deferral_metrics(
       writes the percentage exactly (``budgeted_error_10`` for 0.1, ``budgeted_error_9.6`` for 0.096), so two
       budgets never share a key.
 
+    Sparse answers: an expert is *available* on a row exactly where its answer is present (``expert_labels`` or
+    ``expert_correct`` not -100), and, given ``available``, where that mask allows it too. The decision defers only to
+    available experts (none available: the classifier answers), so no deferral is ever scored against a missing
+    answer; the budgets rank among these deferrals; each expert's ECE is over the rows it answered (an expert with none
+    gets no ``expert_ece_<name>`` and stays out of ``expert_ece``). With scores (``expert_correct`` in [0, 1]), a
+    deferred input counts ``1 - score`` as its error (the expected error) and the ECE compares the estimates with the
+    mean score per bin. Per-expert keys use the expert names ([`expert_keys`]) of ``expert_names`` or of the config.
+
     Args:
         logits (`np.ndarray` or `torch.Tensor` of shape `[N, K + M]`): model outputs.
         labels (array-like of shape `[N]`): true classes; rows equal to -100 are dropped.
-        expert_labels (array-like of shape `[N]` or `[N, M]`): the experts' predictions.
+        expert_labels (array-like of shape `[N]` or `[N, M]`): the experts' predictions, -100 where one did not answer.
         surrogate (`str`, [`DeferralSurrogate`], [`DeferralConfig`] or model, *optional*, defaults to `"asm"`): what
             reads the logits: a surrogate name (with ``num_experts``), a surrogate, or a deferral model or its
             config (surrogate, experts, ``expert_costs`` and ``defer_threshold`` from the config).
@@ -167,6 +217,10 @@ def deferral_metrics(
         expert_costs (sequence of `float`, *optional*): one cost per expert; defaults to the config's, else zeros.
         defer_threshold (`float`, *optional*): defaults to the config's, else 0.
         budget_ranking (`str`, *optional*, defaults to `"expert_accuracy"`): `"expert_accuracy"` or `"margin"`.
+        expert_correct (array-like of shape `[N]` or `[N, M]`, *optional*): instead of `expert_labels`, whether each
+            expert was right (bool, 0/1) or its score in [0, 1]; -100 where there is none.
+        available (bool array-like `[N, M]` or `[M]`, *optional*): who may be deferred to, besides having answered.
+        expert_names (list of `str`, *optional*): names for the per-expert keys; defaults to the config's.
 
     Returns:
         `dict[str, float]` (plus ``"reliability"`` on request).
@@ -187,50 +241,69 @@ def deferral_metrics(
         raise ValueError(f"logits must have shape [N, num_classes + num_experts], got {tuple(logits.shape)}.")
     if budget_ranking not in BUDGET_RANKINGS:
         raise ValueError(f"budget_ranking must be one of {BUDGET_RANKINGS}, got {budget_ranking!r}.")
-    scorer, config_costs, config_threshold = _read_config(surrogate, num_experts, logits.shape[1])
+    scorer, config_costs, config_threshold, config_names = _read_config(surrogate, num_experts, logits.shape[1])
     costs = config_costs if expert_costs is None else expert_costs
     threshold = config_threshold if defer_threshold is None else defer_threshold
+    if isinstance(scorer, RouteOnlySurrogate):  # no class head: the chosen expert's targets only
+        scorer.check_expert_targets(labels, expert_labels, logits.shape[0], expert_correct=expert_correct)
+        keys = expert_keys(config_names if expert_names is None else expert_names, scorer.num_experts)
+        return route_only_metrics(logits, expert_correct, scorer, expert_costs=costs, defer_threshold=threshold,
+                                  n_bins=n_bins, budgets={_budget_key(b): b for b in _check_budgets(budgets)},
+                                  budget_ranking=budget_ranking, return_reliability=return_reliability,
+                                  available=available, expert_names=keys, budget=budget_deferrals)
     M = scorer.num_experts
+    keys = expert_keys(config_names if expert_names is None else expert_names, M)
     logits = scorer.check_logits(logits)
-    y, m, valid = scorer.check_targets(_as_tensor("labels", labels), _as_tensor("expert_labels", expert_labels),
-                                       logits.shape[0])
+    if expert_correct is not None:
+        expert_correct = _as_tensor("expert_correct", expert_correct)
+    elif expert_labels is not None:
+        expert_labels = _as_tensor("expert_labels", expert_labels)
+    y, correct, observed, valid = scorer.check_expert_targets(
+        _as_tensor("labels", labels), expert_labels, logits.shape[0], expert_correct=expert_correct)
+    allowed = scorer.check_available(None if available is None else _as_tensor("available", available),
+                                     logits.shape[0])
     budgets = _check_budgets(budgets)
-    logits, y, m = logits[valid], y[valid], m[valid]
+    logits, y, correct, observed = logits[valid], y[valid], correct[valid], observed[valid]
+    allowed = observed if allowed is None else allowed[valid] & observed
     n = int(y.shape[0])
     if n == 0:
         raise ValueError("labels has no row to evaluate: every label is -100.")
+    if bool(allowed.all()):
+        allowed = None  # every expert answered every row and may be asked: the decision of a model with no mask
 
     # The logits were checked above: the unchecked forms, so each is read once.
     paid = scorer.check_costs(costs)
-    defer, prediction, expert = (t.numpy() for t in scorer._decide(logits, paid, threshold))
+    defer, prediction, expert = (t.numpy() for t in scorer._decide(logits, paid, threshold, allowed))
     _, accuracy = scorer._probabilities(logits)
     accuracy = accuracy.double().numpy()
-    y, m = y.numpy(), m.numpy()
+    y, correct, observed = y.numpy(), correct.double().numpy(), observed.numpy()
     rows = np.arange(n)
-    classifier_right = prediction == y
-    experts_right = m == y[:, None]
-    chosen_right = experts_right[rows, expert]
+    classifier_wrong = (prediction != y).astype(np.float64)
+    chosen_wrong = 1.0 - correct[rows, expert]  # read only where deferred: there the chosen expert answered
     if budget_ranking == "margin":
-        rank_score = scorer._margin(logits, paid)[0].numpy()
+        rank_score = scorer._margin(logits, paid, allowed)[0].numpy()
     else:
         rank_score = accuracy[rows, expert]
 
     def system_error(deferred: np.ndarray) -> float:
-        return float(np.mean(np.where(deferred, ~chosen_right, ~classifier_right)))
+        return float(np.mean(np.where(deferred, chosen_wrong, classifier_wrong)))
 
     metrics: dict[str, Any] = {
         "system_error": system_error(defer),
         "coverage": float(1.0 - defer.mean()),
-        "classifier_error": float(1.0 - classifier_right.mean()),
+        "classifier_error": float(1.0 - (prediction == y).mean()),  # as computed before: the same float bits
     }
-    diagrams = [reliability_bins(accuracy[:, j], experts_right[:, j], n_bins) for j in range(M)]
-    eces = [reliability_ece(diagram) for diagram in diagrams]
-    metrics["expert_ece"] = float(np.mean(eces))
+    soft = expert_correct is not None  # scores: the ECE compares the estimate with the mean score of each bin
+    diagrams = [reliability_bins(accuracy[observed[:, j], j], correct[observed[:, j], j], n_bins, soft=soft)
+                for j in range(M)]
+    eces = {j: reliability_ece(diagram) for j, diagram in enumerate(diagrams) if observed[:, j].any()}
+    if eces:
+        metrics["expert_ece"] = float(np.mean(list(eces.values())))
     if M > 1:
+        for j, ece in eces.items():
+            metrics[f"expert_ece_{keys[j]}"] = ece
         for j in range(M):
-            metrics[f"expert_ece_{j}"] = eces[j]
-        for j in range(M):
-            metrics[f"deferral_rate_{j}"] = float(np.mean(defer & (expert == j)))
+            metrics[f"deferral_rate_{keys[j]}"] = float(np.mean(defer & (expert == j)))
     if paid is not None:  # what the decisions cost: a deferred input pays its expert's price
         metrics["mean_cost"] = mean_cost(defer, expert, paid.tolist())
     for budget in budgets:
@@ -238,6 +311,24 @@ def deferral_metrics(
     if return_reliability:
         metrics["reliability"] = diagrams[0] if M == 1 else diagrams
     return metrics
+
+
+def expert_targets(targets: Any) -> dict[str, torch.Tensor]:
+    """The experts' targets as the keyword that [`deferral_metrics`] and the losses take: integers are the experts'
+    answers (``expert_labels``), floats their correctness or scores (``expert_correct``), as a Trainer gathers them.
+
+    Example:
+
+    ```python
+    >>> import numpy as np
+    >>> from hf_defer.evaluation.metrics import expert_targets
+    >>> list(expert_targets(np.array([[1, -100]]))), list(expert_targets(np.array([[0.5, -100.0]])))
+    (['expert_labels'], ['expert_correct'])
+
+    ```
+    """
+    array = np.asarray(targets.detach().cpu() if isinstance(targets, torch.Tensor) else targets)
+    return {"expert_correct" if np.issubdtype(array.dtype, np.floating) else "expert_labels": torch.as_tensor(array)}
 
 
 class DeferralMetrics:
@@ -253,6 +344,10 @@ class DeferralMetrics:
         n_bins (`int`, *optional*, defaults to 15): ECE bins.
         budgets (sequence of `float`, *optional*): deferral budgets for the budgeted errors.
         budget_ranking (`str`, *optional*, defaults to `"expert_accuracy"`): see [`deferral_metrics`].
+        expert_names (list of `str`, *optional*): names for the per-expert keys; defaults to the config's.
+
+    The second entry of ``label_ids`` holds the experts' answers (integers, -100 where missing), or their correctness
+    or scores (floats: the ``expert_correct`` column, which [`DeferralTrainer`] gathers instead when a dataset has it).
 
     Example:
 
@@ -274,23 +369,29 @@ class DeferralMetrics:
         n_bins: int = 15,
         budgets: Sequence[float] = (0.1, 0.2, 0.3),
         budget_ranking: str = "expert_accuracy",
+        expert_names: Sequence[str] | None = None,
     ) -> None:
         self.surrogate, self.num_experts, self.n_bins, self.budgets = surrogate, num_experts, n_bins, tuple(budgets)
-        self.budget_ranking = budget_ranking
+        self.budget_ranking, self.expert_names = budget_ranking, expert_names
 
     def __call__(self, eval_prediction: Any) -> dict[str, float]:
         logits = eval_prediction.predictions
         if isinstance(logits, (tuple, list)):
             logits = logits[0]
         label_ids = eval_prediction.label_ids
+        if getattr(getattr(self.surrogate, "config", self.surrogate), "route_only", False) is True:
+            return deferral_metrics(logits, None, surrogate=self.surrogate, n_bins=self.n_bins, budgets=self.budgets,
+                                    budget_ranking=self.budget_ranking, expert_names=self.expert_names,
+                                    expert_correct=label_ids)  # a route-only model's one target: expert_correct
         if not isinstance(label_ids, (tuple, list)) or len(label_ids) != 2:
             raise ValueError(
                 "label_ids must be the pair (labels, expert_labels); set TrainingArguments(label_names=['labels', "
                 f"'expert_labels']) or use DeferralTrainer. Got {type(label_ids).__name__}."
             )
-        labels, expert_labels = label_ids
-        return deferral_metrics(logits, labels, expert_labels, self.surrogate, self.num_experts, self.n_bins,
-                                self.budgets, budget_ranking=self.budget_ranking)
+        labels, targets = label_ids
+        return deferral_metrics(logits, labels, surrogate=self.surrogate, num_experts=self.num_experts,
+                                n_bins=self.n_bins, budgets=self.budgets, budget_ranking=self.budget_ranking,
+                                expert_names=self.expert_names, **expert_targets(targets))
 
 
 METRIC_NAMES: dict[str, tuple[str, str]] = {
@@ -301,14 +402,16 @@ METRIC_NAMES: dict[str, tuple[str, str]] = {
     "mean_cost": ("Mean cost", "mean price paid per input (a deferred input pays its expert's cost)"),
 }
 """Display name and meaning of each fixed key of [`deferral_metrics`]; [`metric_name_and_meaning`] adds the keys
-that carry a number (``budgeted_error_10``, ``expert_ece_0``, ``deferral_rate_1``)."""
+that carry a budget or an expert (``budgeted_error_10``, ``expert_ece_alice``, ``deferral_rate_1``)."""
 
 
-def metric_name_and_meaning(key: str) -> tuple[str, str]:
+def metric_name_and_meaning(key: str, expert_names: Sequence[str] | None = None) -> tuple[str, str]:
     """Display name and one-line meaning of a key of [`deferral_metrics`] (for cards, tables and logs).
 
     Args:
         key (`str`): a metric key such as ``"coverage"`` or ``"budgeted_error_10"`` (no ``eval_`` prefix).
+        expert_names (list of `str`, *optional*): the experts' names, to write a per-expert key with the name it was
+            made from (``"Dr. Who"`` rather than ``Dr_Who``); without them, the key's own suffix.
 
     Returns:
         `tuple[str, str]`: the name and its meaning.
@@ -327,12 +430,14 @@ def metric_name_and_meaning(key: str) -> tuple[str, str]:
     """
     if key in METRIC_NAMES:
         return METRIC_NAMES[key]
-    prefix, _, number = key.rpartition("_")
-    percent = prefix == "budgeted_error" and number.replace(".", "", 1).isdigit()  # budgeted_error_9.6 too
-    if not (number.isdigit() or percent) or prefix not in ("budgeted_error", "expert_ece", "deferral_rate"):
+    match = re.fullmatch(r"(budgeted_error|expert_ece|deferral_rate)_(\w+?|\d+\.\d+)", key) if isinstance(key, str) else None
+    suffix = match.group(2) if match else ""
+    if not match or (match.group(1) == "budgeted_error" and not re.fullmatch(r"\d+(\.\d+)?", suffix)):
         raise ValueError(f"key must be a key of deferral_metrics (e.g. {tuple(METRIC_NAMES)}), got {key!r}.")
-    if prefix == "budgeted_error":
-        return f"Budgeted error @ {number}%", f"system error when at most {number}% of inputs may be deferred"
-    if prefix == "expert_ece":
-        return f"Expert ECE (expert {number})", f"calibration error of expert {number}'s accuracy estimate"
-    return f"Deferral rate (expert {number})", f"share of inputs deferred to expert {number}"
+    if match.group(1) == "budgeted_error":
+        return f"Budgeted error @ {suffix}%", f"system error when at most {suffix}% of inputs may be deferred"
+    names = dict(zip(expert_keys(expert_names, len(expert_names)), expert_names)) if expert_names else {}
+    who = names.get(suffix, f"expert {suffix}" if suffix.isdigit() else suffix)
+    if match.group(1) == "expert_ece":
+        return f"Expert ECE ({who})", f"calibration error of {who}'s accuracy estimate, on the inputs {who} answered"
+    return f"Deferral rate ({who})", f"share of inputs deferred to {who}"

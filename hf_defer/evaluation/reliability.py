@@ -35,7 +35,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
-def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15) -> dict[str, list[float]]:
+def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15, soft: bool = False) -> dict[str, list[float]]:
     """Data for a reliability diagram: equal-width confidence bins on [0, 1].
 
     An estimate ``p`` falls in bin ``min(floor(p * n_bins), n_bins - 1)``, so 0 lies in the first bin and 1 in
@@ -45,6 +45,8 @@ def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15) -> dict[st
         confidence (array-like of shape `[N]`): estimated probabilities in [0, 1].
         correct (array-like of shape `[N]`): outcomes, 0/1 or bool.
         n_bins (`int`, *optional*, defaults to 15): number of bins.
+        soft (`bool`, *optional*, defaults to `False`): accept outcomes anywhere in [0, 1] (scores, such as a judge's
+            grade, whose expectation the confidence estimates); a bin's ``accuracy`` is then its mean score.
 
     Returns:
         `dict`: ``bin_edges`` (``n_bins + 1`` floats), ``counts``, ``mean_confidence`` and ``accuracy`` per bin
@@ -66,7 +68,9 @@ def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15) -> dict[st
     if not _is_int(n_bins) or not 1 <= n_bins <= MAX_BINS:
         raise ValueError(f"n_bins must be an integer in [1, {MAX_BINS}], got {n_bins!r}.")
     n_bins = int(n_bins)
-    if not np.isin(hits, (0.0, 1.0)).all():
+    if soft and not ((hits >= 0) & (hits <= 1)).all():
+        raise ValueError(f"correct must hold scores in [0, 1], got {np.unique(hits[~((hits >= 0) & (hits <= 1))])[:5].tolist()}.")
+    if not soft and not np.isin(hits, (0.0, 1.0)).all():
         raise ValueError(f"correct must hold outcomes 0/1 (or bool), got {np.unique(hits[~np.isin(hits, (0.0, 1.0))])[:5].tolist()}.")
     if conf.size and (np.isnan(conf).any() or conf.min() < 0 or conf.max() > 1):
         raise ValueError(f"confidence must lie in [0, 1], got values in [{np.nanmin(conf)}, {np.nanmax(conf)}].")

@@ -22,6 +22,7 @@ from typing import Any
 import datasets
 import numpy as np
 
+from ..modeling.pipeline_deferral import CLASSIFIER_ANSWER
 from .simulated import _check_column_name, _check_dataset, _require_columns
 
 __all__ = ["answer_with_model_experts", "answers_to_ids", "as_batch_predictor", "model_expert", "predict_ids",
@@ -152,6 +153,11 @@ def predict_ids(
     """Run `predictor` on one batch and return class ids, with an error naming the expert and the first bad row
     (`rows` are the batch's row numbers) when it raises, returns the wrong number of answers or answers outside the
     label set."""
+    return answers_to_ids(_answers(predictor, inputs, expert, rows), label2id, expert, rows, label_map)
+
+
+def _answers(predictor: BatchPredictor, inputs: Sequence[Any], expert: str, rows: Sequence[int] | None) -> list[Any]:
+    """`predictor` on one batch: one answer per input, or an error naming the expert and the batch's first row."""
     batch = list(inputs)
     rows = list(range(len(batch))) if rows is None else list(rows)
     try:
@@ -170,7 +176,7 @@ def predict_ids(
             f"{rows[0] if rows else None} has "
             f"{len(batch)} inputs, the expert returned {got}."
         )
-    return answers_to_ids(list(answers), label2id, expert, rows, label_map)
+    return list(answers)
 
 
 def answer_with_model_experts(
@@ -188,13 +194,18 @@ def answer_with_model_experts(
     experts = {name: as_batch_predictor(*p) if isinstance(p, tuple) else as_batch_predictor(p)
                for name, p in experts.items()}
     costs = dict(zip(config.expert_names, expert_costs))
+    route_only = getattr(config, "route_only", False) is True  # every input goes to an expert, the default included
     for out in outputs:
-        out["answered_by"] = None if out["defer"] else "classifier"
-        out["cost"] = costs[out["expert"]] if out["defer"] else 0.0
+        out["answered_by"] = None if out["defer"] or route_only else CLASSIFIER_ANSWER
+        out["cost"] = costs[out["expert"]] if out["defer"] or route_only else 0.0
     for name, predictor in experts.items():
-        rows = [i for i, out in enumerate(outputs) if out["defer"] and out["expert"] == name]
+        rows = [i for i, out in enumerate(outputs) if (out["defer"] or route_only) and out["expert"] == name]
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
+            if route_only:  # no classes to map to: the expert's own answer, as it gives it
+                for i, answer in zip(chunk, _answers(predictor, [inputs[i] for i in chunk], name, chunk)):
+                    outputs[i]["answer"], outputs[i]["answered_by"] = answer, name
+                continue
             ids = predict_ids(predictor, [inputs[i] for i in chunk], config.label2id, name, rows=chunk)
             for i, class_id in zip(chunk, ids):
                 outputs[i]["label"] = config.id2label[int(class_id)]

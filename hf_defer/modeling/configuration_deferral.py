@@ -1,8 +1,8 @@
 """Configuration of a learning-to-defer model: an encoder (or precomputed features) and a K + M head.
 
 This module imports ``transformers``, the standard library and its siblings ``surrogates`` / ``surrogate_base`` (the
-surrogate names, the check of expert costs): all are copied next to the weights for remote-code loading
-(``trust_remote_code=True``).
+surrogate names, the check of expert costs) and ``pipeline_deferral`` (the reserved label ``"defer"``): all are copied
+next to the weights for remote-code loading (``trust_remote_code=True``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
+from .pipeline_deferral import CLASSIFIER_ANSWER, DEFER_LABEL
 from .surrogate_base import _is_finite_number, check_defer_threshold, check_expert_costs  # sibling modules: remote code copies them too
 from .surrogates import SURROGATES as SURROGATE_NAMES
 
@@ -121,7 +122,8 @@ class DeferralConfig(PretrainedConfig):
         freeze_encoder (`bool`, *optional*, defaults to `False`):
             Whether the encoder's weights are frozen (only the head trains).
         expert_names (`list[str]`, *optional*):
-            One name per expert; defaults to `["expert_0", ..., "expert_{M-1}"]`.
+            One distinct name per expert (not `"classifier"`, the pipeline's `answered_by` of the model's own
+            answers); defaults to `["expert_0", ..., "expert_{M-1}"]`.
         defer_threshold (`float`, *optional*, defaults to 0.0):
             Margin used by the deferral pipeline: defer when max_j (expert_accuracy_j - cost_j) exceeds the top class
             probability by more than this; set by `hf_defer.calibrate_deferral` to meet a deferral budget. The model's
@@ -133,8 +135,19 @@ class DeferralConfig(PretrainedConfig):
         expert_kinds (`list[str]`, *optional*):
             `"person"` or `"model"` for each expert (all `"person"` by default). A model expert can answer in the
             pipeline itself (`pipeline("deferral", model=..., experts={name: predictor})`).
+        route_only (`bool`, *optional*, defaults to `False`):
+            A route-only model ([`RouteOnlySurrogate`]): no class head, `num_labels` = 0 (giving classes is an error),
+            one output per expert (at least 2), whose sigmoid estimates that expert's accuracy or expected score; it
+            learns from `expert_correct` alone and routes to `argmax_j (a_j - c_j)`. `surrogate` is then
+            `"route_only"`. Over feature vectors (`feature_size=D`) it is a head-only router: `forward(features,
+            expert_correct=...)`.
+        default_expert (`str` or `int`, *optional*):
+            Route-only models: the expert that answers when no other is asked (the fixed classifier, the cheap LLM),
+            by name or index, stored as its name; the first expert by default. Routing to any other expert is a
+            deferral: `defer_threshold`, `calibrate_deferral`'s budget and the coverage count those.
         kwargs (*optional*):
-            Passed to [`PretrainedConfig`] (`id2label`, `label2id`, ...).
+            Passed to [`PretrainedConfig`] (`id2label`, `label2id`, ...). The class names of `id2label` must be
+            distinct, and none may be `"defer"`: the pipeline's `label` of a deferred input.
 
     Example:
 
@@ -174,8 +187,17 @@ class DeferralConfig(PretrainedConfig):
     defer_threshold: int | float = 0.0
     expert_costs: list[int | float] | None = None
     expert_kinds: list[str] | None = None
+    route_only: bool = False
+    default_expert: str | int | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
+        if self.route_only is True:  # no class head: classes given are an error, none is 0 (not the base's 2)
+            given = kwargs.get("num_labels"), self.id2label
+            if given[0] not in (None, 0) or given[1]:
+                raise ValueError("num_labels / id2label: a route-only model (route_only=True) has no class head and "
+                                 f"cannot use class labels, got num_labels={given[0]!r}, id2label={given[1]!r}.")
+            kwargs["num_labels"], self.id2label = 0, None
+            self.surrogate = "route_only"
         # numpy integers (`labels.max() + 1`) are integers too: stored as int, which config.json can hold.
         for name in ("feature_size", "num_experts"):
             if _is_int(getattr(self, name)):
@@ -185,7 +207,7 @@ class DeferralConfig(PretrainedConfig):
         if isinstance(self.head_hidden_sizes, (list, tuple)):
             self.head_hidden_sizes = [int(size) if _is_int(size) else size for size in self.head_hidden_sizes]
         num_labels = kwargs.get("num_labels")  # checked here: the base class would only warn
-        if num_labels is not None and not (_is_int(num_labels) and num_labels >= 2):
+        if num_labels is not None and not (_is_int(num_labels) and num_labels >= 2) and self.route_only is not True:
             raise ValueError(
                 f"num_labels must be an integer >= 2 (learning to defer needs at least two classes), got {num_labels!r}."
             )
@@ -209,6 +231,11 @@ class DeferralConfig(PretrainedConfig):
             self.expert_kinds = [EXPERT_KINDS[0]] * self.num_experts
         if _is_int(self.num_experts) and self.expert_costs is None:
             self.expert_costs = [0.0] * self.num_experts
+        if self.route_only is True and isinstance(self.expert_names, list):
+            if self.default_expert is None and self.expert_names:
+                self.default_expert = self.expert_names[0]
+            elif _is_int(self.default_expert) and 0 <= self.default_expert < len(self.expert_names):
+                self.default_expert = self.expert_names[self.default_expert]
         self._validate_deferral_fields()
 
     # One validator per field, in the `validate_*` style of `huggingface_hub.dataclasses.strict` (as transformers v5
@@ -230,24 +257,57 @@ class DeferralConfig(PretrainedConfig):
             raise ValueError(f"feature_size must be a positive integer, got {self.feature_size!r}.")
 
     def validate_num_labels(self) -> None:
+        if self.route_only is True:
+            if self.num_labels != 0:
+                raise ValueError(f"num_labels must be 0 for a route-only model (no class head), got {self.num_labels}.")
+            return
         if self.num_labels < 2:
             raise ValueError(f"num_labels must be >= 2 (learning to defer needs two classes), got {self.num_labels}.")
         if sorted(self.id2label) != list(range(self.num_labels)):
             raise ValueError(f"id2label keys must be 0..{self.num_labels - 1}, got {sorted(self.id2label)}.")
+        names = [self.id2label[index] for index in sorted(self.id2label)]
+        repeated = sorted({str(name) for name in names if names.count(name) > 1})
+        if repeated:  # label2id would keep one of them: a class name would stand for two ids
+            raise ValueError(f"id2label must name each class once, got {repeated} more than once in {names}.")
+        if DEFER_LABEL in names:  # the pipeline's answer for a deferred input: `label == "defer"` must mean deferred
+            raise ValueError(
+                f"id2label has a class named {DEFER_LABEL!r}, the label the deferral pipeline gives a deferred input; "
+                f"rename the class (e.g. {DEFER_LABEL + '_class'!r}) so that the two cannot be told apart wrongly."
+            )
 
     def validate_num_experts(self) -> None:
         if not (_is_int(self.num_experts) and self.num_experts >= 1):
             raise ValueError(f"num_experts must be an integer >= 1, got {self.num_experts!r}.")
 
     def validate_surrogate(self) -> None:
+        if self.route_only is True and self.surrogate == "route_only":
+            return
         if self.surrogate not in SURROGATE_NAMES:
             raise ValueError(f"surrogate must be one of {SURROGATE_NAMES}, got {self.surrogate!r}.")
 
     def validate_pooling(self) -> None:
         resolve_pooling(self.encoder, self.pooling)
 
+    def validate_route_only(self) -> None:
+        if self.route_only is not True:
+            if self.default_expert is not None:
+                raise ValueError(f"default_expert is for route-only models (route_only=True), got "
+                                 f"default_expert={self.default_expert!r} with route_only={self.route_only!r}.")
+            return
+        if _is_int(self.num_experts) and self.num_experts < 2:
+            raise ValueError(f"num_experts must be >= 2 for a route-only model (it routes between experts), got "
+                             f"{self.num_experts}.")
+        if self.default_expert not in (self.expert_names or []):
+            raise ValueError(f"default_expert must be one of expert_names {self.expert_names!r} (or its index), got "
+                             f"{self.default_expert!r}.")
+
+    @property
+    def default_expert_index(self) -> int | None:
+        """The index of `default_expert` in `expert_names` (route-only models), `None` otherwise."""
+        return self.expert_names.index(self.default_expert) if self.route_only is True else None
+
     def validate_flags(self) -> None:
-        for name in ("normalize_pooled", "freeze_encoder"):
+        for name in ("normalize_pooled", "freeze_encoder", "route_only"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
 
@@ -267,6 +327,13 @@ class DeferralConfig(PretrainedConfig):
                 f"expert_names must name each of the num_experts={self.num_experts} experts, got {len(names)} names: "
                 f"{names!r}."
             )
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:  # costs, model experts and the pipeline's `expert` are looked up by name
+            raise ValueError(f"expert_names must be distinct (prices, model experts and the pipeline's answer find an "
+                             f"expert by its name), got {repeated} more than once in {names!r}.")
+        if CLASSIFIER_ANSWER in names:  # the pipeline's `answered_by` of an input the model answers itself
+            raise ValueError(f"expert_names has an expert named {CLASSIFIER_ANSWER!r}, the pipeline's `answered_by` of "
+                             "an input the model answers itself; rename the expert.")
 
     def validate_decision(self) -> None:
         check_defer_threshold(self.defer_threshold)

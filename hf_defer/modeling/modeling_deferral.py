@@ -19,7 +19,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_deferral import DeferralConfig
 from .saving_deferral import DeferralSavingMixin
-from .surrogates import get_surrogate
+from .surrogates import surrogate_for_config
 
 _ENCODER_INPUTS = ("input_ids", "pixel_values")
 _ENCODER_LOADING_KWARGS = ("dtype", "revision", "cache_dir", "token", "local_files_only", "force_download",
@@ -32,7 +32,7 @@ class DeferralOutput(ModelOutput):
 
     Args:
         loss (`torch.FloatTensor` of shape `()`, *optional*):
-            Mean surrogate loss (float32), returned when both `labels` and `expert_labels` are given.
+            Mean surrogate loss (float32), returned when `labels` and `expert_labels` (or `expert_correct`) are given.
         logits (`torch.FloatTensor` of shape `(batch_size, num_labels + num_experts)`):
             Class logits followed by expert logits.
         class_probs (`torch.FloatTensor` of shape `(batch_size, num_labels)`):
@@ -74,6 +74,11 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
     A learning-to-defer model: an encoder (any `AutoModel`, text or vision) whose pooled last hidden state, or a
     precomputed feature vector in head-only mode, goes through a head with `num_labels + num_experts` outputs. It
     predicts `argmax` over the class logits, or defers to the best expert when that expert's logit is the larger.
+
+    Route-only (`DeferralConfig(route_only=True, num_experts=M, expert_names=[...], feature_size=D or encoder=...)`):
+    the head has `M` outputs and no class outputs; `forward(features, expert_correct=c)` (`c`: `[B, M]` in [0, 1],
+    -100 where missing; class labels are refused) gives the loss of [`RouteOnlySurrogate`], `expert_accuracy`
+    (`sigmoid` of the logits), empty `class_probs` (`[B, 0]`) and `defer` (routed away from `config.default_expert`).
 
     Args:
         config ([`DeferralConfig`]): the model configuration.
@@ -134,7 +139,7 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
             layers += [nn.Dropout(config.head_dropout), nn.Linear(in_features, width), nn.ReLU()]
             in_features = width
         self.head = nn.Sequential(*layers[:-1])  # no ReLU after the output layer
-        self.surrogate = get_surrogate(config.surrogate, config.num_labels, config.num_experts)
+        self.surrogate = surrogate_for_config(config)
         self.post_init()
         if config.freeze_encoder:
             self.freeze_encoder()
@@ -176,6 +181,7 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
         features: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
         expert_labels: torch.LongTensor | None = None,
+        expert_correct: torch.FloatTensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
@@ -194,7 +200,10 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
                 feature vectors, for head-only models.
             labels (`torch.LongTensor` of shape `(batch_size,)`, *optional*): true classes (-100 ignores a row).
             expert_labels (`torch.LongTensor` of shape `(batch_size,)` or `(batch_size, num_experts)`, *optional*):
-                each expert's predicted class; needed with `labels` for the loss.
+                each expert's predicted class, -100 where it did not answer (its terms leave that row's loss); needed
+                with `labels` for the loss, or instead:
+            expert_correct (`torch.FloatTensor` of shape `(batch_size,)` or `(batch_size, num_experts)`, *optional*):
+                each expert's target itself: 1/0 (right/wrong) or a score in [0, 1], -100 where there is none.
             output_hidden_states (`bool`, *optional*): return the encoder's hidden states.
             output_attentions (`bool`, *optional*): return the encoder's attention weights.
             return_dict (`bool`, *optional*): return a [`DeferralOutput`] rather than a tuple.
@@ -220,13 +229,18 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
         (torch.Size([5, 3]), 0)
         ```
         """
-        if labels is not None and expert_labels is None:
+        targets = "expert_labels" if expert_correct is None else "expert_correct"
+        route_only = self.config.route_only is True
+        if route_only and (labels is not None or expert_labels is not None):  # the surrogate says why
+            self.surrogate.check_expert_targets(labels, expert_labels, expert_correct=expert_correct)
+        if not route_only and labels is not None and expert_labels is None and expert_correct is None:
             raise ValueError(
                 "expert_labels are required with labels to compute the deferral loss (each expert's predicted "
-                "class, shape [batch] or [batch, num_experts]), got labels but expert_labels=None."
+                "class, shape [batch] or [batch, num_experts]; or expert_correct, whether each was right), got labels "
+                "but expert_labels=None."
             )
-        if expert_labels is not None and labels is None:
-            raise ValueError("labels are required with expert_labels to compute the deferral loss, got labels=None.")
+        if (expert_labels is not None or expert_correct is not None) and labels is None and not route_only:
+            raise ValueError(f"labels are required with {targets} to compute the deferral loss, got labels=None.")
         self._check_inputs({"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
                             "pixel_values": pixel_values, "features": features}, values=check_inputs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
@@ -251,8 +265,8 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
         logits = self.head(pooled.to(next(self.head.parameters()).dtype))
 
         loss = class_probs = expert_accuracy = defer = None
-        if labels is not None:
-            loss = self.surrogate(logits, labels, expert_labels, check=check_inputs)
+        if labels is not None or (route_only and expert_correct is not None):
+            loss = self.surrogate(logits, labels, expert_labels, check=check_inputs, expert_correct=expert_correct)
         if output_estimates or (output_estimates is None and not (self.training and loss is not None)):
             with torch.no_grad():  # the logits are checked once per step: by the loss, or here
                 u = logits.detach().float() if loss is not None else self.surrogate.check_logits(logits, check_inputs)

@@ -21,17 +21,23 @@ from transformers import Pipeline
 from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
 
 from .pipeline_options import (
+    _availability,
     _check_device,
     _check_loader_options,
     _is_number,
     _is_sequence_like,
     _processor_options,
     _stack_features,
+    _with_availability,
+    _WithAvailability,
 )
 from .surrogate_base import check_defer_threshold, check_expert_costs
+from .route_only import route_only_output
 
 DEFER_LABEL = "defer"
-"""The ``"label"`` of a deferred input."""
+"""The ``"label"`` of a deferred input (no class may be named so: `DeferralConfig` refuses it)."""
+CLASSIFIER_ANSWER = "classifier"
+"""The ``"answered_by"`` of an input the model answers itself, with model experts (no expert may be named so)."""
 
 REMOTE_TASK = "deferral-remote-code"
 """The task name under which ``config.json`` lists the pipeline for remote code.
@@ -75,6 +81,7 @@ class DeferralPipeline(Pipeline):
     - **expert** (`str` or `None`) -- the chosen expert's name (`config.expert_names`), `None` when not deferred.
     - **class_label** (`str`) / **class_score** (`float`) -- the top class and its estimated probability.
     - **expert_accuracy** (`list[float]`) -- the estimated accuracy of each expert.
+    - **expert_scores** (`dict[str, float]`) -- the same, by expert name (`config.expert_names`).
     - **scores** (`dict[str, float]`) -- class name to probability, highest first (`top_k` of them).
 
     Experts that are models (library mode): `pipeline("deferral", model=..., experts={name: predictor})`, with a
@@ -93,6 +100,10 @@ class DeferralPipeline(Pipeline):
       [`calibrate_deferral`] sets to meet a deferral budget.
     - **return_margin** (`bool`, *optional*, defaults to `False`) -- add **margin** (`float`), the deferral margin
       `max_j (a_j - c_j) - max_y p(y|x)` that the threshold is compared with.
+    - **available_experts** (*optional*) -- who can answer now: expert names (or a bool mask over
+      `config.expert_names`) for every input of the call, or, for a list of inputs, one such entry per input (a 2-D
+      mask, or a list of name lists). Only those enter the max of the rule; an input with none is answered by the
+      model (`margin` `-inf`). All experts when not given.
     - tokenizer keyword arguments (`truncation`, `max_length`, `padding`, ...) for text, image-processor ones for
       images, as in the text-classification pipeline; `batch_size` batches the forward passes.
 
@@ -109,7 +120,9 @@ class DeferralPipeline(Pipeline):
     >>> defer = pipeline("deferral", model=model)
     >>> out = defer([0.1, -0.3, 0.2, 0.0], expert_costs=[0.05])
     >>> sorted(out)
-    ['class_label', 'class_score', 'defer', 'expert', 'expert_accuracy', 'label', 'scores']
+    ['class_label', 'class_score', 'defer', 'expert', 'expert_accuracy', 'expert_scores', 'label', 'scores']
+    >>> defer([0.1, -0.3, 0.2, 0.0], available_experts=[])["defer"]  # nobody to ask: the model answers
+    False
 
     ```
     """
@@ -184,6 +197,7 @@ class DeferralPipeline(Pipeline):
         expert_costs: Any = None,
         defer_threshold: float | None = None,
         return_margin: bool | None = None,
+        available_experts: Any = None,
         **processor_kwargs: Any,
     ) -> tuple[dict, dict, dict]:
         postprocess: dict[str, Any] = {}
@@ -199,6 +213,12 @@ class DeferralPipeline(Pipeline):
             if not isinstance(return_margin, bool):
                 raise ValueError(f"return_margin must be a bool, got {return_margin!r}.")
             postprocess["return_margin"] = return_margin
+        if available_experts is not None:
+            per_input, mask = _availability(available_experts, list(self.model.config.expert_names))
+            if per_input:
+                raise ValueError("available_experts given per input (one entry per input) must come with the call "
+                                 "on a list of inputs, not when building the pipeline.")
+            postprocess["available"] = mask
         return self._check_processor_kwargs(processor_kwargs), {}, postprocess
 
     def _check_processor_kwargs(self, processor_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -263,14 +283,18 @@ class DeferralPipeline(Pipeline):
             inputs = list(inputs)
         elif _is_sequence_like(inputs):  # e.g. a `datasets` Column, `dataset["text"]`
             inputs = list(inputs)
-        if self._is_single(inputs):
-            if isinstance(inputs, (list, tuple)):  # one feature vector, not a batch of numbers
-                inputs = np.asarray(inputs, dtype=np.float32)
-            return super().__call__(inputs, **kwargs)
-        if isinstance(inputs, tuple):
+        single = self._is_single(inputs)
+        if single and isinstance(inputs, (list, tuple)):  # one feature vector, not a batch of numbers
+            inputs = np.asarray(inputs, dtype=np.float32)
+        elif not single and isinstance(inputs, tuple):
             inputs = list(inputs)
-        if isinstance(inputs, list) and not inputs:
+        if not single and isinstance(inputs, list) and not inputs:
             raise ValueError("inputs is an empty batch: give at least one input.")
+        if kwargs.get("available_experts") is not None:
+            per_input, mask = _availability(kwargs["available_experts"], list(self.model.config.expert_names))
+            if per_input:  # each input carries its own mask through preprocessing and batching to the decision
+                kwargs = {key: value for key, value in kwargs.items() if key != "available_experts"}
+                inputs = _with_availability(inputs, mask, single)
         return super().__call__(inputs, **kwargs)
 
     def _call_with_model_experts(self, inputs: Any, **kwargs: Any) -> dict[str, Any] | list[dict[str, Any]]:
@@ -299,6 +323,10 @@ class DeferralPipeline(Pipeline):
         return self._postprocess_params.get("expert_costs", getattr(self.model.config, "expert_costs", None))
 
     def preprocess(self, inputs: Any, **processor_kwargs: Any) -> dict[str, torch.Tensor]:
+        if isinstance(inputs, _WithAvailability):
+            model_inputs = self.preprocess(inputs.inputs, **processor_kwargs)
+            model_inputs["available_experts"] = torch.as_tensor(inputs.available)[None]
+            return model_inputs
         if self.input_kind == "features":
             if isinstance(inputs, dict):
                 if set(inputs) != {"features"}:
@@ -368,10 +396,12 @@ class DeferralPipeline(Pipeline):
 
     # ------------------------------------------------------------------ model and decision
     def _forward(self, model_inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        available = model_inputs.pop("available_experts", None)
         if "pixel_values" in model_inputs:
             model_inputs["pixel_values"] = model_inputs["pixel_values"].to(self.model.dtype)
         outputs = self.model(**model_inputs, return_dict=True)
-        return {"logits": outputs.logits, "class_probs": outputs.class_probs, "expert_accuracy": outputs.expert_accuracy}
+        out = {"logits": outputs.logits, "class_probs": outputs.class_probs, "expert_accuracy": outputs.expert_accuracy}
+        return out if available is None else {**out, "available_experts": available.cpu()}
 
     def postprocess(
         self,
@@ -380,15 +410,22 @@ class DeferralPipeline(Pipeline):
         expert_costs: list[float] | None = None,
         defer_threshold: float | None = None,
         return_margin: bool = False,
+        available: np.ndarray | None = None,
     ) -> dict[str, Any]:
         config = self.model.config
         costs = getattr(config, "expert_costs", None) if expert_costs is None else expert_costs
         threshold = float(config.defer_threshold) if defer_threshold is None else defer_threshold
         surrogate = self.model.surrogate
         logits = model_outputs["logits"][:1].float()  # checked by the model's forward: the unchecked forms follow
+        row = model_outputs.get("available_experts")  # this input's own, when given per input
+        if available is not None:
+            row = torch.as_tensor(available)[None] if row is None else row & torch.as_tensor(available)[None]
+        if getattr(config, "route_only", False) is True:  # no class head: the chosen expert and its estimate
+            return route_only_output(surrogate, config, logits, costs, threshold, row, return_margin)
         paid = surrogate.check_costs(costs)
-        defer, top, expert = (int(t[0]) for t in surrogate._decide(logits, paid, threshold))
+        defer, top, expert = (int(t[0]) for t in surrogate._decide(logits, paid, threshold, row))
         probs = model_outputs["class_probs"][0].float().numpy()
+        accuracy = [float(a) for a in model_outputs["expert_accuracy"][0].float().numpy()]
         order = sorted(range(len(probs)), key=lambda k: -probs[k])[:top_k]
         output = {
             "label": DEFER_LABEL if defer else config.id2label[top],
@@ -396,12 +433,13 @@ class DeferralPipeline(Pipeline):
             "expert": config.expert_names[expert] if defer else None,
             "class_label": config.id2label[top],
             "class_score": float(probs[top]),
-            "expert_accuracy": [float(a) for a in model_outputs["expert_accuracy"][0].float().numpy()],
+            "expert_accuracy": accuracy,
+            "expert_scores": dict(zip(config.expert_names, accuracy)),
             "scores": {config.id2label[k]: float(probs[k]) for k in order},
         }
         if return_margin:
-            output["margin"] = float(surrogate._margin(logits, paid)[0][0])
+            output["margin"] = float(surrogate._margin(logits, paid, row)[0][0])
         return output
 
 
-__all__ = ["CUSTOM_PIPELINES", "DEFER_LABEL", "REMOTE_TASK", "DeferralPipeline"]
+__all__ = ["CLASSIFIER_ANSWER", "CUSTOM_PIPELINES", "DEFER_LABEL", "REMOTE_TASK", "DeferralPipeline"]

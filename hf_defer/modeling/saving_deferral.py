@@ -53,14 +53,14 @@ def move_saved_files(stage: str | os.PathLike, folder: str | os.PathLike, overwr
 
 
 class DeferralSavingMixin:
-    """The saving and loading of [`EncoderForDeferral`]: it comes before [`DeferralPreTrainedModel`] in the bases, so
-    that ``super()`` here is `PreTrainedModel`'s."""
+    """The saving and loading of [`EncoderForDeferral`], and `add_adapter` (what it saves: adapters only): it comes
+    before [`DeferralPreTrainedModel`] in the bases, so that ``super()`` here is `PreTrainedModel`'s."""
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, overwrite: bool = False,
                         **kwargs: Any) -> None:
         """Writes everything a folder needs, for library mode and remote-code mode alike: the weights (safetensors),
         `config.json` with `auto_map` and `custom_pipelines`, and the code files `configuration_deferral.py`,
-        `modeling_deferral.py`, `saving_deferral.py`, `surrogates.py`, `surrogate_base.py`, `surrogate_kernels.py`,
+        `modeling_deferral.py`, `saving_deferral.py`, `surrogates.py`, `surrogate_base.py`, `surrogate_kernels.py`, `route_only.py`,
         `pipeline_deferral.py` and `pipeline_options.py`. The Trainer, the pipeline,
         `save_for_hub` and `push_to_hub` all save through it. The files go to a temporary folder first, then move in.
 
@@ -149,6 +149,27 @@ class DeferralSavingMixin:
         if model.config.freeze_encoder:
             model.freeze_encoder()
         return loaded
+
+    def add_adapter(self, adapter_config: Any, adapter_name: str | None = None) -> None:
+        """transformers' `add_adapter` (a PEFT adapter injected into the model itself), refused up front when the
+        installed peft is older than the one this transformers demands for it (transformers 5.24 asks for
+        peft >= 0.22): the `ValueError` names both versions and `peft.get_peft_model`, which works with both."""
+        from transformers.integrations import peft as transformers_peft
+        from transformers.utils.import_utils import is_peft_available, is_peft_greater_or_equal
+
+        needed = getattr(transformers_peft, "MIN_PEFT_VERSION", None)
+        if needed is not None and is_peft_available() and not is_peft_greater_or_equal(needed):
+            import importlib.metadata
+
+            import transformers
+
+            raise ValueError(
+                f"model.add_adapter needs peft >= {needed} with transformers {transformers.__version__}, but peft "
+                f"{importlib.metadata.version('peft')} is installed. Use peft.get_peft_model(model, config) instead "
+                "(the same LoraConfig, with modules_to_save=['head']): it works with both versions. Or install "
+                f"peft >= {needed}."
+            )
+        return super().add_adapter(adapter_config, adapter_name)
 
 
 __all__ = ["DeferralSavingMixin", "move_saved_files"]

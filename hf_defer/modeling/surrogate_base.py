@@ -1,4 +1,5 @@
-"""The base class of the deferral surrogates: input validation, ``-100`` masking, reduction and the decision rule.
+"""The base class of the deferral surrogates: input validation, ``-100`` masking (of ignored rows and of missing expert
+answers), reduction and the decision rule (with the experts available at decision time).
 
 The four surrogates (:mod:`surrogates`) subclass :class:`DeferralSurrogate` and implement only their loss and
 estimator. This module only imports ``torch``: it is copied next to the model code for remote-code loading.
@@ -24,8 +25,9 @@ def _as_target_tensor(name: str, values: object, device: torch.device | None) ->
     try:
         return torch.as_tensor(values, device=device)
     except (TypeError, ValueError, RuntimeError) as err:
+        what = "numbers in [0, 1] (-100: none)" if name == "expert_correct" else "integer class ids"
         raise ValueError(
-            f"{name} must be integer class ids (a tensor, array or list of ints, one row per example), got a "
+            f"{name} must be {what} (a tensor, array or list of them, one row per example), got a "
             f"{type(values).__name__} that is not a rectangular array of numbers ({err})."
         ) from None
 
@@ -34,8 +36,8 @@ def _is_finite_number(value: Any) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def estimate_margin(class_probs: torch.Tensor, expert_accuracy: torch.Tensor,
-                    costs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def estimate_margin(class_probs: torch.Tensor, expert_accuracy: torch.Tensor, costs: torch.Tensor | None = None,
+                    available: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The deferral margin on estimates, ``max_j (a_j - c_j) - max_y p_y``, and ``argmax_j (a_j - c_j)``: the one rule
     behind [`DeferralSurrogate.decide`] (defer iff the margin exceeds the threshold), which other code that already
     holds estimates (error-cost sweeps) calls too.
@@ -43,8 +45,12 @@ def estimate_margin(class_probs: torch.Tensor, expert_accuracy: torch.Tensor,
     Args:
         class_probs (`torch.Tensor` `[N, K]`), expert_accuracy (`torch.Tensor` `[N, M]`): the estimates.
         costs (`torch.Tensor` `[M]`, *optional*): one cost per expert; zeros when `None`.
+        available (`torch.Tensor` of `bool` `[N, M]`, *optional*): the experts who can answer each input; the max runs
+            over those only, and the margin is ``-inf`` (never deferred) where none can. All when `None`.
     """
     gains = expert_accuracy if costs is None else expert_accuracy - costs.to(expert_accuracy)
+    if available is not None:
+        gains = gains.masked_fill(~available, float("-inf"))
     best, expert = gains.max(dim=1)
     return best - class_probs.amax(dim=1), expert
 
@@ -85,6 +91,12 @@ class DeferralSurrogate:
 
     Subclasses set ``kernel`` and implement ``_log_estimates`` (float32; float64 for the margin); the base class does
     the validation, the ``-100`` masking, the reduction and the decision rule (:meth:`decide`).
+
+    Expert targets come as answers (``expert_labels``, class ids; ``-100`` where an expert did not answer), turned
+    into ``c_j = [[m_j = y]]``, or directly as ``expert_correct`` (floats in [0, 1]: was the expert right, or a score
+    such as a judge's grade or a pass rate; ``-100`` where there is none). A missing answer (``o_j = 0``) removes
+    expert ``j``'s terms from that row and keeps the class term and the other experts' terms; a row with a label and
+    no answer at all trains the classifier alone. What the estimators then estimate is in each surrogate's docstring.
 
     Args:
         num_classes (`int`): number of classes ``K`` (at least 2).
@@ -146,6 +158,36 @@ class DeferralSurrogate:
             )
         return logits.float()
 
+    def _check_labels(self, labels: Any, batch_size: int, device: torch.device | None,
+                      check_values: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``labels`` as long ``[B]`` with ignored rows set to 0, and the mask ``[B]`` of rows that count."""
+        labels = _as_target_tensor("labels", labels, device)
+        if labels.dim() == 2 and labels.shape[1] == 1:
+            labels = labels[:, 0]
+        if labels.dim() != 1 or labels.shape[0] != batch_size:
+            raise ValueError(f"labels must have shape [batch] = [{batch_size}], got {tuple(labels.shape)}.")
+        if labels.is_floating_point() or labels.dtype == torch.bool:
+            raise ValueError(f"labels must be integers, got dtype {labels.dtype}.")
+        labels = labels.long()
+        valid = labels != IGNORE_INDEX
+        if check_values:
+            bad = valid & ((labels < 0) | (labels >= self.num_classes))
+            if bad.any():
+                raise ValueError(f"labels must lie in [0, {self.num_classes}) or be {IGNORE_INDEX} (ignored), got "
+                                 f"{labels[bad][:5].tolist()}.")
+        return torch.where(valid, labels, 0), valid
+
+    def _expert_shape(self, name: str, values: torch.Tensor, batch_size: int) -> torch.Tensor:
+        M = self.num_experts
+        if values.dim() == 1 and M == 1:
+            values = values[:, None]
+        if values.dim() != 2 or values.shape != (batch_size, M):
+            raise ValueError(
+                f"{name} must have shape [batch, num_experts] = [{batch_size}, {M}]"
+                f"{' (or [batch] for one expert)' if M == 1 else ''}, got {tuple(values.shape)}."
+            )
+        return values
+
     def check_targets(
         self,
         labels: torch.Tensor,
@@ -154,78 +196,127 @@ class DeferralSurrogate:
         device: torch.device | None = None,
         check_values: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Validates the targets of a batch.
+        """Validates the targets of a batch given as the experts' answers.
 
-        Shapes and dtypes are always checked (metadata only). ``check_values=False`` skips the checks of the values
-        (labels in range, no missing expert label on a counted row): each is a pass over the targets and, on an
-        accelerator, a device sync. Use it only on data checked before, e.g. once for a whole dataset as
-        [`DeferralTrainer`] does; an out-of-range label then fails inside the kernel or silently counts wrong.
+        ``expert_labels`` holds each expert's class id, or ``-100`` where that expert did not answer (its terms are
+        then left out of that row's loss; see [`check_expert_targets`]). Shapes and dtypes are always checked
+        (metadata only). ``check_values=False`` skips the checks of the values (labels and answers in range): each is a
+        pass over the targets and, on an accelerator, a device sync. Use it only on data checked before, e.g. once for
+        a whole dataset as [`DeferralTrainer`] does; an out-of-range label then fails inside the kernel or silently
+        counts wrong.
 
         Returns:
             `tuple`: ``labels`` as long ``[B]`` with ignored rows set to 0, ``expert_labels`` as long
-            ``[B, M]``, and the boolean mask ``[B]`` of rows that count (label != -100).
+            ``[B, M]`` (``-100`` kept), and the boolean mask ``[B]`` of rows that count (label != -100).
         """
-        labels = _as_target_tensor("labels", labels, device)
-        expert_labels = _as_target_tensor("expert_labels", expert_labels, device)
-        K, M = self.num_classes, self.num_experts
-        if labels.dim() == 2 and labels.shape[1] == 1:
-            labels = labels[:, 0]
-        if labels.dim() != 1 or labels.shape[0] != batch_size:
-            raise ValueError(f"labels must have shape [batch] = [{batch_size}], got {tuple(labels.shape)}.")
-        if labels.is_floating_point() or labels.dtype == torch.bool:
-            raise ValueError(f"labels must be integers, got dtype {labels.dtype}.")
-        if expert_labels.dim() == 1 and M == 1:
-            expert_labels = expert_labels[:, None]
-        if expert_labels.dim() != 2 or expert_labels.shape != (batch_size, M):
-            raise ValueError(
-                f"expert_labels must have shape [batch, num_experts] = [{batch_size}, {M}]"
-                f"{' (or [batch] for one expert)' if M == 1 else ''}, got {tuple(expert_labels.shape)}."
-            )
+        labels, valid = self._check_labels(labels, batch_size, device, check_values)
+        expert_labels = self._expert_shape("expert_labels", _as_target_tensor("expert_labels", expert_labels, device),
+                                           batch_size)
         if expert_labels.is_floating_point() or expert_labels.dtype == torch.bool:
-            raise ValueError(f"expert_labels must be integers, got dtype {expert_labels.dtype}.")
-        labels, expert_labels = labels.long(), expert_labels.long()
-        valid = labels != IGNORE_INDEX
-        if not check_values:
-            return torch.where(valid, labels, 0), expert_labels, valid
-        bad = valid & ((labels < 0) | (labels >= K))
-        if bad.any():
-            raise ValueError(
-                f"labels must lie in [0, {K}) or be {IGNORE_INDEX} (ignored), got {labels[bad][:5].tolist()}."
-            )
-        missing = valid[:, None] & (expert_labels == IGNORE_INDEX)
-        if missing.any():
-            rows = missing.any(dim=1).nonzero()[:5, 0].tolist()
-            raise ValueError(
-                f"expert_labels are missing ({IGNORE_INDEX}) on rows {rows} whose label is valid; every counted "
-                "example needs a label from every expert."
-            )
-        bad = valid[:, None] & ((expert_labels < 0) | (expert_labels >= K))
-        if bad.any():
-            raise ValueError(f"expert_labels must lie in [0, {K}), got {expert_labels[bad][:5].tolist()}.")
-        return torch.where(valid, labels, 0), expert_labels, valid
+            raise ValueError(f"expert_labels must be integers (class ids, {IGNORE_INDEX} where an expert did not "
+                             f"answer), got dtype {expert_labels.dtype}; correctness or scores go in expert_correct.")
+        expert_labels = expert_labels.long()
+        if check_values:
+            bad = valid[:, None] & (expert_labels != IGNORE_INDEX) & ((expert_labels < 0) | (expert_labels >= self.num_classes))
+            if bad.any():
+                raise ValueError(f"expert_labels must lie in [0, {self.num_classes}) or be {IGNORE_INDEX} (no answer), "
+                                 f"got {expert_labels[bad][:5].tolist()}.")
+        return labels, expert_labels, valid
+
+    def check_expert_targets(
+        self,
+        labels: Any,
+        expert_labels: Any = None,
+        batch_size: int | None = None,
+        device: torch.device | None = None,
+        check_values: bool = True,
+        *,
+        expert_correct: Any = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The targets of the loss and the metrics, from the experts' answers or from their correctness / scores.
+
+        Exactly one of ``expert_labels`` (class ids ``[B, M]``, ``-100``: no answer; through [`check_targets`]) and
+        ``expert_correct`` (``[B, M]`` numbers in [0, 1], or bools: whether the expert was right, or a score whose
+        expectation the estimator then learns; ``-100``: no answer; NaN is refused, not read as missing) must be given.
+
+        Returns:
+            `tuple`: ``labels`` (long ``[B]``, ignored rows set to 0), ``correct`` (float32 ``[B, M]``: the target
+            ``c_j``, 0 where not answered), ``observed`` (bool ``[B, M]``: answered) and ``valid`` (bool ``[B]``).
+        """
+        if (expert_labels is None) == (expert_correct is None):
+            raise ValueError("give the experts' targets as expert_labels (their answers) or as expert_correct (whether "
+                             "they were right, or a score in [0, 1]), exactly one of the two; got "
+                             f"{'both' if expert_labels is not None else 'neither'}.")
+        if batch_size is None:
+            batch_size = len(labels)
+        if expert_correct is None:
+            labels, expert_labels, valid = self.check_targets(labels, expert_labels, batch_size, device, check_values)
+            return labels, (expert_labels == labels[:, None]).float(), expert_labels != IGNORE_INDEX, valid
+        labels, valid = self._check_labels(labels, batch_size, device, check_values)
+        scores = self._expert_shape("expert_correct", _as_target_tensor("expert_correct", expert_correct, device),
+                                    batch_size).float()
+        observed = scores != IGNORE_INDEX
+        if check_values:
+            bad = valid[:, None] & observed & ~((scores >= 0) & (scores <= 1))  # NaN too
+            if bad.any():
+                raise ValueError(f"expert_correct must lie in [0, 1] (1: right, 0: wrong, or a score) or be "
+                                 f"{IGNORE_INDEX} (no answer), got {scores[bad][:5].tolist()}.")
+        return labels, torch.where(observed, scores, 0.0), observed, valid
+
+    def check_available(self, available: Any, batch_size: int, device: torch.device | None = None) -> torch.Tensor | None:
+        """Validates an availability mask: bool (or 0/1) ``[B, M]``, or ``[M]`` for every row (``[B]`` for one expert).
+
+        Returns:
+            `torch.Tensor` or `None`: bool ``[B, M]``, or `None` when ``available`` is `None` (every expert can answer).
+        """
+        if available is None:
+            return None
+        try:
+            mask = torch.as_tensor(available, device=device)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise ValueError(f"available must be a bool mask [batch, num_experts], got {type(available).__name__} that "
+                             f"is not a rectangular array ({err}).") from None
+        M = self.num_experts
+        if mask.dim() == 1 and mask.shape[0] == M:
+            mask = mask[None].expand(batch_size, M)
+        elif mask.dim() == 1 and M == 1:
+            mask = mask[:, None]
+        if mask.shape != (batch_size, M):
+            raise ValueError(f"available must have shape [batch, num_experts] = [{batch_size}, {M}] (or [{M}] for every "
+                             f"row), got {tuple(mask.shape)}.")
+        if mask.dtype != torch.bool:
+            if mask.is_floating_point() or mask.is_complex() or not ((mask == 0) | (mask == 1)).all():
+                raise ValueError(f"available must hold booleans (or 0/1), got dtype {mask.dtype}.")
+            mask = mask.bool()
+        return mask
 
     # ------------------------------------------------------------------ public API
     def loss(
         self,
         logits: torch.Tensor,
         labels: torch.Tensor,
-        expert_labels: torch.Tensor,
+        expert_labels: torch.Tensor | None = None,
         reduction: str = "mean",
         check: bool = True,
+        *,
+        expert_correct: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The surrogate loss.
 
         Args:
             logits (`torch.Tensor` of shape `[B, K + M]`): class logits then expert logits.
             labels (`torch.Tensor` of shape `[B]`): true classes; rows equal to -100 are ignored.
-            expert_labels (`torch.Tensor` of shape `[B]` or `[B, M]`): each expert's predicted class.
+            expert_labels (`torch.Tensor` of shape `[B]` or `[B, M]`): each expert's predicted class, -100 where the
+                expert did not answer (its terms leave that row, the rest stays).
             reduction (`str`, *optional*, defaults to `"mean"`): `"mean"` over the counted rows (0 when
                 none counts), `"sum"`, or `"none"` for the per-example loss (0 on ignored rows).
             check (`bool`, *optional*, defaults to `True`): check the values of the inputs (finite logits, labels
-                in range, no missing expert label); shapes and dtypes are checked either way. `False` skips the
+                and targets in range); shapes and dtypes are checked either way. `False` skips the
                 passes over the data and, on an accelerator, the device syncs they cost: for a training loop over
                 data checked once beforehand (as [`DeferralTrainer`] does). The loss then also compiles with
                 `torch.compile(fullgraph=True)`.
+            expert_correct (`torch.Tensor` of shape `[B]` or `[B, M]`, *optional*): instead of `expert_labels`, each
+                expert's target itself: 1/0 (right/wrong) or a score in [0, 1], -100 where there is none.
 
         Returns:
             `torch.Tensor`: float32 loss.
@@ -233,12 +324,12 @@ class DeferralSurrogate:
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
         u = self.check_logits(logits, check_values=check)
-        labels, expert_labels, valid = self.check_targets(labels, expert_labels, u.shape[0], u.device, check)
-        correct = (expert_labels == labels[:, None]).float()
+        labels, correct, observed, valid = self.check_expert_targets(labels, expert_labels, u.shape[0], u.device,
+                                                                     check, expert_correct=expert_correct)
         weight = valid.float()  # 0 on ignored rows; the kernel weights each row, so a reduction is one sum
         if reduction == "mean":
             weight = weight.div_(weight.sum().clamp_(min=1.0))
-        per_example = self._per_example_loss(u, labels, correct, weight)
+        per_example = self._per_example_loss(u, labels, correct, observed.float(), weight)
         return per_example if reduction == "none" else per_example.sum()
 
     __call__ = loss
@@ -256,7 +347,8 @@ class DeferralSurrogate:
         """
         return self._probabilities(self.check_logits(logits), clip)
 
-    def decide(self, logits: torch.Tensor, expert_costs: Any = None, defer_threshold: float = 0.0) -> tuple[torch.Tensor, ...]:
+    def decide(self, logits: torch.Tensor, expert_costs: Any = None, defer_threshold: float = 0.0,
+               available: Any = None) -> tuple[torch.Tensor, ...]:
         r"""The deferral decision, the one rule of the model output, the pipeline, the metrics and calibration.
 
         Defer iff ``max_j (a_j - c_j) - max_y p(y|x) > defer_threshold`` (:meth:`deferral_margin`, on the estimates
@@ -268,18 +360,40 @@ class DeferralSurrogate:
         (several); ``aova``: ``sigmoid(u)``). Clipped at 1, the ``ssm``/``sova`` estimates could tie where the logits do
         not, hence the raw ones: their margin is in units of an unbounded estimator, a probability only below 1.
 
+        With ``available``, only the experts who can answer an input enter its max (``max_{j: A_j}``), and an input
+        with none of them is answered by the model; with every expert available this is the rule above, exactly.
+
         Args:
             logits (`torch.Tensor` of shape `[B, K + M]`); expert_costs (sequence of `float`, *optional*): ``c_j``, one
-            per expert, zeros when `None`; defer_threshold (`float`, *optional*, defaults to 0.0): margin to defer.
+            per expert, zeros when `None`; defer_threshold (`float`, *optional*, defaults to 0.0): margin to defer;
+            available (bool `[B, M]` or `[M]`, *optional*): who can answer each input (all when `None`).
 
         Returns:
             `tuple`: ``defer [B]`` (bool), ``prediction [B]`` and ``expert [B]`` (meaningful where deferring).
-        """
-        return self._decide(self.check_logits(logits), self.check_costs(expert_costs), defer_threshold)
 
-    def deferral_margin(self, logits: torch.Tensor, expert_costs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``max_j (a_j - c_j) - max_y p(y|x)`` on the raw estimates (float64) and ``argmax_j (a_j - c_j)``: see `decide`."""
-        return self._margin(self.check_logits(logits), self.check_costs(expert_costs))
+        Example:
+
+        ```python
+        >>> import torch
+        >>> from hf_defer import get_surrogate
+        >>> aova = get_surrogate("aova", num_classes=2, num_experts=2)
+        >>> logits = torch.tensor([[0.0, -1.0, 2.0, 1.0], [0.0, -1.0, 2.0, 1.0]])
+        >>> defer, _, expert = aova.decide(logits, available=[[True, True], [False, True]])
+        >>> defer.tolist(), expert.tolist()  # the second input goes to expert 1: expert 0 cannot answer it
+        ([True, True], [0, 1])
+
+        ```
+        """
+        u = self.check_logits(logits)
+        return self._decide(u, self.check_costs(expert_costs), defer_threshold,
+                            self.check_available(available, u.shape[0], u.device))
+
+    def deferral_margin(self, logits: torch.Tensor, expert_costs: Any = None,
+                        available: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``max_j (a_j - c_j) - max_y p(y|x)`` on the raw estimates (float64) and ``argmax_j (a_j - c_j)``, the max over
+        the available experts (``-inf`` where none is): see `decide`."""
+        u = self.check_logits(logits)
+        return self._margin(u, self.check_costs(expert_costs), self.check_available(available, u.shape[0], u.device))
 
     def check_costs(self, expert_costs: Any) -> torch.Tensor | None:
         """Validates ``expert_costs`` with [`check_expert_costs`]: float64 ``[M]``, or `None` when not given or all
@@ -296,27 +410,33 @@ class DeferralSurrogate:
             log_classes, log_experts = log_classes.clamp(max=0.0), log_experts.clamp(max=0.0)
         return log_classes.exp(), log_experts.exp()
 
-    def _margin(self, u: torch.Tensor, costs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _margin(self, u: torch.Tensor, costs: torch.Tensor | None,
+                available: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         log_classes, log_experts = self._log_estimates(u.double())  # float64; e^700 keeps raw ssm/sova estimates finite
-        return estimate_margin(log_classes.clamp(max=700.0).exp(), log_experts.clamp(max=700.0).exp(), costs)
+        return estimate_margin(log_classes.clamp(max=700.0).exp(), log_experts.clamp(max=700.0).exp(), costs,
+                               available)
 
-    def _decide(self, u: torch.Tensor, costs: torch.Tensor | None = None,
-                defer_threshold: float = 0.0) -> tuple[torch.Tensor, ...]:
-        """`decide` on checked logits and costs (`check_costs`' output: float64 ``[M]`` or `None`)."""
+    def _decide(self, u: torch.Tensor, costs: torch.Tensor | None = None, defer_threshold: float = 0.0,
+                available: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """`decide` on checked logits, costs (`check_costs`' output: float64 ``[M]`` or `None`) and availability
+        (`check_available`'s: bool ``[B, M]`` or `None`)."""
         defer_threshold = check_defer_threshold(defer_threshold)
         class_max, prediction = u[:, : self.num_classes].max(dim=1)
         if costs is None and defer_threshold == 0:
-            expert_max, expert = u[:, self.num_classes :].max(dim=1)
+            experts = u[:, self.num_classes :]
+            if available is not None:  # -inf never beats a class logit: no available expert, no deferral
+                experts = experts.masked_fill(~available, float("-inf"))
+            expert_max, expert = experts.max(dim=1)
             return expert_max > class_max, prediction, expert
-        margin, expert = self._margin(u, costs)
+        margin, expert = self._margin(u, costs, available)
         return margin > defer_threshold, prediction, expert
 
     # ------------------------------------------------------------------ to implement
-    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor,
+    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, observed: torch.Tensor,
                           weight: torch.Tensor) -> torch.Tensor:
         if self.kernel is None:
             raise NotImplementedError(f"{type(self).__name__} sets no `kernel` (a torch.autograd.Function).")
-        return self.kernel.apply(u, labels, correct, weight, self.num_classes)
+        return self.kernel.apply(u, labels, correct, observed, weight, self.num_classes)
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError

@@ -15,6 +15,24 @@ Parametrization for Calibrated and Consistent Learning to Defer"):
 bounded expert-accuracy estimators; ``ssm`` (softmax, Mozannar & Sontag) and ``sova`` (symmetric one-vs-all in
 ``L_phi``) unbounded ones, clipped into [0, 1] by :meth:`DeferralSurrogate.probabilities`.
 
+Missing answers and scores. Expert ``j``'s target ``c_j`` may be ``[[m_j = y]]``, whether it was right, or a score
+``q_j`` in [0, 1] (a judge's grade, a pass rate); where it did not answer (``o_j = 0``) its terms leave the row. Write
+``pi_j(x) = Pr(o_j = 1 | x)``. Answers are *missing at random* when ``o_j`` is independent of ``(y, m_j)`` given ``x``.
+
+* ``asm`` and ``aova`` give each expert its own binary log loss on its own logit, times ``o_j``. Its conditional risk
+  is ``pi_j(x) BCE(a_j, E[c_j | x, o_j = 1]) + const``, minimised at ``a_j = E[c_j | x, o_j = 1]`` wherever
+  ``pi_j(x) > 0``, whatever the other terms do: a proper loss weighted by whether it was observed. At random, that is
+  ``Pr(M_j = Y | x)`` (or ``E[q_j | x]``): the estimator stays consistent. Otherwise (an annotator who picks the easy
+  inputs) it is the expert's accuracy *on the inputs it chooses to answer*, not on all of them.
+* ``ssm`` and ``sova`` are linear in ``c``: masking sets the target weight of output ``K + j`` to 0 while the logit
+  ``u_{K+j}`` stays in the shared normaliser (the softmax's denominator; ``T`` of ``sova``). Their minimiser is that of
+  the full loss with ``a_j`` replaced by ``E[o_j c_j | x]``, so their expert estimate becomes
+  ``pi_j(x) Pr(M_j = Y | x)`` at random: the chance that the expert answers *and* is right, biased low by the
+  answer rate; the class estimates are unaffected. Prefer ``asm`` / ``aova`` for experts who answer some inputs only.
+* A soft target enters each binary log loss as its target: ``E[BCE(a, q) | x] = BCE(a, E[q | x]) + const``, minimised
+  at ``a = E[q | x]``; the symmetric losses, linear in ``c``, likewise put ``E[q_j | x]`` in place of ``a_j``. The
+  estimate is the expected score, and ``q`` in {0, 1} is the hard case exactly.
+
 This module holds the four surrogates and their registry; their base class (validation, masking, reduction, the
 decision rule) is in ``surrogate_base.py`` and their autograd kernels in ``surrogate_kernels.py``. The three only import
 ``torch`` and each other: they are copied next to the model code for remote-code loading.
@@ -22,15 +40,18 @@ decision rule) is in ``surrogate_base.py`` and their autograd kernels in ``surro
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
 from .surrogate_base import IGNORE_INDEX, MAX_ABS_LOGIT, DeferralSurrogate
 from .surrogate_kernels import _AOvALoss, _ASMLoss, _asm_rest, _SOvALoss, _SSMLoss
+from .route_only import RouteOnlySurrogate
 
 __all__ = [
     "IGNORE_INDEX", "MAX_ABS_LOGIT", "SURROGATES", "AOvASurrogate", "ASMSurrogate", "DeferralSurrogate",
-    "SOvASurrogate", "SSMSurrogate", "get_surrogate", "surrogate_class",
+    "RouteOnlySurrogate", "SOvASurrogate", "SSMSurrogate", "get_surrogate", "surrogate_class", "surrogate_for_config",
 ]
 
 
@@ -47,6 +68,11 @@ class ASMSurrogate(DeferralSurrogate):
     ``u_{K+j} - LSE(u_{[K] \\ y*})`` (masked log-sum-exp: finite for any finite logits, in any precision).
     Estimator, for one or many experts: ``eta_y = psi_y`` and ``Pr(M_j = Y | x) = psi_{K+j}``, in
     ``Delta^K x [0, 1]^M`` by construction.
+
+    A missing answer drops expert ``j``'s binary term, exactly: ``u_{K+j}`` is free whatever the class logits, so the
+    term is minimised at its own target on the answered inputs (``Pr(M_j = Y | x)`` when answers are missing at
+    random, the accuracy on the inputs answered when they are not); with a score ``q_j`` as target, at ``E[q_j | x]``
+    (see the module docstring).
 
     Example:
 
@@ -84,6 +110,12 @@ class SSMSurrogate(DeferralSurrogate):
     ``a_j = p_{K+j} / (1 - sum_j p_{K+j}) = exp(u_{K+j} - LSE(u_{1..K}))`` (for ``M = 1``,
     ``p_{K+1} / (1 - p_{K+1})``). The expert estimate is unbounded above (Theorem 1 of the paper); it is
     clipped to [0, 1] unless ``probabilities(..., clip=False)``.
+
+    A missing answer removes ``-c_j log softmax(u)_{K+j}`` from the row, and only that: ``u_{K+j}`` stays in the
+    denominator of the other terms, which keep pushing it down. That is the loss as defined, and it means the optimum
+    is ``softmax(u) = (eta, b) / (1 + sum_j b_j)`` with ``b_j = E[o_j c_j | x]``: the estimate of expert ``j`` is
+    ``Pr(expert j answers | x) * Pr(M_j = Y | x)`` under answers missing at random, not its accuracy. A soft target
+    ``q_j`` gives ``E[q_j | x]`` (the loss is linear in it).
 
     Example:
 
@@ -123,6 +155,10 @@ class SOvASurrogate(DeferralSurrogate):
     ``a_j = sigmoid(u_{K+j}) / sum_{k<=K} sigmoid(u_k)`` (the class mass estimates ``1 / (1 + sum_j a_j)``).
     Both are unbounded above and clipped to [0, 1] unless ``probabilities(..., clip=False)``.
 
+    A missing answer removes ``c_j l(u, K+j)``; output ``K+j`` still carries ``T xi(-u_{K+j})`` from the other terms, so,
+    as for ``ssm``, the optimum has ``b_j = E[o_j c_j | x]`` in place of ``a_j``: the estimate is the chance that the
+    expert answers and is right, not its accuracy. A soft target ``q_j`` gives ``E[q_j | x]``.
+
     Example:
 
     ```python
@@ -156,6 +192,10 @@ class AOvASurrogate(DeferralSurrogate):
     binary logistic loss per output with targets ``(onehot(y), c)``. Estimator, for one or many experts:
     ``eta_y = sigmoid(u_y)`` (one-vs-all: the class estimates need not sum to 1) and
     ``Pr(M_j = Y | x) = sigmoid(u_{K+j})``.
+
+    A missing answer weights expert ``j``'s binary term by 0: masking is exact, as for ``asm`` (the estimate is
+    ``Pr(M_j = Y | x)`` under answers missing at random, the accuracy on the inputs answered otherwise), and with a
+    score ``q_j`` as target the estimate is ``E[q_j | x]``.
 
     Example:
 
@@ -201,9 +241,19 @@ def surrogate_class(name: str) -> type[DeferralSurrogate]:
 
     ```
     """
+    if isinstance(name, str) and name == RouteOnlySurrogate.name:  # route-only models (`DeferralConfig(route_only=True)`): no class head
+        return RouteOnlySurrogate
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"surrogate must be one of {SURROGATES}, got {name!r}.")
     return _REGISTRY[name]
+
+
+def surrogate_for_config(config: Any) -> DeferralSurrogate:
+    """The surrogate a [`DeferralConfig`] trains and decides with: ``get_surrogate(config.surrogate, config.num_labels,
+    config.num_experts)``, or a [`RouteOnlySurrogate`] over its experts for a route-only config."""
+    if getattr(config, "route_only", False) is True:
+        return RouteOnlySurrogate(config.num_experts, config.default_expert_index)
+    return get_surrogate(config.surrogate, config.num_labels, config.num_experts)
 
 
 def get_surrogate(name: str, num_classes: int, num_experts: int = 1) -> DeferralSurrogate:

@@ -133,6 +133,70 @@ def test_confidence_cascade_and_router_by_hand():
         confidence_cascade_curve([[0.9]] * 4, answers, labels, [1.0, 10.0, 100.0], [[0.5]])
 
 
+# ------------------------------------------------------------------ shapes and values are refused, not guessed
+def test_error_cost_curve_refuses_transposed_nan_and_out_of_range_inputs():
+    transposed = np.asarray(EXPERT_LABELS).T  # [M, N] = [2, 3]: reshaping it to [3, 2] would pair rows wrongly
+    with pytest.raises(ValueError, match=r"expert_labels.*\[3, 2\].*transpose"):
+        error_cost_curve(PROBS, ACCURACY, LABELS, transposed, PRICES, decision_costs=GRID)
+    with pytest.raises(ValueError, match=r"expert_labels.*shape"):
+        error_cost_curve(PROBS, ACCURACY, LABELS, [1, 0, 1, 0, 0, 1], PRICES, decision_costs=GRID)  # flattened
+    for name, bad in (("class_probs", [[0.9, 0.1], [np.nan, 0.4], [0.55, 0.45]]),
+                      ("expert_accuracy", [[0.5, 0.7], [0.95, np.inf], [0.9, 0.99]])):
+        arguments = {"class_probs": PROBS, "expert_accuracy": ACCURACY, name: bad}
+        with pytest.raises(ValueError, match=rf"`{name}` must be finite.*rows \[1\]"):
+            error_cost_curve(labels=LABELS, expert_labels=EXPERT_LABELS, expert_costs=PRICES, decision_costs=GRID,
+                             **arguments)
+    # K = 2: a label 2, an ignored -100 or a fraction is no class; neither is an expert's missing -1.
+    for labels in ([0, 2, 1], [0, -100, 1], [0, 0.5, 1]):
+        with pytest.raises(ValueError, match="`labels` must be"):
+            error_cost_curve(PROBS, ACCURACY, labels, EXPERT_LABELS, PRICES, decision_costs=GRID)
+    with pytest.raises(ValueError, match=r"`expert_labels` must be class ids in \[0, 2\), got \[-1\]"):
+        error_cost_curve(PROBS, ACCURACY, LABELS, [[1, 0], [1, -1], [0, 1]], PRICES, decision_costs=GRID)
+    with pytest.raises(ValueError, match="defer_threshold must be a finite number"):
+        error_cost_curve(PROBS, ACCURACY, LABELS, EXPERT_LABELS, PRICES, decision_costs=GRID, threshold=float("nan"))
+    with pytest.raises(ValueError, match="`labels` must be a rectangular array of numbers"):
+        error_cost_curve(PROBS, ACCURACY, [0, None, 1], EXPERT_LABELS, PRICES, decision_costs=GRID)
+    # One expert: `[N]` and `[N, 1]` are the same answers.
+    one = error_cost_curve(PROBS, [[0.5], [0.95], [0.9]], LABELS, [1, 1, 0], [1.0], decision_costs=[[0.0]])
+    same = error_cost_curve(PROBS, [[0.5], [0.95], [0.9]], LABELS, [[1], [1], [0]], [1.0], decision_costs=[[0.0]])
+    # Rows 1 and 2 deferred (0.95 > 0.6, 0.9 > 0.55): expert right on row 1, wrong on row 2; row 0 kept and right.
+    assert one.error.tolist() == same.error.tolist() == [pytest.approx(1 / 3)]
+
+
+def test_routing_curves_refuse_transposed_nan_and_negative_inputs():
+    confidence = [[0.9, 0.9], [0.5, 0.95], [0.5, 0.5], [0.95, 0.2]]
+    answers = [[0, 1, 0], [1, 1, 1], [0, 0, 1], [1, 0, 0]]
+    labels, prices, thresholds = [0, 1, 1, 0], [1.0, 10.0, 100.0], [[0.8, 0.8]]
+    with pytest.raises(ValueError, match=r"member_confidence.*\[4, 2\].*transpose"):
+        confidence_cascade_curve(np.asarray(confidence).T, answers, labels, prices, thresholds)
+    with pytest.raises(ValueError, match=r"`member_confidence` must be finite.*rows \[2\]"):
+        confidence_cascade_curve([[0.9, 0.9], [0.5, 0.95], [np.nan, 0.5], [0.95, 0.2]], answers, labels, prices,
+                                 thresholds)
+    with pytest.raises(ValueError, match=r"`labels` must be class ids >= 0, got \[-100\]"):
+        confidence_cascade_curve(confidence, answers, [0, 1, -100, 0], prices, thresholds)
+    with pytest.raises(ValueError, match="`member_answers` must be class ids"):
+        router_curve([0.1, 0.6, 0.9, 0.3], [[0, 1, 0], [1, -1, 1], [0, 0, 1], [1, 0, 0]], labels, prices, [[0.5, 0.8]])
+    with pytest.raises(ValueError, match=r"`score` must be finite.*rows \[1\]"):
+        router_curve([0.1, np.nan, 0.9, 0.3], answers, labels, prices, [[0.5, 0.8]])
+    with pytest.raises(ValueError, match="`thresholds` must be finite"):
+        router_curve([0.1, 0.6, 0.9, 0.3], answers, labels, prices, [[0.5, np.nan]])
+    # Two members: one confidence per input, `[N]` or `[N, 1]` alike.
+    two = [[0, 1], [1, 1], [0, 1], [1, 0]]
+    flat = confidence_cascade_curve([0.9, 0.5, 0.5, 0.95], two, labels, [1.0, 10.0], [[0.8]])
+    column = confidence_cascade_curve([[0.9], [0.5], [0.5], [0.95]], two, labels, [1.0, 10.0], [[0.8]])
+    # Rows 0 and 3 stop at member 0 (right, wrong), rows 1 and 2 go on to member 1 (right, right): error 1/4.
+    assert flat.error.tolist() == column.error.tolist() == [0.25]
+    assert flat.cost.tolist() == column.cost.tolist() == [pytest.approx((1 + 11 + 11 + 1) / 4)]
+
+
+def test_mean_cost_refuses_fractional_experts_and_non_boolean_decisions():
+    with pytest.raises(ValueError, match="`expert` must be integer expert ids"):
+        mean_cost([True, False], [0.5, 0], PRICES)
+    with pytest.raises(ValueError, match="`defer` must hold booleans"):
+        mean_cost([0.3, 0.0], [0, 0], PRICES)
+    assert mean_cost([1, 0], [1, 0], PRICES) == 5.0  # 0/1 are booleans: row 0 pays expert 1's 10
+
+
 def test_plot_error_cost_curves_writes_a_png(tmp_path):
     path = tmp_path / "curve.png"
     plot_error_cost_curves({"A-SM": ([0.0, 1.0], [0.2, 0.1])}, path, points={"person": (5.0, 0.09)}, log_cost=False)

@@ -330,7 +330,7 @@ def test_metrics_reject_labels_and_expert_labels_and_nan():
     with pytest.raises(ValueError, match="labels"):
         deferral_metrics(logits, bad, experts)
     bad_e = experts.copy()
-    bad_e[3] = IGNORE  # row 3 has a valid label
+    bad_e[3] = 5  # K = 3 classes (-100 on a valid row is a missing answer since issue 19: test_metrics_sparse.py)
     with pytest.raises(ValueError, match="expert_labels"):
         deferral_metrics(logits, labels, bad_e)
     with pytest.raises(ValueError, match="expert_labels"):

@@ -146,3 +146,55 @@ def test_model_output_and_metrics_decide_with_the_configs_costs_and_threshold():
     # Keyword overrides win over the config's values; the positional signature still means the logit rule.
     assert deferral_metrics(logits, labels, experts, model, expert_costs=[0, 0], defer_threshold=0.0) == \
         deferral_metrics(logits, labels, experts, "asm", 2)
+
+
+# ----------------------------------------------------------------------------- availability (issue 19)
+def test_availability_by_hand():
+    # A-OvA: the estimates are the sigmoids of the logits. Classes 0.6, 0.2; experts 0.75, 0.875.
+    logit = lambda p: float(np.log(p / (1 - p)))  # noqa: E731
+    row = [logit(0.6), logit(0.2), logit(0.75), logit(0.875)]
+    logits = torch.tensor([row, row, row])
+    aova = get_surrogate("aova", 2, 2)
+    available = torch.tensor([[True, True], [True, False], [False, False]])
+    defer, prediction, expert = aova.decide(logits, available=available)
+    # all: expert 1 (0.875); only expert 0: 0.75 > 0.6, expert 0; nobody: the model answers class 0
+    assert defer.tolist() == [True, True, False] and expert[:2].tolist() == [1, 0] and prediction.tolist() == [0] * 3
+    margin, chosen = aova.deferral_margin(logits, available=available)
+    np.testing.assert_allclose(margin[:2].numpy(), [0.275, 0.15], atol=1e-6)
+    assert margin[2].item() == float("-inf") and chosen[:2].tolist() == [1, 0]
+    # Costs and threshold, with expert 0 away: gain 0.875 - 0.25 = 0.625 beats 0.6 by 0.025 only.
+    only_second = [False, True]  # one mask for every row
+    assert aova.decide(logits, [0.0, 0.25], 0.0, available=only_second)[0].tolist() == [True] * 3
+    assert aova.decide(logits, [0.0, 0.25], 0.1, available=only_second)[0].tolist() == [False] * 3
+    assert aova.decide(logits, [0.0, 0.25], 0.1)[0].tolist() == [True] * 3  # expert 0: 0.75 - 0.6 > 0.1
+
+
+@pytest.mark.parametrize("name", SURROGATES)
+def test_availability_is_the_logit_rule_over_the_available_experts_by_brute_force(name):
+    K, M, n = 3, 3, 4000
+    rng = np.random.default_rng(SURROGATES.index(name))
+    u = rng.normal(size=(n, K + M)).astype(np.float32) * 2
+    available = rng.random((n, M)) < 0.5
+    surrogate = get_surrogate(name, K, M)
+    defer, prediction, expert = (t.numpy() for t in surrogate.decide(torch.tensor(u), available=available))
+    best = np.where(available, u[:, K:], -np.inf)
+    want = best.max(axis=1) > u[:, :K].max(axis=1)
+    np.testing.assert_array_equal(defer, want)
+    np.testing.assert_array_equal(expert[want], best[want].argmax(axis=1))
+    assert available[np.arange(n)[defer], expert[defer]].all() and (~available.any(axis=1) <= ~defer).all()
+    # With every expert available, the decision is the one without a mask, bit for bit.
+    for mask in (np.ones((n, M), dtype=bool), [1] * M):
+        got = surrogate.decide(torch.tensor(u), [0.02] * M, 0.01, available=mask)
+        assert all(torch.equal(a, b) for a, b in zip(got, surrogate.decide(torch.tensor(u), [0.02] * M, 0.01)))
+
+
+@pytest.mark.parametrize(
+    ("available", "message"),
+    [([[True, False, True]], r"available must have shape \[batch, num_experts\] = \[1, 2\]"),
+     (np.ones((2, 2), dtype=bool), r"available must have shape \[batch, num_experts\] = \[1, 2\]"),
+     ([0.5, 1.0], "available must hold booleans"), ([2, 0], "available must hold booleans"),
+     ([["a", "b"]], "available must be a bool mask")],
+)
+def test_bad_availability_is_refused_naming_the_argument(available, message):
+    with pytest.raises(ValueError, match=message):
+        get_surrogate("asm", 2, 2).decide(torch.zeros(1, 4), available=available)

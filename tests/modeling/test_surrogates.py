@@ -622,14 +622,19 @@ def test_rejects_expert_labels_out_of_range(name, bad):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_rejects_missing_expert_label_on_valid_row(name):
+def test_missing_expert_label_on_valid_row_masks_that_expert_only(name):
+    # Issue 19: -100 on a counted row is a missing answer (that expert's terms leave the row), no longer an error;
+    # tests/modeling/test_sparse_targets.py checks the masked values against brute force. Out-of-range answers stay
+    # errors, and -100 on an ignored row is fine as before.
     s = get_surrogate(name, num_classes=3, num_experts=2)
     u, y, m = _good()
     m[0, 0] = IGNORE  # labels[0] = 0 is valid
+    masked = s.loss(u, y, m, reduction="none")
+    assert torch.isfinite(masked).all() and not torch.equal(masked[0], s.loss(u, y, _good()[2], reduction="none")[0])
+    m[0, 0] = -5
     with pytest.raises(ValueError, match="expert_labels"):
         s(u, y, m)
-    # ... but -100 expert labels on an ignored row are fine
-    y[0] = IGNORE
+    m[0, 0], y[0] = IGNORE, IGNORE
     assert torch.isfinite(s(u, y, m))
 
 
