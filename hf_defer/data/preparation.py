@@ -9,7 +9,6 @@ pipelines, model cards and metrics speak the data's names rather than `LABEL_0` 
 from __future__ import annotations
 
 import logging
-import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,16 +19,18 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from ..modeling.surrogate_base import IGNORE_INDEX
+from .labels import LabelMap as _LabelMap  # the label rules live there, stated once
+from .labels import class_names as _class_names
+from .labels import training_split as _training_split
+from .labels import is_missing as _is_missing  # noqa: F401  (the one test of a missing value, for this module's users)
 
 __all__ = ["MISSING_EXPERT_MODES", "PreparedDeferralData", "prepare_deferral_dataset"]
 
 logger = logging.getLogger(__name__)
 
-MISSING_EXPERT_MODES = ("error", "drop")
-"""What [`prepare_deferral_dataset`] does with a missing expert annotation (`None`, `-1` or NaN)."""
-
-_MISSING = object()
-
+MISSING_EXPERT_MODES = ("error", "drop", "mask")
+"""What [`prepare_deferral_dataset`] does with a missing expert annotation (`None`, NaN, `-1`, `"-1"`, `""`): refuse
+it, drop its row, or keep the row with -100 for that expert (its terms leave the loss; it is unavailable there)."""
 
 @dataclass
 class PreparedDeferralData:
@@ -41,11 +42,14 @@ class PreparedDeferralData:
             tokenizer; `text` / `text_pair` / `image` as given).
         id2label (`dict[int, str]`): the class names, by class id.
         expert_names (`list[str]`): one name per expert, in the order of `expert_labels`.
+        route_only (`bool`, *optional*, defaults to `False`): data for a route-only model (no label column: no class,
+            only `expert_correct`).
     """
 
     dataset: datasets.Dataset | datasets.DatasetDict
     id2label: dict[int, str]
     expert_names: list[str]
+    route_only: bool = False
 
     @property
     def label2id(self) -> dict[str, int]:
@@ -61,7 +65,10 @@ class PreparedDeferralData:
 
     def model_kwargs(self) -> dict[str, Any]:
         """`num_labels`, `num_experts`, `id2label` and `expert_names`, for `DeferralConfig(...)` or
-        `EncoderForDeferral.from_encoder_pretrained(...)`."""
+        `EncoderForDeferral.from_encoder_pretrained(...)`; for route-only data `route_only=True`, `num_experts` and
+        `expert_names` (no class head, so no `num_labels` nor `id2label`)."""
+        if self.route_only:
+            return {"route_only": True, "num_experts": self.num_experts, "expert_names": list(self.expert_names)}
         return {"num_labels": self.num_labels, "num_experts": self.num_experts, "id2label": dict(self.id2label),
                 "expert_names": list(self.expert_names)}
 
@@ -76,89 +83,6 @@ class _ImageTransform:
         out = {key: value for key, value in batch.items() if key != "image"}
         images = [image.convert("RGB") for image in batch["image"]]
         out["pixel_values"] = list(self.processor(images=images, return_tensors="np")["pixel_values"])
-        return out
-
-
-def _is_missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value)) or (
-        isinstance(value, numbers.Integral) and not isinstance(value, bool) and value == -1)
-
-
-def _class_names(splits: dict[Any, datasets.Dataset], label_column: str,
-                 label_names: Sequence[str] | None) -> list[str]:
-    """The class names: `label_names`, else the `ClassLabel` names, else the sorted distinct string labels, else the
-    integers 0..max as strings."""
-    if label_names is not None:
-        if isinstance(label_names, str) or not all(isinstance(name, str) for name in label_names):
-            raise ValueError(f"label_names must be a list of class names (str), got {label_names!r}.")
-        names = list(label_names)
-    else:
-        feature = next(iter(splits.values())).features[label_column]
-        if isinstance(feature, datasets.ClassLabel):
-            names = list(feature.names)
-        else:
-            values = {value for split in splits.values() for value in split[label_column][:]}
-            values = {value for value in values if not _is_missing(value) and value != IGNORE_INDEX}
-            if all(isinstance(value, str) for value in values):
-                names = sorted(values)
-            elif all(isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer()
-                     and value >= 0 for value in values):
-                names = [str(index) for index in range(int(max(values, default=-1)) + 1)]
-            else:
-                odd = sorted({repr(value) for value in values if not isinstance(value, (int, float))})[:5]
-                raise ValueError(
-                    f"label column {label_column!r} must hold class names (str), a ClassLabel or non-negative class "
-                    f"ids (int); got {feature} with values such as {odd or sorted(map(repr, values))[:5]}."
-                )
-    if len(set(names)) != len(names):
-        raise ValueError(f"the class names must be distinct, got {names}.")
-    if len(names) < 2:
-        raise ValueError(
-            f"label column {label_column!r} has {len(names)} class(es) {names}; learning to defer needs at least 2."
-        )
-    return names
-
-
-class _LabelMap:
-    """Maps a column's raw values (names, `ClassLabel` ids, integer ids, integral floats) to class ids."""
-
-    def __init__(self, names: list[str], label_feature: Any) -> None:
-        self.names, self.label2id = names, {name: index for index, name in enumerate(names)}
-        # Plain integer answers are class ids of the label column: of its ClassLabel, or of integer labels.
-        self.label_classes = label_feature.names if isinstance(label_feature, datasets.ClassLabel) else None
-        self.integer_labels = names == [str(index) for index in range(len(names))] or (
-            isinstance(label_feature, datasets.Value) and label_feature.dtype.startswith(("int", "uint")))
-
-    def ids(self, values: list[Any], feature: Any, column: str, split: Any, allow_ignore: bool) -> np.ndarray:
-        """Class ids of a column; -100 for an ignored label, -1 for a missing annotation."""
-        where = "" if split is None else f" of split {split!r}"
-        class_names = feature.names if isinstance(feature, datasets.ClassLabel) else self.label_classes
-        out = np.empty(len(values), dtype=np.int64)
-        for row, value in enumerate(values):
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if allow_ignore and value == IGNORE_INDEX:
-                out[row] = IGNORE_INDEX
-                continue
-            if _is_missing(value) or (isinstance(value, str) and value.strip() == "-1" and value not in self.label2id):
-                out[row] = -1  # "-1" too: a CSV column of names writes a missing -1 as text
-                continue
-            index = _MISSING
-            if isinstance(value, str):
-                index = self.label2id.get(value, _MISSING)
-            elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
-                if class_names is not None and 0 <= value < len(class_names):
-                    index = self.label2id.get(class_names[value], _MISSING)
-                elif class_names is None and self.integer_labels and 0 <= value < len(self.names):
-                    index = int(value)
-                elif class_names is None:
-                    index = self.label2id.get(str(value), _MISSING)
-            if index is _MISSING:
-                raise ValueError(
-                    f"column {column!r}{where}, row {row}: {value!r} is not one of the {len(self.names)} classes "
-                    f"{self.names[:10]}{' ...' if len(self.names) > 10 else ''}."
-                )
-            out[row] = index
         return out
 
 
@@ -200,10 +124,31 @@ def _expert_answers(split: datasets.Dataset, experts: list[str], label_map: _Lab
     return np.concatenate(blocks, axis=1), names_here, sources
 
 
+def _expert_scores(split: datasets.Dataset, columns: list[str], split_name: Any) -> np.ndarray:
+    """The experts' correctness or scores `[N, M]` as float64 in [0, 1], NaN where missing; anything else (a string, a
+    number outside [0, 1]) is an error naming the column, the row and the value."""
+    where = "" if split_name is None else f" of split {split_name!r}"
+    out = np.full((len(split), len(columns)), np.nan)
+    for j, column in enumerate(columns):
+        if isinstance(split.features[column], (datasets.List, datasets.LargeList, list)):
+            raise ValueError(f"expert correctness column {column!r}{where} holds lists: give one column per expert.")
+        for row, value in enumerate(split[column][:]):
+            if _is_missing(value):
+                continue
+            if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Real) and 0 <= value <= 1):
+                out[row, j] = float(value)
+            else:
+                raise ValueError(
+                    f"expert correctness column {column!r}{where}, row {row}: {value!r} is neither a boolean nor a "
+                    "number in [0, 1] (1 or True: the expert was right, 0 or False: wrong, or a score such as a "
+                    "judge's grade); None, NaN, -1 or '' mark a missing answer.")
+    return out
+
+
 def prepare_deferral_dataset(
     dataset: datasets.Dataset | datasets.DatasetDict,
-    label_column: str = "label",
-    expert_columns: str | Sequence[str] = (),
+    label_column: str | None = "label",
+    expert_columns: str | Sequence[str] | None = (),
     *,
     text_column: str | None = None,
     text_pair_column: str | None = None,
@@ -212,16 +157,33 @@ def prepare_deferral_dataset(
     max_length: int | None = None,
     label_names: Sequence[str] | None = None,
     missing_expert: str = "error",
+    expert_correct_columns: str | Sequence[str] = (),
 ) -> PreparedDeferralData:
     """Prepares any dataset with a label column and one or more expert columns for [`DeferralTrainer`].
 
-    * Labels: a `ClassLabel` column keeps its names; string labels become classes in sorted order; integer labels
-      `0..K-1` are named `"0"..."K-1"`; `label_names` fixes the class order instead. `-100` marks an ignored row.
+    * Labels (the rules of [`hf_defer.data.labels`], one for every split and column): the classes are `label_names`
+      (a list, or a model's `config.id2label` to prepare data for that model), else the label column's `ClassLabel`
+      names, else the distinct labels of the training split (`"train"`, else the first): strings in sorted order,
+      integers in increasing order named by their digits (labels `1..5` give classes `"1"..."5"`, ids 0..4). Strings
+      are compared stripped (`"pos "` is `"pos"`); names differing only in case, and a class named `"defer"`, are
+      refused. `None`, NaN, `-1`, `"-1"` and `""` mark a missing value, never a class; `-100` marks an ignored row.
+      A label of another split that is no class, or integer labels in one split and strings in another, is an error
+      naming the split, the column, the row and the value.
     * Experts: every expert column is mapped through the same `label2id` (names, `ClassLabel` ids or class ids);
       a value outside the class set is an error naming the column, the row and the value. A list-valued column
-      holds several experts (the same number in every row). A missing annotation (`None`, `-1` or `"-1"`, NaN) is an
-      error
-      with `missing_expert="error"`; with `"drop"` its row is dropped and the count logged per split.
+      holds several experts (the same number in every row). A missing annotation (`None`, NaN, `-1`, `"-1"` or `""`)
+      is an error with `missing_expert="error"`; with `"drop"` its row is dropped and the count logged per split;
+      with `"mask"` the row stays, with -100 for that expert: its terms leave the loss (the classifier's and the
+      other experts' stay, also when nobody answered), and in evaluation it is not available on that row.
+    * Experts judged by correctness or a score: each of `expert_correct_columns` is one more expert, given not as
+      an answer but as its target, a boolean (was it right) or a number in [0, 1] (a judge's grade, a pass rate);
+      missing as above (NaN is missing, as in every column), anything else is an error. Then the dataset carries
+      `expert_correct` (floats, one per expert, answers turned into 1.0 / 0.0 against the label, -100 where missing)
+      in place of `expert_labels`.
+    * Route-only data (`label_column=None`: no class to predict, only which model to call): at least two
+      `expert_correct_columns` and no `expert_columns` (an answer cannot be scored without a label) nor `label_names`.
+      The dataset carries `expert_correct` and the inputs, no `labels`; `.model_kwargs()` gives `route_only=True`,
+      `num_experts` and `expert_names` for a route-only model (`DeferralConfig(route_only=True, ...)`).
     * Inputs: `text_column` (and `text_pair_column`) become `text` (and `text_pair`) and, with a tokenizer as
       `processor`, are tokenized (`truncation=True`, `max_length`). `image_column` becomes `image`; with an image
       processor it is turned into `pixel_values` when rows are read (`with_transform`: train such a split with
@@ -231,13 +193,15 @@ def prepare_deferral_dataset(
 
     Args:
         dataset (`datasets.Dataset` or `datasets.DatasetDict`): the data; all splits are prepared alike.
-        label_column (`str`, *optional*, defaults to `"label"`): the true class.
+        label_column (`str`, *optional*, defaults to `"label"`): the true class; `None` for route-only data.
         expert_columns (`str` or `list[str]`): the experts' answers, one column per expert (or a list column).
         text_column / text_pair_column / image_column (`str`, *optional*): the model's input.
         processor (*optional*): a tokenizer for text, an image processor for images.
         max_length (`int`, *optional*): the tokenizer's truncation length.
-        label_names (`list[str]`, *optional*): the class names in class-id order.
-        missing_expert (`str`, *optional*, defaults to `"error"`): `"error"` or `"drop"`.
+        label_names (`list[str]` or `dict`, *optional*): the class names in class-id order, or a model's
+            `config.id2label` (`{id: name}`) or `label2id`: the classes of a model to prepare an evaluation split for.
+        missing_expert (`str`, *optional*, defaults to `"error"`): `"error"`, `"drop"` or `"mask"`.
+        expert_correct_columns (`str` or `list[str]`, *optional*): experts given as correctness or scores.
 
     Returns:
         [`PreparedDeferralData`]: `.dataset` (same type as `dataset`), `.id2label`, `.expert_names`, and
@@ -258,6 +222,12 @@ def prepare_deferral_dataset(
     >>> prepared = prepare_deferral_dataset(ds, "label", ["alice", "bob"], text_column="text", missing_expert="drop")
     >>> prepared.id2label, prepared.expert_names, prepared.dataset["expert_labels"][:]
     ({0: 'neg', 1: 'pos'}, ['alice', 'bob'], [[1, 0], [0, 0]])
+    >>> routes = datasets.Dataset.from_dict({"prompt": ["2 + 2?", "Prove it."], "small": [True, False],
+    ...                                      "large": [True, True]})
+    >>> prepared = prepare_deferral_dataset(routes, None, expert_correct_columns=["small", "large"],
+    ...                                     text_column="prompt")
+    >>> prepared.model_kwargs(), prepared.dataset["expert_correct"][:]
+    ({'route_only': True, 'num_experts': 2, 'expert_names': ['small', 'large']}, [[1.0, 1.0], [0.0, 1.0]])
 
     ```
     """
@@ -269,16 +239,31 @@ def prepare_deferral_dataset(
         raise ValueError(f"dataset must be a datasets.Dataset or DatasetDict, got {type(dataset).__name__}.")
     if not splits:
         raise ValueError("dataset is an empty DatasetDict: it has no split.")
+    if expert_columns is None:
+        expert_columns = ()
     if isinstance(expert_columns, str):
         expert_columns = [expert_columns]
-    experts = list(expert_columns)
-    if not experts or not all(isinstance(name, str) and name for name in experts):
+    if isinstance(expert_correct_columns, str):
+        expert_correct_columns = [expert_correct_columns]
+    experts, judged = list(expert_columns), list(expert_correct_columns)
+    if not experts + judged or not all(isinstance(name, str) and name for name in experts + judged):
         raise ValueError(
-            f"expert_columns must name at least one column with the experts' answers, got {expert_columns!r} "
+            f"expert_columns must name at least one column with the experts' answers (or expert_correct_columns one "
+            f"with their correctness), got {expert_columns!r} and {expert_correct_columns!r} "
             "(no expert column? simulate one with hf_defer.experts.class_subset_expert / annotator_expert)."
         )
-    if len(set(experts)) != len(experts) or label_column in experts:
-        raise ValueError(f"expert_columns {experts} must be distinct and differ from label_column {label_column!r}.")
+    route_only = label_column is None
+    if route_only and (experts or label_names is not None or len(judged) < 2):
+        raise ValueError(
+            "label_column=None prepares route-only data (no class, only which expert to call): it needs at least two "
+            "expert_correct_columns (each expert's correctness or score) and no expert_columns or label_names (an "
+            f"answer cannot be scored without a label); got expert_columns={experts!r}, expert_correct_columns="
+            f"{judged!r}, label_names={label_names!r}. Give label_column to train a classifier that defers.")
+    if not route_only and not isinstance(label_column, str):
+        raise ValueError(f"label_column must be a column name (or None for route-only data), got {label_column!r}.")
+    if len(set(experts + judged)) != len(experts + judged) or label_column in experts + judged:
+        raise ValueError(f"expert_columns {experts} and expert_correct_columns {judged} must be distinct and differ "
+                         f"from label_column {label_column!r}.")
     if missing_expert not in MISSING_EXPERT_MODES:
         raise ValueError(f"missing_expert must be one of {MISSING_EXPERT_MODES}, got {missing_expert!r}.")
     if text_column is not None and image_column is not None:
@@ -295,8 +280,8 @@ def prepare_deferral_dataset(
                                                   (image_column, "image")) if name is not None}
     for split_name, split in splits.items():
         where = "" if split_name is None else f" of split {split_name!r}"
-        for role, names in (("label_column", [label_column]), ("expert_columns", experts),
-                            ("text/image column", list(inputs))):
+        for role, names in (("label_column", [] if route_only else [label_column]), ("expert_columns", experts),
+                            ("expert_correct_columns", judged), ("text/image column", list(inputs))):
             missing = [name for name in names if name not in split.column_names]
             if missing:
                 raise ValueError(f"{role} {missing} not found in the dataset{where}; its columns are "
@@ -311,41 +296,69 @@ def prepare_deferral_dataset(
                 f"{split.features[image_column]}."
             )
 
-    first = next(iter(splits.values()))
-    names = _class_names(splits, label_column, label_names)
-    label_map = _LabelMap(names, first.features[label_column])
+    if route_only:
+        clash = [name for name in judged if name in (text_column, text_pair_column, image_column)]
+        if clash:
+            raise ValueError(f"expert_correct_columns {clash} are also the input column: name different columns.")
+        names, label_map = [], None
+    else:
+        first = splits[_training_split(splits)]  # its label column's feature: how integer answers read
+        names = _class_names(splits, label_column, label_names)
+        label_map = _LabelMap(names, first.features[label_column], declared=label_names is not None)
     expert_names: list[str] | None = None
     prepared: dict[Any, datasets.Dataset] = {}
     for split_name, split in splits.items():
         where = "" if split_name is None else f" of split {split_name!r}"
-        labels = label_map.ids(split[label_column][:], split.features[label_column], label_column, split_name, True)
-        if (labels == -1).any():
+        if route_only:  # no class: the first correctness column holds the rows' place until the new columns are in
+            labels = np.full(len(split), IGNORE_INDEX, dtype=np.int64)
+        else:
+            labels = label_map.ids(split[label_column][:], split.features[label_column], label_column, split_name,
+                                   True)
+        if not route_only and (labels == -1).any():
             rows = np.flatnonzero(labels == -1)[:5].tolist()
-            raise ValueError(f"label column {label_column!r}{where} has no label in rows {rows}.")
-        if len(labels) and (labels == IGNORE_INDEX).all():
+            raise ValueError(f"label column {label_column!r}{where} has no label in rows {rows} (None, NaN, -1, '-1' "
+                             "and '' mark a missing label; classes numbered -1, 0, 1 need names first).")
+        if not route_only and len(labels) and (labels == IGNORE_INDEX).all():
             raise ValueError(f"every label of label column {label_column!r}{where} is {IGNORE_INDEX} (ignored).")
-        expert_ids, names_here, sources = _expert_answers(split, experts, label_map, split_name)
+        expert_ids, names_here, sources = (_expert_answers(split, experts, label_map, split_name) if experts
+                                           else (np.zeros((len(split), 0), dtype=np.int64), [], []))
+        names_here, sources = names_here + judged, sources + judged
         if expert_names is not None and names_here != expert_names:
             raise ValueError(f"the expert columns hold {names_here}{where} but {expert_names} in the first split.")
         expert_names = names_here
-        missing = (expert_ids == -1).any(axis=1)
+        scores = _expert_scores(split, judged, split_name)
+        absent = np.concatenate([expert_ids == -1, np.isnan(scores)], axis=1)  # [N, M]: no answer
+        missing = absent.any(axis=1) if missing_expert != "mask" else np.zeros(len(split), dtype=bool)
         if missing.any() and missing_expert == "error":
             row = int(np.flatnonzero(missing)[0])
-            column = sources[int(np.argmax(expert_ids[row] == -1))]
+            column = sources[int(np.argmax(absent[row]))]
             raise ValueError(
                 f"expert column {column!r}{where}, row {row}: the annotation is missing (None, -1 or NaN) in "
-                f"{int(missing.sum())} row(s); pass missing_expert='drop' to drop them."
+                f"{int(missing.sum())} row(s); pass missing_expert='drop' to drop them, or 'mask' to keep them "
+                "without that expert's answer."
             )
+        if missing_expert == "mask" and absent.any():
+            logger.info(f"prepare_deferral_dataset: rows{where} answered per expert (of {len(split)}): "
+                        f"{dict(zip(names_here, (~absent).sum(axis=0).tolist()))}")
+        expert_ids = np.where(expert_ids == -1, IGNORE_INDEX, expert_ids)
         # The label column is kept until the new columns are in: a table without columns has no rows.
-        out = split.select_columns([*inputs, label_column]).rename_columns({**inputs, label_column: "_raw_label"})
+        kept = judged[0] if route_only else label_column
+        out = split.select_columns([*inputs, kept]).rename_columns({**inputs, kept: "_raw_label"})
         ignored = (labels == IGNORE_INDEX).any()
-        out = out.add_column("labels", labels.tolist(),
-                             feature=datasets.Value("int64") if ignored else datasets.ClassLabel(names=names))
-        if expert_ids.shape[1] == 1:
-            out = out.add_column("expert_labels", expert_ids[:, 0].tolist(), feature=datasets.Value("int64"))
+        if not route_only:
+            out = out.add_column("labels", labels.tolist(),
+                                 feature=datasets.Value("int64") if ignored else datasets.ClassLabel(names=names))
+        column, values, dtype = "expert_labels", expert_ids, "int64"
+        if judged:  # targets rather than answers: the answers' correctness against the label, then the scores
+            right = np.where((expert_ids == IGNORE_INDEX) | (labels == IGNORE_INDEX)[:, None], IGNORE_INDEX,
+                             (expert_ids == labels[:, None]).astype(np.float64))
+            column, values, dtype = "expert_correct", np.concatenate([right, np.nan_to_num(scores, nan=IGNORE_INDEX)],
+                                                                     axis=1), "float64"
+        if values.shape[1] == 1:
+            out = out.add_column(column, values[:, 0].tolist(), feature=datasets.Value(dtype))
         else:
-            out = out.add_column("expert_labels", expert_ids.tolist(),
-                                 feature=datasets.List(datasets.Value("int64"), length=expert_ids.shape[1]))
+            out = out.add_column(column, values.tolist(), feature=datasets.List(datasets.Value(dtype),
+                                                                                length=values.shape[1]))
         out = out.remove_columns("_raw_label")
         if missing.any():
             logger.warning(f"prepare_deferral_dataset: dropped {int(missing.sum())} of {len(out)} rows{where} with a "
@@ -364,4 +377,4 @@ def prepare_deferral_dataset(
             out = out.with_transform(_ImageTransform(processor))
         prepared[split_name] = out
     result = prepared[None] if None in prepared else datasets.DatasetDict(prepared)
-    return PreparedDeferralData(result, dict(enumerate(names)), list(expert_names or []))
+    return PreparedDeferralData(result, dict(enumerate(names)), list(expert_names or []), route_only=route_only)

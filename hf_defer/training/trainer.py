@@ -16,10 +16,12 @@ from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.utils import logging
 from transformers.trainer_utils import EvalLoopOutput, IntervalStrategy
 
-from .adapters import check_head_trainable, has_adapters, is_peft_model, load_adapter_checkpoint
+from .adapters import check_adapter_loadable, check_head_trainable, has_adapters, is_peft_model, load_adapter_checkpoint
 from ..data.checks import check_deferral_dataset, check_deferral_model, last_complete_checkpoint
 from ..data.collator import DataCollatorForDeferral
-from ..evaluation.metrics import DeferralMetrics, deferral_metrics
+from ..data.labels import check_label_names
+from ..modeling.surrogate_base import IGNORE_INDEX
+from ..evaluation.metrics import DeferralMetrics, deferral_metrics, expert_targets as _expert_targets
 from ..hub.model_card import DeferralModelCardData, render_model_card
 from .tokenization import ensure_pad_token
 
@@ -34,8 +36,10 @@ class DeferralTrainer(Trainer):
 
     What it adds to the plain Trainer:
 
-    * the loss comes from the model (the configured surrogate); the Trainer scales it for gradient
-      accumulation, so accumulating ``n`` batches of ``b`` gives the loss scale of one batch of ``n * b``;
+    * the loss comes from the model (the configured surrogate), a mean over the rows of a batch; with gradient
+      accumulation each batch's mean is weighted by its share of the rows of the whole optimizer step
+      (``num_items_in_batch``, counted over all processes), so the batches of a step, a short last one included, give
+      exactly the gradient of one batch holding all their rows (and the logged loss is that batch's mean loss);
     * ``compute_metrics`` defaults to [`DeferralMetrics`], so ``evaluate()`` reports ``eval_system_error``,
       ``eval_coverage``, ``eval_classifier_error``, ``eval_expert_ece`` and the budgeted errors, all of the
       saved model's pipeline (the decision with the config's ``expert_costs`` and ``defer_threshold``; budgets ranked
@@ -44,7 +48,8 @@ class DeferralTrainer(Trainer):
       surrogate loss over every example exactly once, however many processes evaluated it;
     * ``train_dataset`` and ``eval_dataset`` (and a dataset given to ``evaluate``) are checked before anything runs
       ([`check_deferral_dataset`]): missing or malformed label columns, labels outside ``num_labels`` or all -100, an
-      untokenized text dataset, features of the wrong width or with NaN, texts longer than the encoder's positions
+      untokenized text dataset, features of the wrong width or with NaN, texts longer than the encoder's positions,
+      a ``ClassLabel`` label column whose names are not the model's ``id2label`` ([`check_label_names`])
       raise a ``ValueError`` at construction, not in the middle of an epoch (a streamed dataset: on its first
       examples);
     * ``train(resume_from_checkpoint=True)`` resumes from the newest *complete* checkpoint, skipping (with a warning)
@@ -78,7 +83,8 @@ class DeferralTrainer(Trainer):
     ```
     """
 
-    # The model returns a mean over the batch; Trainer divides it by the accumulation steps.
+    # Decided per step by `compute_loss`: the model's mean loss is rescaled by `num_items_in_batch` whenever the Trainer
+    # counts it (see there); only when it does not (DataParallel, no labels) does the Trainer divide by the steps.
     loss_is_scaled_for_ga = False
 
     head_only_max_bytes: int = 2**30
@@ -94,6 +100,12 @@ class DeferralTrainer(Trainer):
         check_deferral_model(model)
         config = model.config
         check_head_trainable(model)
+        try:
+            check_adapter_loadable(model)
+        except ValueError as error:  # training and evaluating work; saving the adapter would write a dead folder
+            if getattr(arguments.get("args"), "push_to_hub", False):
+                raise
+            logger.warning(f"{error} DeferralTrainer will train it, but refuse save_model() and push_to_hub().")
         processing_class = arguments.get("processing_class")
         tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
         if tokenizer is not None:
@@ -113,10 +125,15 @@ class DeferralTrainer(Trainer):
             dataset = arguments.get(name)
             if isinstance(dataset, dict):
                 for split, part in dataset.items():
-                    check_deferral_dataset(part, model, f"{name}[{split!r}]")
-            elif dataset is not None:
-                check_deferral_dataset(dataset, model, name)
+                    check_deferral_dataset(part, model, f"{name}[{split!r}]", require_answers=name == "train_dataset")
+                    check_label_names(part, config, f"{name}[{split!r}]")
+            elif dataset is not None:  # an expert who answered no training row would learn nothing: refused
+                check_deferral_dataset(dataset, model, name, require_answers=name == "train_dataset")
+                check_label_names(dataset, config, name)  # class ids that mean the model's classes, not others
         super().__init__(**arguments)
+        # The model's forward takes no `num_items_in_batch` (it returns the mean loss of its batch); this tells the
+        # Trainer to count the rows of each optimizer step and pass the count to `compute_loss`, which rescales.
+        self.model_accepts_loss_kwargs = True
 
     # ------------------------------------------------------------------ data loading and training steps
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -130,20 +147,44 @@ class DeferralTrainer(Trainer):
     def evaluate(self, eval_dataset: Any = None, *args: Any, **kwargs: Any) -> dict[str, float]:
         """[`Trainer.evaluate`]; a dataset given here is checked first, as those given to the constructor are."""
         if eval_dataset is not None and not isinstance(eval_dataset, (str, dict)):  # a dict comes back split by split
-            check_deferral_dataset(eval_dataset, self.accelerator.unwrap_model(self.model), "eval_dataset")
+            model = self.accelerator.unwrap_model(self.model)
+            check_deferral_dataset(eval_dataset, model, "eval_dataset")
+            check_label_names(eval_dataset, model.config, "eval_dataset")
         return super().evaluate(eval_dataset, *args, **kwargs)
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
+        """The model's loss, the mean over the counted rows (label != -100) of this batch; in training, with
+        ``num_items_in_batch`` (the counted rows of all batches of the optimizer step, on all processes), it becomes
+        ``sum over this batch's rows / num_items_in_batch``, so that the step's batches add up to the mean over all
+        its rows: 4 + 4 + 2 rows accumulated give the gradient of one batch of 10, not a mean of three means."""
         if model.training and self.train_dataset is not None and self.train_dataset is self._checked_train_dataset:
             inputs = {**inputs, "check_inputs": False}  # checked once at construction: no pass, no sync per step
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self.compute_loss_func is not None:  # the user's loss function takes the count itself
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        rescale = (model.training and num_items_in_batch is not None and self.args.n_gpu <= 1
+                   and isinstance(inputs.get("labels"), torch.Tensor))
+        self.loss_is_scaled_for_ga = rescale  # read by `training_step` right after this call
+        loss, outputs = super().compute_loss(model, inputs, True, None)  # None: the model's forward takes no count
+        if rescale:
+            counted = (inputs["labels"] != IGNORE_INDEX).sum()
+            loss = loss * counted / torch.as_tensor(num_items_in_batch, device=loss.device).clamp(min=1)
+            if self.args.average_tokens_across_devices:  # the count is of all processes, and DDP averages gradients
+                loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+        return (loss, outputs) if return_outputs else loss
 
     def prediction_step(self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool,
                         ignore_keys: list[str] | None = None) -> Any:
         ignored = ignore_keys if ignore_keys is not None else getattr(model.config, "keys_to_ignore_at_inference", [])
         if _ESTIMATES <= set(ignored):  # the step keeps the logits only: the estimates would be computed and dropped
             inputs = {**inputs, "output_estimates": False}
+        if "expert_correct" in inputs and "expert_labels" not in inputs and self.args.label_names is None:
+            names = self.label_names  # gather the scores as targets (a route-only model has them alone)
+            self.label_names = ["labels", "expert_correct"] if "labels" in inputs else ["expert_correct"]
+            try:
+                return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+            finally:
+                self.label_names = names
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
 
     def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
@@ -183,10 +224,12 @@ class DeferralTrainer(Trainer):
             self._default_collator
             and getattr(model.config, "encoder", True) is None
             and isinstance(dataset, datasets.Dataset)
-            and {"features", "labels", "expert_labels"} <= set(dataset.column_names)
+            and {"features", "labels"} <= set(dataset.column_names)
+            and ("expert_labels" in dataset.column_names) != ("expert_correct" in dataset.column_names)
             and self.args.train_sampling_strategy in ("random", "sequential")
         ):
-            columns = dataset.select_columns(["features", "labels", "expert_labels"])
+            targets = "expert_correct" if "expert_correct" in dataset.column_names else "expert_labels"
+            columns = dataset.select_columns(["features", "labels", targets])
             if columns.data.nbytes <= self.head_only_max_bytes:
                 try:
                     rows = _HeadOnlyRows.from_dataset(columns)
@@ -204,10 +247,16 @@ class DeferralTrainer(Trainer):
         if logits is not None and isinstance(label_ids, (tuple, list)) and len(label_ids) == 2:
             surrogate = self.accelerator.unwrap_model(self.model).surrogate
             loss = surrogate(torch.as_tensor(np.asarray(logits)), torch.as_tensor(np.asarray(label_ids[0])),
-                             torch.as_tensor(np.asarray(label_ids[1])))
+                             **_expert_targets(label_ids[1]))
             output.metrics[f"{metric_key_prefix}_loss"] = float(loss)
             # Kept for the model card (metrics with reliability-diagram data): see `model_card_data`.
             self._last_deferral_eval = (metric_key_prefix, logits, label_ids[0], label_ids[1])
+        elif logits is not None and label_ids is not None and getattr(self.model.config, "route_only", False) is True:
+            targets = np.asarray(label_ids)  # a route-only model's only targets: expert_correct
+            loss = self.accelerator.unwrap_model(self.model).surrogate(torch.as_tensor(np.asarray(logits)),
+                                                                       expert_correct=torch.as_tensor(targets))
+            output.metrics[f"{metric_key_prefix}_loss"] = float(loss)
+            self._last_deferral_eval = (metric_key_prefix, logits, None, targets)
         return output
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
@@ -220,10 +269,20 @@ class DeferralTrainer(Trainer):
 
     # ------------------------------------------------------------------ saving, Hub and model card
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Saves the model like the Trainer and, when called by the user, writes the deferral model card next to it."""
+        """Saves the model like the Trainer and, when called by the user, writes the deferral model card next to it;
+        refuses an adapter whose folder could not be loaded again ([`check_adapter_loadable`]; checkpoints, which
+        resume the model in memory, are still written)."""
+        if not _internal_call:
+            check_adapter_loadable(self.accelerator.unwrap_model(self.model))
         super().save_model(output_dir, _internal_call)
         if not _internal_call:
             self.create_model_card(save_directory=output_dir)
+
+    def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
+        """[`Trainer.push_to_hub`] with the deferral model card; refuses an adapter that could not be loaded from the
+        repository ([`check_adapter_loadable`]) before anything is uploaded."""
+        check_adapter_loadable(self.accelerator.unwrap_model(self.model))
+        return super().push_to_hub(*args, **kwargs)
 
     def model_card_data(self, **fields: Any) -> DeferralModelCardData:
         """The [`DeferralModelCardData`] of the trained model: its configuration, the metrics (with the config's
@@ -235,14 +294,15 @@ class DeferralTrainer(Trainer):
         if last is not None:
             prefix, logits, labels, expert_labels = last
             # The same numbers as evaluate()'s (see __init__): those of the saved model's pipeline.
-            metrics = deferral_metrics(logits, labels, expert_labels, model.config, return_reliability=True,
-                                       budget_ranking="margin")
+            metrics = deferral_metrics(logits, labels, surrogate=model.config, return_reliability=True,
+                                       budget_ranking="margin", **_expert_targets(expert_labels))
             values["budget_ranking"] = "margin"
             values["reliability"] = metrics.pop("reliability")
             values["metrics"] = metrics
-            values["num_eval_examples"] = int(np.sum(np.asarray(labels) != -100))
+            values["num_eval_examples"] = len(expert_labels) if labels is None else int(np.sum(np.asarray(labels) != -100))
             values["dataset_split"] = "validation" if prefix == "eval" else prefix
-            if any(model.config.expert_costs or []):  # priced experts: the card draws the error-cost curve
+            answers = np.asarray(expert_labels)[np.asarray(labels) != -100] if labels is not None else np.zeros(0)
+            if labels is not None and any(model.config.expert_costs or []) and answers.dtype.kind in "iu" and not (answers == -100).any():
                 values["error_cost_curve"] = _error_cost_front(model, logits, labels, expert_labels)
         else:
             logged = [entry for entry in self.state.log_history if any(k.endswith("_system_error") for k in entry)]
@@ -257,7 +317,7 @@ class DeferralTrainer(Trainer):
             "learning_rate": args.learning_rate,
             "per_device_train_batch_size": args.per_device_train_batch_size,
             "gradient_accumulation_steps": args.gradient_accumulation_steps,
-            "num_train_epochs": args.num_train_epochs,
+            "num_train_epochs": round(float(self.state.epoch or 0.0), 4),  # trained, not asked for (max_steps cuts)
             "optimizer": str(getattr(args.optim, "value", args.optim)),
             "lr_scheduler_type": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
             "seed": args.seed,
@@ -341,8 +401,8 @@ class _HeadOnlyRows(torch.utils.data.Dataset):
     """The columns of a head-only training set as whole tensors: `__getitems__` returns a batch (a dict of tensors,
     the values [`DataCollatorForDeferral`] makes of the same rows) with one indexing per column, no per-row dicts."""
 
-    def __init__(self, features: torch.Tensor, labels: torch.Tensor, expert_labels: torch.Tensor) -> None:
-        self.columns = {"features": features, "labels": labels, "expert_labels": expert_labels}
+    def __init__(self, columns: dict[str, torch.Tensor]) -> None:
+        self.columns = columns  # features, labels and expert_labels (or expert_correct)
 
     @classmethod
     def from_dataset(cls, dataset: datasets.Dataset) -> _HeadOnlyRows:
@@ -352,8 +412,9 @@ class _HeadOnlyRows(torch.utils.data.Dataset):
             values = np.stack(values) if values.dtype == object else values
             return torch.from_numpy(np.ascontiguousarray(values, dtype=dtype))
 
-        return cls(array(table["features"], np.float32), array(table["labels"], np.int64),
-                   array(table["expert_labels"], np.int64))
+        targets = "expert_correct" if "expert_correct" in table else "expert_labels"
+        return cls({"features": array(table["features"], np.float32), "labels": array(table["labels"], np.int64),
+                    targets: array(table[targets], np.float32 if targets == "expert_correct" else np.int64)})
 
     def __len__(self) -> int:
         return len(self.columns["labels"])
