@@ -11,6 +11,7 @@
    run `pipeline("deferral")` on raw tweets.
 
 The data is the copy of HateSpeech shipped inside hf_defer (MIT license; the tweets contain offensive language).
+The saved card states the licenses: the model under --license (default apache-2.0, the encoder's), the data MIT.
 
 Usage: python scripts/demo.py [--output-dir demo_model] [--epochs 50] [--max-rows N] [--overwrite]
 A folder the demo wrote before is replaced; any other existing folder needs --overwrite.
@@ -33,10 +34,14 @@ from hf_defer.data import HATESPEECH_CITATION, HATESPEECH_HUB_ID, load_hatespeec
 from hf_defer.experts.embeddings import add_embeddings, resolve_sentence_encoder
 from hf_defer.experiments.hatespeech import DEFAULT_ENCODER, Protocol, training_arguments
 from hf_defer.evaluation.metrics import metric_name_and_meaning
-from hf_defer.commands.run import head_on_sentence_encoder
+from hf_defer.commands.run import head_on_sentence_encoder, sentence_encoder_max_length
 from hf_defer.modeling.surrogates import surrogate_class
 
 MARKER = ".written_by_hf_defer_demo"
+CONTENT_WARNING = ("Content warning: the HateSpeech tweets printed below contain racist, sexist, homophobic and "
+                   "otherwise offensive language.")
+LICENSE_NOTES = ("Base encoder: sentence-transformers/all-MiniLM-L6-v2, Apache-2.0. Training data: HateSpeech "
+                 "(Davidson et al., 2017), MIT License, Copyright (c) 2017 Tom Davidson.")
 METRICS = ("system_error", "coverage", "classifier_error", "expert_ece", "budgeted_error_10", "budgeted_error_20",
            "budgeted_error_30")
 
@@ -53,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--surrogate", default="asm", choices=hf_defer.SURROGATES)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
+    parser.add_argument("--license", default="apache-2.0", help="license of the saved model, for its card")
     options = parser.parse_args(argv)
 
     output_dir = Path(options.output_dir)
@@ -62,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
               "it, or choose another --output-dir.", file=sys.stderr)
         return 2
     torch.manual_seed(options.seed)
+    print(CONTENT_WARNING + "\n")
 
     print("1/4 Loading HateSpeech (expert = one random annotator per tweet)")
     splits = load_hatespeech(options.data, seed=options.seed)
@@ -102,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         name, meaning = metric_name_and_meaning(key)
         print(f"  {name:<{width}}  {metrics[f'test_{key}']:.4f}  ({meaning})")
 
+    output_dir = output_dir.resolve()
     print(f"\n4/4 Putting the head on the encoder and saving a Hub-ready folder to {output_dir}")
     encoder_path = resolve_sentence_encoder(options.encoder)
     text_model = head_on_sentence_encoder(model, encoder_path)  # the encoder's own pooling reproduces the features
@@ -112,27 +120,30 @@ def main(argv: list[str] | None = None) -> int:
         expert_description="One random CrowdFlower annotator per tweet, drawn from the tweet's annotator counts "
         "(the human expert of Mozannar et al. 2023 and Cao et al. 2023).",
         training_description=f"Linear {display_name} head over frozen, L2-normalised mean-pooled {options.encoder} "
-        "embeddings.",
+        "embeddings.", license=options.license, language="en", license_notes=LICENSE_NOTES,
     )
     tokenizer = AutoTokenizer.from_pretrained(encoder_path)
+    # The saved tokenizer cuts where sentence-transformers cut the embeddings the head was trained on.
+    tokenizer.model_max_length = sentence_encoder_max_length(encoder_path) or tokenizer.model_max_length
     hf_defer.save_for_hub(text_model, output_dir, processing_class=tokenizer, card_data=card, overwrite=True)
     (output_dir / "test_metrics.json").write_text(json.dumps(metrics, indent=2))
     (output_dir / MARKER).touch()
 
     examples = splits["test"].select(range(8))
     classifier = pipeline("deferral", model=str(output_dir))
-    outputs = classifier(list(examples["text"]), truncation=True, max_length=128)
+    outputs = classifier(list(examples["text"]), truncation=True)
     with torch.no_grad():
         from_features = model(features=torch.tensor(np.asarray(examples["features"], dtype=np.float32)))
     gap = max(abs(out["class_score"] - float(p.max())) for out, p in zip(outputs, from_features.class_probs))
     print(f"\npipeline('deferral', model='{output_dir}') on raw test tweets "
-          f"(matches the head on cached embeddings to {gap:.1e}):")
+          f"(matches the head on cached embeddings to {gap:.1e}). {CONTENT_WARNING}")
     for text, label, expert, out in zip(examples["text"], examples["labels"], examples["expert_labels"], outputs):
         truth = class_names[label]
         text = " ".join(text.split())
         print(f"  {out['label']:>18} | true {truth:<18} annotator {class_names[expert]:<18}"
               f" est. acc. {out['expert_accuracy'][0]:.2f} | {text[:50]}")
-    print(f"\nDone. Share it with: hf_defer.push_to_hub(...) or `huggingface-cli upload <repo> {output_dir}`.")
+    print(f"\nDone: the model, its card and test_metrics.json are in {output_dir}\nShare it on the Hub (after "
+          f"`hf auth login`): hf upload <your-name>/hatespeech-defer {output_dir}")
     return 0
 
 

@@ -1,7 +1,13 @@
 """The flags of `scripts/run_deferral.py` and `hf-defer train`, as transformers' example scripts name them.
 
 [`parse_run_arguments`] reads them with `HfArgumentParser` over [`ModelArguments`], [`DataTrainingArguments`] and
-`transformers.TrainingArguments`, from command-line flags or from one JSON file.
+`transformers.TrainingArguments`, from command-line flags or from one JSON file. `--help` lists them in four groups:
+model, data, deferral (every flag about experts, the surrogate and the deferral budget) and training.
+
+The flags of transformers' `run_classification.py` carry over under their names, except those left out on purpose
+(the README lists them): `--do_regression`, `--metric_name` (the deferral metrics are fixed), `--pad_to_max_length`
+(batches are padded as they are built), `--remove_splits` / `--remove_columns` (only the named columns are read),
+`--use_fast_tokenizer` (transformers 5 loads the fast one) and `--ignore_mismatched_sizes` (the deferral head is new).
 """
 
 from __future__ import annotations
@@ -9,11 +15,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+
+import json
+from typing import Any
 
 from transformers import HfArgumentParser, TrainingArguments
 
-__all__ = ["DataTrainingArguments", "ModelArguments", "parse_run_arguments"]
+__all__ = ["DataTrainingArguments", "ModelArguments", "build_run_parser", "parse_run_arguments"]
 
 _DATA_EXTENSIONS = ("csv", "json", "jsonl", "parquet")
 
@@ -28,6 +37,34 @@ class ModelArguments:
 
     model_name_or_path: str = field(
         metadata={"help": "Encoder checkpoint: a Hub id or a local folder (text or vision)."}
+    )
+    config_name: str | None = field(
+        default=None, metadata={"help": "Encoder config (Hub id or folder) if not the one of --model_name_or_path."}
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={"help": "Tokenizer or image processor (Hub id or folder) if not the one of --model_name_or_path."},
+    )
+    cache_dir: str | None = field(
+        default=None, metadata={"help": "Where models and datasets downloaded from the Hub are stored."}
+    )
+    model_revision: str = field(
+        default="main", metadata={"help": "Model version to use: a branch name, tag name or commit id."}
+    )
+    token: str | None = field(
+        default=None, metadata={"help": "Hub token for private models and datasets (default: the one `hf auth "
+                                        "login` stored)."}
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow the encoder and dataset repositories to run their own code. Only for repositories "
+                          "you trust and whose code you have read."},
+    )
+    license: str | None = field(
+        default=None, metadata={"help": "License of the saved model, for its card (e.g. apache-2.0, mit)."}
+    )
+    language: str | None = field(
+        default=None, metadata={"help": "Comma-separated language codes of the data, for the card (e.g. en)."}
     )
     surrogate: str = field(default="asm", metadata={"help": "Training loss: asm (default), ssm, sova or aova."})
     pooling: str | None = field(
@@ -76,15 +113,39 @@ class DataTrainingArguments:
     train_file: str | None = field(default=None, metadata={"help": "Training data: csv, json, jsonl or parquet."})
     validation_file: str | None = field(default=None, metadata={"help": "Validation data (same format)."})
     test_file: str | None = field(default=None, metadata={"help": "Test data for --do_predict (same format)."})
-    text_column_name: str | None = field(
-        default=None, metadata={"help": "Text column. Default: 'text' when the data has it and no image column."}
+    text_column_names: str | None = field(
+        default=None,
+        metadata={"aliases": ["--text_column_name"],
+                  "help": "Text column; several, comma-separated, are joined with --text_column_delimiter. Default: "
+                          "'text' when the data has it and no image column."},
     )
+    text_column_delimiter: str = field(default=" ", metadata={"help": "Joins several text columns."})
     text_pair_column_name: str | None = field(default=None, metadata={"help": "Second text of a text pair."})
     image_column_name: str | None = field(
         default=None, metadata={"help": "Image column, for vision encoders. Default: the first column of images."}
     )
-    label_column_name: str = field(
-        default="label", metadata={"help": "Column of the true class: names, a ClassLabel or class ids."}
+    label_column_name: str | None = field(
+        default=None, metadata={"help": "Column of the true class: names, a ClassLabel or class ids. Default: 'label' "
+                                        "(none with --route_only)."}
+    )
+    train_split_name: str = field(default="train", metadata={"help": "The training split of --dataset_name."})
+    validation_split_name: str = field(
+        default="validation", metadata={"help": "The validation split of --dataset_name."}
+    )
+    test_split_name: str = field(default="test", metadata={"help": "The test split of --dataset_name."})
+    id_column_name: str | None = field(
+        default=None,
+        metadata={"help": "Column of the test data's own ids, copied into predictions.csv. Default: 'id' when the test "
+                          "data has it, else the row number as 'row'."},
+    )
+    copy_columns: str | None = field(
+        default=None, metadata={"help": "Comma-separated test columns copied into predictions.csv next to the "
+                                        "decisions."}
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Replace and delete files in --output_dir that no hf_defer run wrote. Without it such files "
+                          "stop the run before anything is written (a folder a run wrote is run into again)."},
     )
     class_names: str | None = field(
         default=None, metadata={"help": "Comma-separated class names in class-id order (default: from the data)."}
@@ -92,8 +153,26 @@ class DataTrainingArguments:
     expert_column_names: str | None = field(
         default=None, metadata={"help": "Comma-separated columns holding the experts' answers, one per expert."}
     )
+    expert_correct_columns: str | None = field(
+        default=None,
+        metadata={"help": "Comma-separated columns of experts given by their correctness (true/false, 1/0) or a score "
+                          "in [0, 1] (a judge's grade, a pass rate), one per expert, after --expert_column_names'."},
+    )
+    route_only: bool = field(
+        default=False,
+        metadata={"help": "Train a route-only model: no class head, no label column; it learns each expert's accuracy "
+                          "from --expert_correct_columns (two or more) and sends each input to the expert with the "
+                          "best estimated accuracy minus cost."},
+    )
+    default_expert: str | None = field(
+        default=None,
+        metadata={"help": "--route_only: the expert that answers unless routing elsewhere pays (the cheap model); "
+                          "any other counts as a deferral for --max_deferral_rate. Default: the first expert."},
+    )
     missing_expert: str = field(
-        default="error", metadata={"help": "Missing annotation (empty, -1, NaN): 'error' or 'drop' the row."}
+        default="error",
+        metadata={"help": "Missing annotation (empty, -1, NaN): 'error', 'drop' the row, or 'mask' (keep the row; "
+                          "that expert's loss terms leave it, and it is not deferred to there in evaluation)."},
     )
     simulated_expert: str | None = field(
         default=None,
@@ -108,6 +187,12 @@ class DataTrainingArguments:
         default=None, metadata={"help": "annotator: comma-separated per-class annotator count columns."}
     )
     max_seq_length: int = field(default=128, metadata={"help": "Longest tokenized input; longer ones are truncated."})
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes that tokenize the data."}
+    )
+    overwrite_cache: bool = field(default=False, metadata={"help": "Tokenize again instead of reading the cache."})
+    shuffle_train_dataset: bool = field(default=False, metadata={"help": "Shuffle the training rows once, seeded."})
+    shuffle_seed: int = field(default=42, metadata={"help": "Seed of --shuffle_train_dataset."})
     validation_split_percentage: int = field(
         default=10, metadata={"help": "Share of train held out for validation when the data has no validation split."}
     )
@@ -128,23 +213,60 @@ class DataTrainingArguments:
             path = getattr(self, name)
             if path is not None and path.rsplit(".", 1)[-1].lower() not in _DATA_EXTENSIONS:
                 raise ValueError(f"--{name} must be a {', '.join(_DATA_EXTENSIONS)} file, got {path!r}.")
-        if self.missing_expert not in ("error", "drop"):
-            raise ValueError(f"--missing_expert must be 'error' or 'drop', got {self.missing_expert!r}.")
+        if self.missing_expert not in ("error", "drop", "mask"):
+            raise ValueError(f"--missing_expert must be 'error', 'drop' or 'mask', got {self.missing_expert!r}.")
         if self.simulated_expert not in (None, "class_subset", "annotator"):
             raise ValueError(
                 f"--simulated_expert must be 'class_subset' or 'annotator', got {self.simulated_expert!r}."
             )
-        if bool(self.expert_column_names) == bool(self.simulated_expert):
-            raise ValueError("give exactly one of --expert_column_names (your experts' answers) and "
-                             f"--simulated_expert; got {self.expert_column_names!r} and {self.simulated_expert!r}.")
+        if bool(self.expert_column_names or self.expert_correct_columns) == bool(self.simulated_expert):
+            raise ValueError("give --expert_column_names (your experts' answers) and/or --expert_correct_columns (their "
+                             f"correctness or scores), or --simulated_expert; got {self.expert_column_names!r}, "
+                             f"{self.expert_correct_columns!r} and {self.simulated_expert!r}.")
+        if self.route_only:
+            if self.label_column_name is not None or self.expert_column_names or self.simulated_expert \
+                    or self.class_names or len(self.correct_columns) < 2:
+                raise ValueError(
+                    "--route_only trains on each expert's correctness alone: give two or more --expert_correct_columns "
+                    "and no --label_column_name, --expert_column_names, --simulated_expert or --class_names (a "
+                    f"route-only model has no class); got --label_column_name {self.label_column_name!r}, "
+                    f"--expert_column_names {self.expert_column_names!r}, --expert_correct_columns "
+                    f"{self.expert_correct_columns!r}, --simulated_expert {self.simulated_expert!r}, --class_names "
+                    f"{self.class_names!r}.")
+            if self.default_expert is not None and self.default_expert not in self.correct_columns:
+                raise ValueError(f"--default_expert must be one of --expert_correct_columns {self.correct_columns}, "
+                                 f"got {self.default_expert!r}.")
+        else:
+            if self.default_expert is not None:
+                raise ValueError(f"--default_expert is for route-only models (--route_only), got "
+                                 f"{self.default_expert!r}.")
+            if self.label_column_name is None:
+                self.label_column_name = "label"
         if self.simulated_expert == "annotator" and not self.annotator_count_columns:
             raise ValueError("--simulated_expert annotator needs --annotator_count_columns.")
         if self.max_deferral_rate is not None and not 0 < self.max_deferral_rate <= 1:
             raise ValueError(f"--max_deferral_rate must lie in (0, 1], got {self.max_deferral_rate!r}.")
+        if self.max_seq_length < 1:
+            raise ValueError(f"--max_seq_length must be a positive number of tokens, got {self.max_seq_length!r}.")
+        if self.text_column_names is not None and not _names(self.text_column_names):
+            raise ValueError(f"--text_column_names must name a column, got {self.text_column_names!r}.")
+
+    @property
+    def text_columns(self) -> list[str]:
+        """The text columns of `--text_column_names` (empty: not given)."""
+        return _names(self.text_column_names)
+
+    @property
+    def copied_columns(self) -> list[str]:
+        return _names(self.copy_columns)
 
     @property
     def expert_columns(self) -> list[str]:
         return _names(self.expert_column_names)
+
+    @property
+    def correct_columns(self) -> list[str]:
+        return _names(self.expert_correct_columns)
 
     @property
     def classes(self) -> list[str] | None:
@@ -155,13 +277,71 @@ class DataTrainingArguments:
         return _names(self.annotator_count_columns)
 
 
+_DEFERRAL_WORDS = ("expert", "deferral", "surrogate", "annotator", "route")
+_RENAMED = {"text_column_name": "text_column_names"}
+"""Keys of older JSON files and their flag now (the flag keeps the old name as an alias)."""
+
+
+def help_group(dataclass_type: type, name: str) -> str:
+    """The `--help` group of a flag: `deferral` for every flag about experts, the surrogate or the deferral budget,
+    else `model`, `data` or `training` after its dataclass."""
+    if dataclass_type in (ModelArguments, DataTrainingArguments) and any(w in name for w in _DEFERRAL_WORDS):
+        return "deferral"
+    return {ModelArguments: "model", DataTrainingArguments: "data"}.get(dataclass_type, "training")
+
+
+class RunArgumentParser(HfArgumentParser):
+    """`HfArgumentParser` over the three dataclasses whose `--help` shows the flags in groups (model, data, deferral,
+    training) and whose usage errors are one line naming the flag."""
+
+    _GROUPS = {"model": "the encoder and the saved model", "data": "the data files or Hub dataset, and predictions",
+               "deferral": "experts, surrogate loss and deferral budget",
+               "training": "transformers.TrainingArguments (see its documentation)"}
+
+    def _add_dataclass_arguments(self, dtype: Any) -> None:
+        groups = getattr(self, "_run_groups", None)
+        if groups is None:
+            groups = self._run_groups = {name: self.add_argument_group(name, help_text)
+                                         for name, help_text in self._GROUPS.items()}
+        from typing import get_type_hints
+
+        hints = get_type_hints(dtype)
+        for item in fields(dtype):
+            if item.init:
+                item.type = hints[item.name]
+                self._parse_dataclass_field(groups[help_group(dtype, item.name)], item)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_run_parser(prog: str | None = None) -> RunArgumentParser:
+    """The parser of `scripts/run_deferral.py` and `hf-defer train` (see [`RunArgumentParser`])."""
+    name = prog or os.path.basename(sys.argv[0] or "run_deferral.py")
+    usage = (f"{name} --model_name_or_path MODEL (--train_file FILE | --dataset_name NAME) --output_dir DIR "
+             f"[FLAG ...]\n       {name} FLAGS.json")
+    return RunArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments), prog=name, usage=usage)
+
+
+def _resume_value(value: Any) -> Any:
+    """`--resume_from_checkpoint true` resumes from the newest complete checkpoint (`DeferralTrainer.train(True)`);
+    `false` does not resume; anything else is a checkpoint folder."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return True if value.strip().lower() == "true" else None
+    return value
+
+
 def parse_run_arguments(
-    argv: Sequence[str] | None = None,
+    argv: Sequence[str] | None = None, parser: HfArgumentParser | None = None,
 ) -> tuple[ModelArguments, DataTrainingArguments, TrainingArguments]:
     """Parses flags (or one `.json` file holding them) into the three argument dataclasses.
 
+    `--text_column_name` (and the key `text_column_name` of a JSON file) is `--text_column_names`;
+    `--resume_from_checkpoint true` resumes from the newest complete checkpoint of `--output_dir`.
+
     Args:
         argv (`list[str]`, *optional*): the arguments; defaults to `sys.argv[1:]`.
+        parser (`HfArgumentParser`, *optional*): defaults to [`build_run_parser`]'s.
 
     Returns:
         `tuple`: ([`ModelArguments`], [`DataTrainingArguments`], `TrainingArguments`).
@@ -178,8 +358,25 @@ def parse_run_arguments(
 
     ```
     """
-    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
+    parser = parser or build_run_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    return parser.parse_args_into_dataclasses(args=argv)
+        path = os.path.abspath(argv[0])
+        try:
+            with open(path, encoding="utf-8") as handle:
+                values = json.load(handle)
+        except OSError as error:
+            raise FileNotFoundError(f"the flags file {argv[0]!r} cannot be read: {error.strerror}.") from None
+        except ValueError as error:
+            raise ValueError(f"the flags file {argv[0]!r} is not valid JSON: {error}.") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"the flags file {argv[0]!r} must hold one JSON object of flag names and values.")
+        values = {_RENAMED.get(key, key): value for key, value in values.items()}
+        model_args, data_args, training_args = parser.parse_dict(values)
+    else:
+        model_args, data_args, training_args, unknown = parser.parse_args_into_dataclasses(
+            args=argv, return_remaining_strings=True)
+        if unknown:
+            raise ValueError(f"unrecognized arguments: {' '.join(unknown)}; `{parser.prog} --help` lists the flags.")
+    training_args.resume_from_checkpoint = _resume_value(training_args.resume_from_checkpoint)
+    return model_args, data_args, training_args

@@ -1,207 +1,244 @@
-"""The `hf-defer` command (also `python -m hf_defer`).
+"""The `hf-defer` command (also `python -m hf_defer`): `train`, `predict`, `evaluate`.
 
-- `hf-defer train ...`: the flags of `scripts/run_deferral.py` (see [`run_deferral`]), or one JSON file of them.
+- `hf-defer train ...`: the flags of `scripts/run_deferral.py` (see [`run_deferral`]), or one JSON file of them;
+  `--json` prints only the run's final JSON on stdout (the Trainer's tables go to stderr).
 - `hf-defer predict --model PATH_OR_ID --input FILE`: the deferral pipeline's decision for every row of a file,
   written as CSV (`predictions.csv` by default).
 - `hf-defer evaluate --model PATH_OR_ID --input FILE`: the deferral metrics of a saved model on a labelled file.
+- `hf-defer review push|pull ...`: the review loop with Label Studio (`hf_defer.review.cli`; `pip install
+  'hf-defer[review]'`).
 
-`hf-defer <command> --help` lists every flag with its meaning.
+This module imports the standard library only: `hf-defer --help`, `--version` and a mistyped command answer without
+loading torch (the `hf-defer` launcher, `hf_defer_cli.py`, runs this file before the `hf_defer` package is imported).
+A command imports what it needs when it runs. A mistake (a missing file, a wrong flag value, data that does not fit)
+ends with one line on stderr that names the flag and the fix, and exit status 2; `--debug` shows the traceback.
+A new command is one more [`Command`] in `COMMANDS`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import importlib
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
-import datasets
-import numpy as np
-import torch
+__all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
-__all__ = ["evaluate_file", "main", "predict_file", "read_table"]
-
-USAGE = """usage: hf-defer {train,predict,evaluate} ...
-
-  train     train, evaluate, calibrate and save a deferral model (the flags of scripts/run_deferral.py)
-  predict   decisions of a saved deferral model for every row of a file, as CSV
-  evaluate  deferral metrics of a saved model on a labelled file
-
-`hf-defer <command> --help` lists the flags of a command."""
+PROG = "hf-defer"
+USER_ERRORS = (ValueError, OSError, ImportError)
+"""Exceptions that mean the input or the flags are wrong (not hf_defer): one line and exit status 2."""
 
 
-def read_table(path: str) -> datasets.Dataset:
-    """A csv, json, jsonl or parquet file as a `datasets.Dataset`; a `.txt` file holds one text per line."""
-    extension = path.rsplit(".", 1)[-1].lower()
-    if extension == "txt":
-        with open(path) as handle:
-            return datasets.Dataset.from_dict({"text": [line.rstrip("\n") for line in handle if line.strip()]})
-    builders = {"csv": "csv", "json": "json", "jsonl": "json", "parquet": "parquet"}
-    if extension not in builders:
-        raise ValueError(f"--input must be a csv, json, jsonl, parquet or txt file, got {path!r}.")
-    return datasets.load_dataset(builders[extension], data_files=path, split="train")
+class OneLineErrorParser(argparse.ArgumentParser):
+    """`argparse.ArgumentParser` whose errors are one line, `<prog>: error: <what> (see `<prog> --help`)`, exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _input_options(parser: argparse.ArgumentParser) -> None:
+class Command(NamedTuple):
+    """One subcommand: its one-line help, its flags (`None`: the command parses its own, as `train` does with
+    `HfArgumentParser`) and what runs it, a `"module:function"` under `hf_defer.commands`, imported when it runs."""
+
+    name: str
+    help: str
+    run: str
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+
+
+def _input_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="Saved deferral model: a local folder or a Hub id.")
     parser.add_argument("--input", required=True, help="csv, json, jsonl or parquet file (txt: one text per line).")
-    parser.add_argument("--text_column_name", default=None, help="Text column (default: 'text').")
+    parser.add_argument("--text_column_names", "--text_column_name", dest="text_column_names", default=None,
+                        help="Text column; several, comma-separated, are joined with --text_column_delimiter "
+                             "(default: 'text').")
+    parser.add_argument("--text_column_delimiter", default=" ", help="Joins several text columns (default: a space).")
     parser.add_argument("--text_pair_column_name", default=None, help="Second text of a text pair.")
     parser.add_argument("--image_column_name", default=None, help="Image column (paths or images), vision models.")
-    parser.add_argument("--batch_size", type=int, default=32, help="Inputs per forward pass.")
+    parser.add_argument("--batch_size", type=int, default=32, help="Inputs per forward pass (default: 32).")
+    parser.add_argument("--trust_remote_code", action="store_true",
+                        help="Run the code saved with --model instead of the installed hf_defer.")
 
 
-def _load_pipeline(model: str) -> Any:
-    import hf_defer  # noqa: F401  (registers the "deferral" task)
-    from transformers import pipeline
-
-    return pipeline("deferral", model=model)
-
-
-def _pipeline_inputs(dataset: datasets.Dataset, input_kind: str, text_column_name: str | None = None,
-                     text_pair_column_name: str | None = None, image_column_name: str | None = None) -> list[Any]:
-    from .run import pipeline_inputs
-
-    if input_kind == "features":
-        raise ValueError("--model is a head-only model over feature vectors; predict/evaluate take text or images.")
-    column = (image_column_name or "image") if input_kind == "image" else (text_column_name or "text")
-    if column not in dataset.column_names:
-        raise ValueError(f"--input has no column {column!r} (the model's {input_kind} input); its columns are "
-                         f"{dataset.column_names}. Name it with --{input_kind}_column_name.")
-    if input_kind == "image":
-        return pipeline_inputs(dataset, image_column=column)
-    return pipeline_inputs(dataset, column, text_pair_column_name)
+def _predict_arguments(parser: argparse.ArgumentParser) -> None:
+    _input_arguments(parser)
+    parser.add_argument("--output", default="predictions.csv", help="CSV to write (default: predictions.csv).")
+    parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
+    parser.add_argument("--id_column_name", default=None,
+                        help="Column of the input's own ids, copied into the CSV (default: 'id' when the input has "
+                             "one, else the row number as 'row').")
+    parser.add_argument("--copy_columns", default=None,
+                        help="Comma-separated input columns copied into the CSV next to the decisions.")
+    parser.add_argument("--expert_costs", default=None,
+                        help="Comma-separated cost of asking each expert, in the model's expert order (default: the "
+                             "costs saved with the model).")
+    parser.add_argument("--defer_threshold", type=float, default=None,
+                        help="Deferral margin (default: the calibrated one saved with the model).")
 
 
-def predict_file(model: str, input_path: str, output: str = "predictions.csv", batch_size: int = 32,
-                 text_column_name: str | None = None, text_pair_column_name: str | None = None,
-                 image_column_name: str | None = None, **pipeline_kwargs: Any) -> int:
-    """Writes the deferral pipeline's output for every row of `input_path` to the CSV `output` (see
-    [`write_predictions`]); text is truncated where the model was trained (`truncation=True`). Returns the row count.
-
-    Example:
-
-    ```python
-    >>> from hf_defer.commands.cli import predict_file
-    >>> predict_file("my-deferral-model", "reviews.csv", "decisions.csv")  # doctest: +SKIP
-    ```
-    """
-    from .run import write_predictions
-
-    pipe = _load_pipeline(model)
-    inputs = _pipeline_inputs(read_table(input_path), pipe.input_kind, text_column_name, text_pair_column_name,
-                              image_column_name)
-    if pipe.input_kind == "text":
-        pipeline_kwargs.setdefault("truncation", True)
-    outputs = pipe(inputs, batch_size=batch_size, **pipeline_kwargs)
-    return write_predictions(outputs, output, pipe.model.config.expert_names)
+def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    _input_arguments(parser)
+    parser.add_argument("--label_column_name", default="label", help="Column of the true class (names or ids).")
+    parser.add_argument("--expert_column_names", default=None,
+                        help="The experts' answer columns, matched to the model's experts by name: 'alice,bob' "
+                             "(columns named as the experts, any order) or 'alice=col_a,bob=col_b' (default: "
+                             "columns named as the model's experts).")
+    parser.add_argument("--missing_expert", default="error", choices=["error", "drop", "mask"],
+                        help="What to do with a missing annotation (default: error; mask: keep the row, and that "
+                             "expert is not deferred to there).")
+    parser.add_argument("--output", default=None, help="Also write the metrics to this JSON file.")
+    parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
 
 
-def evaluate_file(model: str, input_path: str, label_column_name: str = "label",
-                  expert_column_names: Sequence[str] | None = None, missing_expert: str = "error",
-                  batch_size: int = 32, text_column_name: str | None = None,
-                  text_pair_column_name: str | None = None, image_column_name: str | None = None) -> dict[str, float]:
-    """[`deferral_metrics`] of a saved model on a labelled file; the expert columns default to the model's expert
-    names, the classes are matched by name to the model's. The metrics are those of the saved model's pipeline: its
-    `expert_costs` and calibrated `defer_threshold` decide, and the budgeted errors rank by the deferral margin as
-    [`calibrate_deferral`] does (the numbers `DeferralTrainer.evaluate` reports).
+COMMANDS: dict[str, Command] = {command.name: command for command in (
+    Command("train", "train, evaluate, calibrate and save a deferral model (the flags of scripts/run_deferral.py)",
+            "hf_defer.commands.cli:run_train"),
+    Command("predict", "decisions of a saved deferral model for every row of a file, as CSV",
+            "hf_defer.commands.predict:run_predict", _predict_arguments),
+    Command("evaluate", "deferral metrics of a saved model on a labelled file",
+            "hf_defer.commands.evaluate:run_evaluate", _evaluate_arguments),
+    # hf_defer.review is the top layer: named here as a string, imported only when `hf-defer review` runs.
+    Command("review", "send deferred inputs to Label Studio reviewers (push) and their answers back (pull)",
+            "hf_defer.review.cli:main"),
+)}
 
-    Example:
 
-    ```python
-    >>> from hf_defer.commands.cli import evaluate_file
-    >>> evaluate_file("my-deferral-model", "test.csv", expert_column_names=["alice", "bob"])  # doctest: +SKIP
-    ```
-    """
-    from ..data.collator import DataCollatorForDeferral
-    from ..evaluation.metrics import deferral_metrics
-    from ..data.preparation import prepare_deferral_dataset
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-    pipe = _load_pipeline(model)
-    config = pipe.model.config
-    table = read_table(input_path)
-    image = pipe.input_kind == "image"
-    if image and image_column_name is None:
-        image_column_name = "image"
-    if not image and text_column_name is None:
-        text_column_name = "text"
-    if image and isinstance(table.features.get(image_column_name), datasets.Value):
-        table = table.cast_column(image_column_name, datasets.Image())  # a column of image paths
-    processor = pipe.image_processor if image else pipe.tokenizer
-    prepared = prepare_deferral_dataset(
-        table, label_column_name, list(expert_column_names or config.expert_names),
-        text_column=None if image else text_column_name, text_pair_column=text_pair_column_name,
-        image_column=image_column_name if image else None, processor=processor,
-        label_names=[config.id2label[k] for k in range(config.num_labels)], missing_expert=missing_expert)
-    data = prepared.dataset
-    keep = [name for name in data.column_names if name not in ("text", "text_pair")]
-    collator = DataCollatorForDeferral(tokenizer=None if image else processor)
-    logits, labels, experts = [], [], []
-    pipe.model.eval()
-    with torch.no_grad():
-        for start in range(0, len(data), batch_size):
-            rows = data[start:start + batch_size]
-            rows = [{key: rows[key][i] for key in rows if key in keep or key == "pixel_values"}
-                    for i in range(len(rows["labels"]))]
-            batch = collator(rows)
-            labels.append(batch.pop("labels").numpy())
-            experts.append(batch.pop("expert_labels").numpy())
-            batch = {key: value.to(pipe.model.device) for key, value in batch.items()}
-            logits.append(pipe.model(**batch).logits.float().cpu().numpy())
-    return deferral_metrics(np.concatenate(logits), np.concatenate(labels), np.concatenate(experts), pipe.model,
-                            budget_ranking="margin")
+    try:
+        return version("hf-defer")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """`--version`, looked up only when asked for (`importlib.metadata` takes a tenth of a second)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"{PROG} {_version()}")
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `hf-defer` parser: `--version`, `--debug` and one subparser per command of `COMMANDS`."""
+    parser = OneLineErrorParser(
+        prog=PROG, description="Learning to defer on the Hugging Face stack: train a model that answers or hands an "
+        "input to the expert more likely to be right, and use it on files.",
+        epilog=f"`{PROG} <command> --help` lists the flags of a command.")
+    parser.add_argument("--version", action=_VersionAction, help="show the version of hf_defer and exit")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    commands = parser.add_subparsers(dest="command", title="commands", metavar="{" + ",".join(COMMANDS) + "}",
+                                     parser_class=OneLineErrorParser)
+    for command in COMMANDS.values():
+        sub = commands.add_parser(command.name, help=command.help, description=command.help,
+                                  add_help=command.add_arguments is not None)
+        if command.add_arguments is not None:
+            command.add_arguments(sub)
+            sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show the traceback of an error")
+    return parser
+
+
+def _resolve(target: str) -> Callable[..., int]:
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def _bare_debug(argv: list[str]) -> tuple[list[str], bool]:
+    """`argv` without a bare `--debug` (one not followed by a value: `TrainingArguments` has a `--debug MODE`)."""
+    kept, found = [], False
+    for index, arg in enumerate(argv):
+        following = argv[index + 1] if index + 1 < len(argv) else None
+        if arg == "--debug" and (following is None or following.startswith("-")):
+            found = True
+        else:
+            kept.append(arg)
+    return kept, found
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `hf-defer` and `python -m hf_defer`."""
+    """Entry point of `hf-defer` and `python -m hf_defer`; returns the exit status (0 after `--help`, 2 after a
+    mistake)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command == "train":
-        from .arguments import parse_run_arguments
+    try:
+        return _main(argv)
+    except SystemExit as exit:  # argparse's --help, --version and usage errors
+        return exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 2)
+
+
+def _main(argv: list[str]) -> int:
+    parser = build_parser()
+    position = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), None)
+    if position is None:
+        if any(arg in ("-h", "--help", "--version") for arg in argv):
+            parser.parse_args(argv)  # prints and exits 0
+        parser.print_usage(sys.stderr)
+        parser.error("name a command: " + ", ".join(COMMANDS))
+    command = COMMANDS.get(argv[position])
+    if command is None:
+        parser.parse_args(argv[:position + 1])  # "invalid choice" and exit 2
+    rest = argv[position + 1:]
+    if command.add_arguments is None:  # the command parses its own flags
+        args = parser.parse_args(argv[:position + 1])
+        rest, bare_debug = _bare_debug(rest)
+        debug = args.debug or bare_debug
+        call: Callable[[], int] = lambda: _resolve(command.run)(rest)  # noqa: E731
+    else:
+        args = parser.parse_args(argv)
+        debug = args.debug
+        call = lambda: _resolve(command.run)(args)  # noqa: E731
+    try:
+        return call()
+    except USER_ERRORS as error:
+        if debug:
+            raise
+        print(f"{PROG} {command.name}: error: {_one_line(error)} (--debug shows the traceback)", file=sys.stderr)
+        return 2
+
+
+def run_train(argv: list[str]) -> int:
+    """`hf-defer train [--json] FLAGS | CONFIG.json`: [`run_deferral`] with the flags of `scripts/run_deferral.py`.
+    The run's final JSON goes to `<output_dir>/hf_defer_run.json`; with `--json` it is all that stdout gets."""
+    from .arguments import build_run_parser, parse_run_arguments
+
+    json_only = "--json" in argv
+    argv = [arg for arg in argv if arg != "--json"]
+    parser = build_run_parser(prog=f"{PROG} train")
+    group = parser.add_argument_group("command")
+    group.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                       help="print only the run's final JSON on stdout (everything else goes to stderr); a bare "
+                            "--debug (no value, unlike TrainingArguments' --debug MODE) shows the traceback of an error")
+    redirect = contextlib.redirect_stdout(sys.stderr) if json_only else contextlib.nullcontext()
+    with redirect:
+        model_args, data_args, training_args = parse_run_arguments(argv, parser=parser)
         from .run import run_deferral
 
-        model_args, data_args, training_args = parse_run_arguments(rest)
-        metrics = run_deferral(model_args, data_args, training_args)
-        print(json.dumps({key: value for key, value in metrics.items() if "eval_" in key or "test_" in key}))
-        return 0
-    parser = argparse.ArgumentParser(prog=f"hf-defer {command}")
-    _input_options(parser)
-    if command == "predict":
-        parser.description = "Writes the deferral pipeline's decision for every row of --input as CSV."
-        parser.add_argument("--output", default="predictions.csv", help="CSV to write (default: predictions.csv).")
-        parser.add_argument("--expert_costs", default=None, help="Comma-separated cost of asking each expert.")
-        parser.add_argument("--defer_threshold", type=float, default=None,
-                            help="Deferral margin (default: the calibrated one saved with the model).")
-        args = parser.parse_args(rest)
-        extra = {"defer_threshold": args.defer_threshold} if args.defer_threshold is not None else {}
-        if args.expert_costs:
-            extra["expert_costs"] = [float(cost) for cost in args.expert_costs.split(",")]
-        count = predict_file(args.model, args.input, args.output, args.batch_size, args.text_column_name,
-                             args.text_pair_column_name, args.image_column_name, **extra)
-        print(f"wrote {count} decisions to {args.output}")
-        return 0
-    if command == "evaluate":
-        parser.description = "Prints the deferral metrics of a saved model on a labelled file (JSON)."
-        parser.add_argument("--label_column_name", default="label", help="Column of the true class (names or ids).")
-        parser.add_argument("--expert_column_names", default=None,
-                            help="Comma-separated expert columns, in the model's expert order (default: its names).")
-        parser.add_argument("--missing_expert", default="error", choices=["error", "drop"],
-                            help="What to do with a missing annotation.")
-        parser.add_argument("--output", default=None, help="Also write the metrics to this JSON file.")
-        args = parser.parse_args(rest)
-        experts = [name.strip() for name in args.expert_column_names.split(",")] if args.expert_column_names else None
-        metrics = evaluate_file(args.model, args.input, args.label_column_name, experts, args.missing_expert,
-                                args.batch_size, args.text_column_name, args.text_pair_column_name,
-                                args.image_column_name)
-        text = json.dumps(metrics, indent=2)
-        print(text)
-        if args.output:
-            with open(args.output, "w") as handle:
-                handle.write(text)
-        return 0
-    print(f"hf-defer: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
-    return 2
+        run_deferral(model_args, data_args, training_args)
+    if json_only and training_args.process_index == 0:
+        import json
+        from pathlib import Path
+
+        from .outputs import RUN_SUMMARY
+
+        summary = json.loads((Path(training_args.output_dir) / RUN_SUMMARY).read_text(encoding="utf-8"))
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+def __getattr__(name: str) -> Any:
+    """`predict_file`, `evaluate_file` and `read_table` live in their own modules; imported here on first use."""
+    if name in ("predict_file", "read_table"):
+        return getattr(importlib.import_module("hf_defer.commands.predict"), name)
+    if name == "evaluate_file":
+        return getattr(importlib.import_module("hf_defer.commands.evaluate"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,26 +1,30 @@
 """Train, evaluate, calibrate, save and predict from a user's data: what `scripts/run_deferral.py` and
 `hf-defer train` run.
 
-[`run_deferral`] follows transformers' `run_classification.py`: load the data (Hub dataset or files), prepare it
-([`prepare_deferral_dataset`]), build the model around the encoder, train and evaluate with [`DeferralTrainer`],
-calibrate a deferral budget, save a Hub-ready folder, write `predictions.csv`, push to the Hub. All data checks run
-before the model is loaded. It runs unchanged under `accelerate launch` and `torchrun`.
+[`run_deferral`] follows transformers' `run_classification.py`: log levels from `TrainingArguments`, load the data
+(Hub dataset or files), check and prepare it ([`prepare_deferral_dataset`]), build the model around the encoder, train
+and evaluate with [`DeferralTrainer`] (`trainer.save_metrics`, `trainer.save_state`), calibrate a deferral budget,
+save a Hub-ready folder, write `predictions.csv`, push to the Hub. All data checks run before the model is loaded, and
+the output folder is checked before anything is written. It runs unchanged under `accelerate launch` and `torchrun`.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import os
-from collections.abc import Iterable
+import random
+import sys
 from pathlib import Path
 from typing import Any
 
 import datasets
-from transformers import AutoImageProcessor, AutoTokenizer, TrainingArguments, set_seed
+import transformers
+from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, TrainingArguments, set_seed
 
 from .arguments import DataTrainingArguments, ModelArguments
+from .inputs import check_splits, join_text_columns, load_raw_datasets, pipeline_inputs, split_sources
+from .outputs import RUN_SUMMARY, OutputFolder, format_summary, stage_metrics, write_predictions
 from ..evaluation.calibration import calibrate_deferral
 from ..modeling.configuration_deferral import DeferralConfig
 from ..experts.simulated import annotator_expert, class_subset_expert
@@ -29,36 +33,31 @@ from ..modeling.modeling_deferral import EncoderForDeferral
 from ..data.preparation import prepare_deferral_dataset
 from ..training.trainer import DeferralTrainer
 
-__all__ = ["load_raw_datasets", "pipeline_inputs", "run_deferral", "sentence_encoder_pooling", "write_predictions"]
+__all__ = ["head_on_sentence_encoder", "load_raw_datasets", "pipeline_inputs", "run_deferral",
+           "sentence_encoder_max_length", "sentence_encoder_pooling", "write_predictions"]
 
 logger = logging.getLogger(__name__)
 
+STAGES = ("train", "eval", "calibrated_eval", "test")
+"""The metrics of a run, by when they were taken: `eval` on the validation split before calibrating the deferral
+budget, `calibrated_eval` on it after, `test` with the saved model (after calibration)."""
 
-def load_raw_datasets(data_args: DataTrainingArguments, seed: int = 0) -> datasets.DatasetDict:
-    """The `train` / `validation` / `test` splits named by `--dataset_name` or the data files. Without a validation
-    split, `--validation_split_percentage` of train is held out (seeded). `--max_*_samples` keep the first rows."""
-    if data_args.dataset_name is not None:
-        raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name)
-    else:
-        files = {split: path for split, path in (("train", data_args.train_file),
-                                                   ("validation", data_args.validation_file),
-                                                   ("test", data_args.test_file)) if path is not None}
-        extensions = {path.rsplit(".", 1)[-1].lower().replace("jsonl", "json") for path in files.values()}
-        if len(extensions) > 1:
-            raise ValueError(f"the data files must share one format, got {sorted(files.values())}.")
-        builder = extensions.pop()  # one file at a time: a test file may lack the label and expert columns
-        raw = datasets.DatasetDict({split: datasets.load_dataset(builder, data_files={split: path}, split=split)
-                                    for split, path in files.items()})
-    if not isinstance(raw, datasets.DatasetDict):
-        raw = datasets.DatasetDict({"train": raw})
-    if "validation" not in raw and "train" in raw:
-        held = raw["train"].train_test_split(test_size=data_args.validation_split_percentage / 100, seed=seed)
-        raw["train"], raw["validation"] = held["train"], held["test"]
-    for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples),
-                         ("test", data_args.max_predict_samples)):
-        if limit is not None and split in raw:
-            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
-    return raw
+
+def setup_logging(training_args: TrainingArguments) -> None:
+    """Log levels as transformers' example scripts set them: `--log_level` (and `--log_level_replica`) for this
+    module, transformers and datasets, then a one-line summary of the process. Logs go to stderr."""
+    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%m/%d/%Y %H:%M:%S",
+                        handlers=[logging.StreamHandler(sys.stderr)])
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.enable_default_handler()
+    transformers.utils.logging.enable_explicit_format()
+    logger.warning(f"Process rank: {training_args.process_index}, device: {training_args.device}, n_gpu: "
+                   f"{training_args.n_gpu}, distributed training: {training_args.parallel_mode.value == 'distributed'}"
+                   f", 16-bits training: {training_args.fp16 or training_args.bf16}")
+    logger.info(f"Training/evaluation parameters {training_args}")
 
 
 def _simulate_expert(raw: datasets.DatasetDict, data_args: DataTrainingArguments) -> datasets.DatasetDict:
@@ -90,17 +89,34 @@ def _simulate_expert(raw: datasets.DatasetDict, data_args: DataTrainingArguments
     return datasets.DatasetDict(out)
 
 
-def _input_columns(raw: datasets.DatasetDict, data_args: DataTrainingArguments) -> tuple[str | None, str | None]:
-    """The text and image columns: as given, else the first column of images, else `text`."""
-    if data_args.text_column_name or data_args.image_column_name:
-        return data_args.text_column_name, data_args.image_column_name
+def _input_columns(raw: datasets.DatasetDict, data_args: DataTrainingArguments,
+                   sources: dict[str, str]) -> tuple[datasets.DatasetDict, str | None, str | None]:
+    """The splits and their text and image columns: as given (several text columns joined into one), else the first
+    column of images, else `text`."""
+    columns = data_args.text_columns
+    if columns and data_args.image_column_name:
+        raise ValueError(f"give --text_column_names or --image_column_name, not both (got {data_args.text_column_names!r}"
+                         f" and {data_args.image_column_name!r}).")
+    if columns:
+        for split, dataset in raw.items():
+            missing = [column for column in columns if column not in dataset.column_names]
+            if missing:
+                raise ValueError(f"--text_column_names {','.join(missing)!r} is not a column of split {split!r} "
+                                 f"({sources.get(split, split)}); its columns are {dataset.column_names}. Add the "
+                                 "column or name the right one with --text_column_names.")
+        joined = {split: join_text_columns(dataset, columns, data_args.text_column_delimiter)
+                  for split, dataset in raw.items()}
+        return datasets.DatasetDict({split: pair[0] for split, pair in joined.items()}), \
+            next(iter(joined.values()))[1], None
+    if data_args.image_column_name:
+        return raw, None, data_args.image_column_name
     features = next(iter(raw.values())).features
     images = [name for name, feature in features.items() if isinstance(feature, datasets.Image)]
     if images:
-        return None, images[0]
+        return raw, None, images[0]
     if "text" in features:
-        return "text", None
-    raise ValueError(f"give --text_column_name or --image_column_name; the data's columns are {list(features)}.")
+        return raw, "text", None
+    raise ValueError(f"give --text_column_names or --image_column_name; the data's columns are {list(features)}.")
 
 
 def sentence_encoder_pooling(path: str) -> tuple[str, bool]:
@@ -122,15 +138,14 @@ def sentence_encoder_pooling(path: str) -> tuple[str, bool]:
     return pooling, normalize
 
 
-def pipeline_inputs(dataset: datasets.Dataset, text_column: str | None = None, text_pair_column: str | None = None,
-                    image_column: str | None = None) -> list[Any]:
-    """The raw inputs of a split, as the deferral pipeline takes them: texts, text pairs or images."""
-    dataset = dataset.with_format(None)
-    if image_column is not None:
-        return list(dataset[image_column])
-    if text_pair_column is not None:
-        return [{"text": t, "text_pair": p} for t, p in zip(dataset[text_column], dataset[text_pair_column])]
-    return list(dataset[text_column])
+def sentence_encoder_max_length(path: str) -> int | None:
+    """The longest input `sentence-transformers` embeds with the encoder at `path` (`max_seq_length` of its
+    `sentence_bert_config.json`), or None when the folder does not say."""
+    file = Path(path) / "sentence_bert_config.json"
+    if file.is_file():
+        value = json.loads(file.read_text()).get("max_seq_length")
+        return int(value) if value else None
+    return None
 
 
 _HEAD_FIELDS = ("surrogate", "id2label", "num_experts", "expert_names", "expert_costs", "expert_kinds",
@@ -149,21 +164,6 @@ def head_on_sentence_encoder(head_model: EncoderForDeferral, encoder_path: str) 
     return text_model
 
 
-def write_predictions(outputs: Iterable[dict[str, Any]], path: str | os.PathLike, expert_names: list[str]) -> int:
-    """Writes deferral-pipeline outputs as CSV: `id` (the row number), `label, defer, expert, class_label,
-    class_score` and one `expert_accuracy_<name>` column per expert. Returns the number of rows."""
-    header = ["id", "label", "defer", "expert", "class_label", "class_score"]
-    header += [f"expert_accuracy_{name}" for name in expert_names]
-    count = 0
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        for count, out in enumerate(outputs, start=1):
-            writer.writerow([count - 1, out["label"], out["defer"], out["expert"] or "", out["class_label"],
-                             repr(out["class_score"]), *map(repr, out["expert_accuracy"])])
-    return count
-
-
 def with_lora(model: EncoderForDeferral, model_args: ModelArguments) -> Any:
     """``model`` with LoRA adapters on its encoder (`peft.get_peft_model`) and its deferral head trained in full."""
     if model.encoder is None:
@@ -177,24 +177,55 @@ def with_lora(model: EncoderForDeferral, model_args: ModelArguments) -> Any:
     return get_peft_model(model, config)
 
 
+def _hub_kwargs(model_args: ModelArguments) -> dict[str, Any]:
+    """`--cache_dir`, `--model_revision`, `--token`, `--trust_remote_code` as `from_pretrained` keywords."""
+    kwargs = {"cache_dir": model_args.cache_dir, "revision": model_args.model_revision, "token": model_args.token,
+              "trust_remote_code": model_args.trust_remote_code}
+    return {key: value for key, value in kwargs.items() if value is not None}
+
+
+def _tokenize(splits: datasets.DatasetDict, tokenizer: Any, data_args: DataTrainingArguments,
+              pair: bool) -> datasets.DatasetDict:
+    """Tokenizes `text` (and `text_pair`), truncating at `--max_seq_length`, with `--preprocessing_num_workers`
+    processes; `--overwrite_cache` redoes it instead of reading the `datasets` cache."""
+    max_length = data_args.max_seq_length
+
+    def tokenize(batch: dict[str, list]) -> Any:
+        return tokenizer(batch["text"], batch["text_pair"] if pair else None, truncation=True, max_length=max_length)
+
+    return splits.map(tokenize, batched=True, num_proc=data_args.preprocessing_num_workers,
+                      load_from_cache_file=not data_args.overwrite_cache, desc="Running tokenizer on dataset")
+
+
+def _record(trainer: DeferralTrainer, stage: str, metrics: dict[str, float], results: dict[str, float]) -> None:
+    """Logs and saves the metrics of a stage as the Trainer does (`<stage>_results.json`, `all_results.json`)."""
+    trainer.log_metrics(stage, metrics)
+    trainer.save_metrics(stage, metrics)
+    results.update(metrics)
+
+
 def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
                  training_args: TrainingArguments) -> dict[str, float]:
     """Runs what the flags ask and saves a Hub-ready folder to `--output_dir`.
 
-    In order: load the splits ([`load_raw_datasets`]); add a simulated expert if asked; check and prepare every split
-    with [`prepare_deferral_dataset`] (all data errors come here, before any model is loaded); build the model (with
-    `--freeze_encoder` on text: a head on cached sentence embeddings, later put on the encoder with the same pooling);
-    `--do_train`, `--do_eval` (validation, before calibration); `--max_deferral_rate`: calibrate the pipeline's
-    threshold on the validation inputs with the pipeline's own tokenizer settings; `--do_predict` (test metrics when
-    the test split is labelled, with the calibrated threshold: those of the saved model); save model, processor (truncating at `--max_seq_length`), code, card and `all_results.json`;
-    write `predictions.csv` for every test row; `--push_to_hub`: upload the folder.
+    In order: check `--output_dir` ([`OutputFolder`]: files no hf_defer run wrote stop the run unless
+    `--overwrite_output_dir`); load the splits ([`load_raw_datasets`]); add a simulated expert if asked; check every
+    split, test included ([`check_splits`]), and prepare them ([`prepare_deferral_dataset`]): all data errors come
+    here, before any model is loaded; build the model (with `--freeze_encoder` on text: a head on cached sentence
+    embeddings of at most `--max_seq_length` tokens, later put on the encoder with the same pooling); `--do_train`;
+    `--do_eval` (validation, metrics `eval_*`); `--max_deferral_rate`: calibrate the pipeline's threshold on the
+    validation inputs with the pipeline's own tokenizer settings, then evaluate again (`calibrated_eval_*`);
+    `--do_predict` (`test_*` when the test split is labelled: the saved model's numbers); save model, processor
+    (truncating at `--max_seq_length`), code and card; write `predictions.csv` for every test row; write
+    `hf_defer_run.json` and print a summary; `--push_to_hub`: upload the folder.
 
     Args:
         model_args ([`ModelArguments`]), data_args ([`DataTrainingArguments`]), training_args
             (`transformers.TrainingArguments`): see [`parse_run_arguments`].
 
     Returns:
-        `dict[str, float]`: the train / eval / test metrics and, when calibrated, `defer_threshold`.
+        `dict[str, float]`: the metrics of every stage with their prefixes (`train_`, `eval_`, `calibrated_eval_`,
+        `test_`, as in `all_results.json`) and, when calibrated, `defer_threshold`.
 
     Example:
 
@@ -207,32 +238,64 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     ...     "--output_dir", "my-deferral-model"]))
     ```
     """
+    setup_logging(training_args)
+    output = OutputFolder(training_args.output_dir, overwrite=data_args.overwrite_output_dir)
+    output.check()  # every process, before anything is written
     set_seed(training_args.seed)
+    hub = _hub_kwargs(model_args)
+    label = data_args.label_column_name
     with training_args.main_process_first(desc="loading and preparing the data"):
-        raw = load_raw_datasets(data_args, training_args.seed)
-        expert_columns = data_args.expert_columns
+        raw = load_raw_datasets(data_args, training_args.seed, model_args)
+        sources = split_sources(data_args)
+        expert_columns, expert_flag = data_args.expert_columns, "--expert_column_names"
         if data_args.simulated_expert:
             raw, expert_columns = _simulate_expert(raw, data_args), [data_args.simulated_expert]
-        text_column, image_column = _input_columns(raw, data_args)
+            expert_flag = "--simulated_expert"
+        raw, text_column, image_column = _input_columns(raw, data_args, sources)
+        inputs = {flag: column for flag, column in (("--text_column_names", text_column),
+                                                    ("--text_pair_column_name", data_args.text_pair_column_name),
+                                                    ("--image_column_name", image_column)) if column is not None}
+        check_splits(raw, sources, inputs, ([("--label_column_name", label)] if label is not None else [])
+                     + [(expert_flag, column) for column in expert_columns]
+                     + [("--expert_correct_columns", column) for column in data_args.correct_columns])
+        if "test" in raw:  # the columns predictions.csv copies, checked before training too
+            test_columns = raw["test"].column_names
+            for flag, columns in (("--id_column_name", [data_args.id_column_name] if data_args.id_column_name else []),
+                                  ("--copy_columns", data_args.copied_columns)):
+                missing = [column for column in columns if column not in test_columns]
+                if missing:
+                    raise ValueError(f"{flag} {missing} not among the columns of split 'test' ({sources['test']}), "
+                                     f"which are {test_columns}.")
         frozen_text = model_args.freeze_encoder and image_column is None
-        processor_path = model_args.model_name_or_path
+        processor_path = model_args.tokenizer_name or model_args.model_name_or_path
         if frozen_text:
             from ..experts.embeddings import resolve_sentence_encoder
 
             processor_path = resolve_sentence_encoder(model_args.model_name_or_path)
-        processor = (AutoImageProcessor if image_column else AutoTokenizer).from_pretrained(processor_path)
-        # Checks every column before any model is loaded.
-        needed = [data_args.label_column_name, *expert_columns]
+        processor = (AutoImageProcessor if image_column else AutoTokenizer).from_pretrained(processor_path, **hub)
+        targets = [label] if label is not None else data_args.correct_columns  # route-only: correctness alone
         labelled = datasets.DatasetDict({split: part for split, part in raw.items()  # a test file may be unlabelled
-                                         if split != "test" or all(c in part.column_names for c in needed)})
+                                         if split != "test" or set(targets) <= set(part.column_names)})
         prepared = prepare_deferral_dataset(
-            labelled, data_args.label_column_name, expert_columns, text_column=text_column,
+            labelled, label, expert_columns, text_column=text_column,
             text_pair_column=data_args.text_pair_column_name, image_column=image_column,
-            processor=None if frozen_text else processor, max_length=data_args.max_seq_length,
-            label_names=data_args.classes, missing_expert=data_args.missing_expert)
-    splits, names = prepared.dataset, prepared.model_kwargs()
+            processor=processor if image_column else None, max_length=data_args.max_seq_length,
+            label_names=data_args.classes, missing_expert=data_args.missing_expert,
+            expert_correct_columns=data_args.correct_columns)
+        splits, names = prepared.dataset, prepared.model_kwargs()
+        if data_args.route_only and data_args.default_expert is not None:
+            names["default_expert"] = data_args.default_expert
+        if text_column is not None and not frozen_text:
+            splits = _tokenize(splits, processor, data_args, data_args.text_pair_column_name is not None)
+    if training_args.process_index == 0:  # the data is fine: the folder becomes this run's (before any checkpoint)
+        output.start()
+    if "train" in splits and training_args.do_train:
+        for index in random.Random(training_args.seed).sample(range(len(splits["train"])),
+                                                             min(3, len(splits["train"]))):
+            logger.info(f"Sample {index} of the training set: {splits['train'][index]}.")
     if image_column:
         training_args.remove_unused_columns = False  # pixel_values are made from the images when rows are read
+    max_length = data_args.max_seq_length
     pooling = model_args.pooling
     if frozen_text:
         pooling, normalize = sentence_encoder_pooling(processor_path)
@@ -241,30 +304,34 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
                              f"{', normalized' if normalize else ''}); drop --pooling / --normalize_pooled.")
         from ..experts.embeddings import add_embeddings
 
-        with training_args.main_process_first(desc="sentence embeddings"):
+        max_length = min(max_length, sentence_encoder_max_length(processor_path) or max_length)
+        with training_args.main_process_first(desc="sentence embeddings"):  # the saved tokenizer cuts here too
             splits = add_embeddings(splits, processor_path, cache_dir=model_args.embedding_cache_dir,
-                                    show_progress_bar=False)
+                                    show_progress_bar=not training_args.disable_tqdm, max_seq_length=max_length)
         width = len(splits["train" if "train" in splits else "validation"][0]["features"])
         model = EncoderForDeferral(DeferralConfig(feature_size=width, surrogate=model_args.surrogate, **names))
     else:
+        encoder_kwargs = dict(hub)
+        if model_args.config_name:
+            encoder_kwargs["config"] = AutoConfig.from_pretrained(model_args.config_name, **hub)
         model = EncoderForDeferral.from_encoder_pretrained(
-            model_args.model_name_or_path, surrogate=model_args.surrogate, pooling=pooling,
-            normalize_pooled=model_args.normalize_pooled, freeze_encoder=model_args.freeze_encoder, **names)
+            model_args.model_name_or_path, encoder_kwargs=encoder_kwargs, surrogate=model_args.surrogate,
+            pooling=pooling, normalize_pooled=model_args.normalize_pooled, freeze_encoder=model_args.freeze_encoder,
+            **names)
     if model_args.use_lora:
         model = with_lora(model, model_args)
     trainer = DeferralTrainer(
         model=model, args=training_args, processing_class=None if frozen_text else processor,
         train_dataset=splits.get("train") if training_args.do_train else None,
         eval_dataset=splits.get("validation") if training_args.do_eval else None)
-    metrics: dict[str, float] = {}
+    results: dict[str, float] = {}
     if training_args.do_train:
-        result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-        metrics.update(result.metrics, train_steps=result.global_step)
-        trainer.log_metrics("train", result.metrics)
+        trained = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        _record(trainer, "train", {**trained.metrics, "train_samples": len(splits["train"]),
+                                   "train_steps": trained.global_step}, results)
+        trainer.save_state()
     if training_args.do_eval:
-        evaluated = trainer.evaluate()
-        metrics.update(evaluated)
-        trainer.log_metrics("eval", evaluated)
+        _record(trainer, "eval", {**trainer.evaluate(), "eval_samples": len(splits["validation"])}, results)
 
     final = model
     if model_args.use_lora:  # adapters merged into the encoder: a plain deferral model that saves and loads as any
@@ -274,7 +341,7 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
         final = head_on_sentence_encoder(model, processor_path)
     final.eval()
     if hasattr(processor, "model_max_length"):  # pipelines called with truncation=True cut where training did
-        processor.model_max_length = min(processor.model_max_length, data_args.max_seq_length)
+        processor.model_max_length = min(processor.model_max_length, max_length)
     call_kwargs = {"truncation": True} if not image_column else {}
     columns = (text_column, data_args.text_pair_column_name, image_column)
     if data_args.max_deferral_rate is not None:
@@ -283,32 +350,55 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
                                        tokenizer=None if image_column else processor,
                                        image_processor=processor if image_column else None, **call_kwargs)
         model.config.defer_threshold = threshold
-        metrics["defer_threshold"] = threshold
+        results["defer_threshold"] = threshold
         logger.info(f"deferral threshold {threshold:.4f} defers at most {data_args.max_deferral_rate:.0%} of inputs")
+        if training_args.do_eval:
+            _record(trainer, "calibrated_eval", trainer.evaluate(metric_key_prefix="calibrated_eval"), results)
     if training_args.do_predict and "test" in splits:  # the saved model's numbers: after calibrating its threshold
         tested = trainer.evaluate(splits["test"], metric_key_prefix="test")
-        metrics.update(tested)
-        trainer.log_metrics("test", tested)
+        _record(trainer, "test", {**tested, "test_samples": len(splits["test"])}, results)
 
     repo_id = training_args.hub_model_id or os.path.basename(os.path.normpath(training_args.output_dir))
     card = trainer.model_card_data(base_model=model_args.model_name_or_path, model_name=repo_id.split("/")[-1],
                                    input_kind="image" if image_column else "text",
                                    defer_threshold=float(final.config.defer_threshold),
-                                   dataset_id=data_args.dataset_name)
+                                   dataset_id=data_args.dataset_name, license=model_args.license,
+                                   language=[code.strip() for code in model_args.language.split(",")]
+                                   if model_args.language else None,
+                                   dataset_split="test" if "test_system_error" in results else "validation")
+    if final.config.route_only is True:  # the card template needs classes; a route-only model has none
+        logger.warning("no model card (README.md) is written for a route-only model; the folder holds the model, its "
+                       "code, the tokenizer and the metrics (*_results.json).")
+        card = None
     if trainer.is_world_process_zero():
-        save_for_hub(final, training_args.output_dir, processing_class=processor, card_data=card, overwrite=True)
-        with open(os.path.join(training_args.output_dir, "all_results.json"), "w") as handle:
-            json.dump(metrics, handle, indent=2)
+        folder = Path(training_args.output_dir).resolve()
+        save_for_hub(final, folder, processing_class=processor, card_data=card, overwrite=True)  # folder checked above
+        predictions, rows = None, 0
         if training_args.do_predict and "test" in raw:
             from transformers import pipeline
 
+            from .predict import run_pipeline
+
             pipe = pipeline("deferral", model=final, tokenizer=None if image_column else processor,
                             image_processor=processor if image_column else None, device=final.device)
-            inputs = pipeline_inputs(raw["test"], *columns)  # every row, also those without an annotation
-            outputs = pipe(inputs, batch_size=training_args.per_device_eval_batch_size, **call_kwargs)
-            write_predictions(outputs, os.path.join(training_args.output_dir, "predictions.csv"),
-                              final.config.expert_names)
+            test = raw["test"]
+            outputs = run_pipeline(pipe, pipeline_inputs(test, *columns), training_args.per_device_eval_batch_size,
+                                   disable_progress_bar=training_args.disable_tqdm, **call_kwargs)
+            id_column = data_args.id_column_name or ("id" if "id" in test.column_names else None)
+            predictions = folder / "predictions.csv"
+            rows = write_predictions(outputs, predictions, final.config.expert_names,
+                                     ids=test[id_column] if id_column else None, id_column=id_column or "row",
+                                     columns={name: test[name] for name in data_args.copied_columns},
+                                     route_only=final.config.route_only is True)
+        summary = {"status": "done", "model": str(folder), "predictions": str(predictions) if predictions else None,
+                   "predicted_rows": rows, "defer_threshold": float(final.config.defer_threshold),
+                   "max_deferral_rate": data_args.max_deferral_rate,
+                   "metrics": {stage: stage_metrics(results, stage) for stage in STAGES
+                               if stage_metrics(results, stage)},
+                   "summary_file": str(folder / RUN_SUMMARY)}
+        output.write_summary(summary)
+        print(format_summary(summary))
         if training_args.push_to_hub:
             push_to_hub(final, repo_id, processing_class=processor, card_data=card,
                         token=training_args.hub_token, private=training_args.hub_private_repo)
-    return metrics
+    return results

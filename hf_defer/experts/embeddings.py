@@ -104,8 +104,9 @@ def resolve_sentence_encoder(name_or_path: str | os.PathLike = DEFAULT_SENTENCE_
 
 
 def default_embedding_cache_dir() -> Path:
-    """Directory of the embedding cache: `$HF_DEFER_CACHE/embeddings` if the variable is set, else
-    `~/.cache/hf_defer/experts/embeddings`.
+    """Directory of the embedding cache, after the Hugging Face cache conventions: `$HF_DEFER_CACHE/embeddings` if
+    that variable is set, else `hf_defer/embeddings` under the Hugging Face home: `$HF_HOME`, else
+    `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface` (where `datasets` and `evaluate` keep theirs).
 
     Returns:
         `pathlib.Path`: the (possibly not yet existing) cache directory.
@@ -120,8 +121,10 @@ def default_embedding_cache_dir() -> Path:
     ```
     """
     root = os.environ.get("HF_DEFER_CACHE")
-    base = Path(root).expanduser() if root else Path("~/.cache/hf_defer").expanduser()
-    return base / "embeddings"
+    if root:
+        return Path(root).expanduser() / "embeddings"
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(home).expanduser() / "hf_defer" / "embeddings"
 
 
 def _model_fingerprint(path: str) -> str:
@@ -210,6 +213,7 @@ def embed_texts(
     cache_dir: str | os.PathLike | None = None,
     show_progress_bar: bool = True,
     device: str | None = None,
+    max_seq_length: int | None = None,
 ) -> np.ndarray:
     """Embed texts with a `sentence-transformers` encoder, caching the result on disk.
 
@@ -227,12 +231,16 @@ def embed_texts(
         batch_size (`int`, *optional*, defaults to 64):
             Encoding batch size.
         cache_dir (`str` or `os.PathLike`, *optional*):
-            Cache directory; defaults to [`default_embedding_cache_dir`] (`$HF_DEFER_CACHE/embeddings` or
-            `~/.cache/hf_defer/experts/embeddings`).
+            Cache directory; defaults to [`default_embedding_cache_dir`] (`$HF_DEFER_CACHE/embeddings`, else
+            `$HF_HOME/hf_defer/embeddings`, by default `~/.cache/huggingface/hf_defer/embeddings`).
         show_progress_bar (`bool`, *optional*, defaults to True):
             Show the encoding progress bar.
         device (`str`, *optional*):
             Device for the encoder (e.g. `"cpu"`, `"cuda"`); sentence-transformers picks one by default.
+        max_seq_length (`int`, *optional*):
+            Longest input in tokens, longer texts truncated (part of the cache key); defaults to the encoder's own
+            `max_seq_length` (256 for all-MiniLM-L6-v2). A tokenizer that cuts where this does gives a text model
+            the same inputs.
 
     Returns:
         `np.ndarray`: float32 array of shape `[len(texts), D]`; row i embeds `texts[i]`.
@@ -255,20 +263,26 @@ def embed_texts(
     if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
         raise ValueError(f"`batch_size` must be a positive int, got {batch_size!r}.")
     batch_size = int(batch_size)
+    if max_seq_length is not None and (isinstance(max_seq_length, bool) or not isinstance(max_seq_length, Integral)
+                                       or max_seq_length < 1):
+        raise ValueError(f"`max_seq_length` must be a positive int, got {max_seq_length!r}.")
     path = resolve_sentence_encoder(_check_name(model_name_or_path))
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_embedding_cache_dir()
 
     unique = sorted(set(texts))
     position = {text: index for index, text in enumerate(unique)}
     rows = np.fromiter((position[text] for text in texts), dtype=np.int64, count=len(texts))
+    limit = "" if max_seq_length is None else f":max_seq_length={int(max_seq_length)}"
     key = hashlib.sha256(
-        f"{_model_fingerprint(path)}:{_texts_fingerprint(unique)}".encode()
+        f"{_model_fingerprint(path)}:{_texts_fingerprint(unique)}{limit}".encode()
     ).hexdigest()
     file = cache / f"{key}.npy"
 
     embeddings = _load_cached(file, len(unique)) if file.is_file() else None
     if embeddings is None:
         encoder = _load_encoder(path, device)
+        default_length = encoder.__dict__.setdefault("_hf_defer_default_max_seq_length", encoder.max_seq_length)
+        encoder.max_seq_length = default_length if max_seq_length is None else int(max_seq_length)
         encoded = encoder.encode(
             unique, batch_size=batch_size, show_progress_bar=show_progress_bar, convert_to_numpy=True
         )
@@ -286,6 +300,7 @@ def add_embeddings(
     cache_dir: str | os.PathLike | None = None,
     show_progress_bar: bool = True,
     device: str | None = None,
+    max_seq_length: int | None = None,
 ) -> datasets.Dataset | datasets.DatasetDict:
     """Add a column of sentence embeddings to a `Dataset`, or to every split of a `DatasetDict`.
 
@@ -309,6 +324,8 @@ def add_embeddings(
             Show the encoding progress bar.
         device (`str`, *optional*):
             Device for the encoder.
+        max_seq_length (`int`, *optional*):
+            Longest input in tokens (see [`embed_texts`]).
 
     Returns:
         `datasets.Dataset` or `datasets.DatasetDict` (same type as the input): with the embedding column added.
@@ -360,6 +377,7 @@ def add_embeddings(
         cache_dir=cache_dir,
         show_progress_bar=show_progress_bar,
         device=device,
+        max_seq_length=max_seq_length,
     )
     feature = datasets.List(datasets.Value("float32"), length=int(embeddings.shape[1]))
     out = {}

@@ -16,6 +16,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .hub_ids import display_name as _display_name, hub_id as _hub_id, known_hub_id
 from ..training.adapters import adapter_base_model
 from ..evaluation.metrics import metric_name_and_meaning
 from ..evaluation.plotting import plot_reliability_diagram
@@ -54,11 +55,8 @@ _INPUTS = {
 }
 
 
-def _hub_id(name: str | None) -> str | None:
-    """``name`` when it looks like a Hub repository id (not a local path), else None."""
-    if name and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) and not os.path.exists(name):
-        return name
-    return None
+LIBRARY_NAME = "hf-defer"
+"""The card's `library_name`: what loads the model (`pip install hf-defer`; without it, `trust_remote_code=True`)."""
 
 
 _BUDGET_TEXT = {
@@ -102,7 +100,9 @@ class DeferralModelCardData(ModelCardData):
             [`hf_defer.evaluation.costs.error_cost_curve`] on the evaluation data; drawn as `error_cost_curve.png` when some
             expert has a cost.
         intended_use / extra_limitations (`str`, *optional*): free text.
-        language / license / tags: card metadata.
+        language / license / tags: card metadata (`license`: an identifier such as `apache-2.0`).
+        license_notes (`str`, *optional*): the licenses of what the model was made from (base encoder, data), shown
+            in the card's License section.
 
     Example:
 
@@ -142,6 +142,7 @@ class DeferralModelCardData(ModelCardData):
     extra_limitations: str | None = None
     language: str | list[str] | None = None
     license: str | None = None
+    license_notes: str | None = None
     tags: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -151,7 +152,7 @@ class DeferralModelCardData(ModelCardData):
                 if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
                     raise TypeError(f"{item.name} must be a list of strings, got {value!r}.")
                 setattr(self, item.name, list(value))
-        if self.surrogate not in SURROGATES:
+        if self.surrogate not in (*SURROGATES, "route_only"):  # route_only: DeferralConfig(route_only=True)
             raise ValueError(f"surrogate must be one of {SURROGATES}, got {self.surrogate!r}.")
         if self.budget_ranking not in _BUDGET_TEXT:
             raise ValueError(f"budget_ranking must be one of {tuple(_BUDGET_TEXT)}, got {self.budget_ranking!r}.")
@@ -174,21 +175,23 @@ class DeferralModelCardData(ModelCardData):
     def to_dict(self) -> dict[str, Any]:
         """The card's metadata, as `huggingface_hub.ModelCardData` writes it (``model-index`` from the metrics)."""
         task_type = _INPUTS[self.input_kind][2]
-        dataset_label = self.dataset_name or self.dataset_id or "held-out evaluation data"
+        dataset_label = _display_name(self.dataset_name or self.dataset_id) or "held-out evaluation data"
         eval_results = [
-            EvalResult(task_type=task_type, task_name="Learning to defer", dataset_type=self.dataset_id or "custom",
+            EvalResult(task_type=task_type, task_name="Learning to defer", dataset_type=_hub_id(self.dataset_id) or "custom",
                        dataset_name=dataset_label, dataset_split=self.dataset_split, metric_type=key,
-                       metric_name=metric_name_and_meaning(key)[0], metric_value=value)
+                       metric_name=metric_name_and_meaning(key, self.expert_names or None)[0], metric_value=value)
             for key, value in self.metrics.items()
         ]
         return ModelCardData(
             model_name=self.model_name,
             language=self.language,
             license=self.license,
-            library_name="transformers",
-            base_model=_hub_id(self.base_model),
+            library_name=LIBRARY_NAME,
+            pipeline_tag=task_type,
+            base_model=known_hub_id(self.base_model),
             datasets=[self.dataset_id] if _hub_id(self.dataset_id) else None,
-            tags=list(dict.fromkeys(["learning-to-defer", "hf_defer", f"surrogate-{self.surrogate}", *self.tags])),
+            tags=list(dict.fromkeys(["learning-to-defer", "hf_defer", f"surrogate-{self.surrogate}", "transformers",
+                                     "custom_code", *self.tags])),
             eval_results=eval_results or None,
         ).to_dict()
 
@@ -230,6 +233,15 @@ class DeferralModelCardData(ModelCardData):
         }
         values.update(kwargs)
         return cls(**values)
+
+
+def _base_model_text(base_model: str | None) -> str:
+    if not base_model:
+        return "none (a head over precomputed features)"
+    hub = known_hub_id(base_model)
+    if hub:
+        return f"[`{hub}`](https://huggingface.co/{hub})"
+    return f"`{_display_name(base_model)}` (a local folder, not on the Hub)"
 
 
 def _is_generated_card(path: Path) -> bool:
@@ -313,10 +325,11 @@ def render_model_card(
             logger.warning("matplotlib is not installed: the model card has no error-cost curve.")
 
     input_description, example_input, _ = _INPUTS[data.input_kind]
-    dataset_label = data.dataset_name or data.dataset_id or "held-out evaluation data"
+    dataset_label = _display_name(data.dataset_name or data.dataset_id) or "held-out evaluation data"
     metric_rows = [
-        {"name": metric_name_and_meaning(key)[0], "value": f"{value:.4f}", "meaning": metric_name_and_meaning(key)[1]}
+        {"name": name, "value": f"{value:.4f}", "meaning": meaning}  # per-expert rows by the experts' own names
         for key, value in data.metrics.items()
+        for name, meaning in [metric_name_and_meaning(key, data.expert_names or None)]
         if not key.startswith("budgeted_error_")
     ]
     budget_rows = [
@@ -335,8 +348,7 @@ def render_model_card(
     else:
         evaluation_text = "No evaluation results were recorded for this model."
     training = data.training_description or (
-        f"Trained on {data.dataset_name or data.dataset_id}." if (data.dataset_name or data.dataset_id)
-        else "[More information needed]"
+        f"Trained on {dataset_label}." if (data.dataset_name or data.dataset_id) else "[More information needed]"
     )
     if data.num_train_examples:
         training += f" Training examples: {data.num_train_examples}."
@@ -346,7 +358,7 @@ def render_model_card(
         template_path=str(template_path or default_template_path()),
         model_name=data.model_name,
         repo_id=data.repo_id or data.model_name,
-        base_model_text=f"`{data.base_model}`" if data.base_model else "none (a head over precomputed features)",
+        base_model_text=_base_model_text(data.base_model),
         input_description=input_description,
         example_input=example_input,
         surrogate=data.surrogate,
@@ -375,9 +387,13 @@ def render_model_card(
         ),
         extra_limitations=data.extra_limitations,
         dataset_citation=data.dataset_citation,
+        license=data.license,
+        license_notes=data.license_notes,
+        library_name=LIBRARY_NAME,
     )
     card.save(readme)
     return card
 
 
-__all__ = ["DeferralModelCardData", "default_template_path", "render_model_card", "surrogate_description"]
+__all__ = ["LIBRARY_NAME", "DeferralModelCardData", "default_template_path", "known_hub_id", "render_model_card",
+           "surrogate_description"]

