@@ -1,0 +1,41 @@
+"""From deferral to reviewers and back: the inputs a deferral model defers become tasks on a Label Studio server (with
+the model's suggestion as a pre-annotation), and the reviewers' answers come back as a long table and as one expert
+column per reviewer for the next training round.
+
+- `labeling`: the project's labelling configuration, generated from the model's `id2label` and checked against it.
+- `tasks`: tasks (and their keys) from the pipeline's outputs; `answers`: answers from the annotated tasks.
+- `client`: the connection to one project through label-studio-sdk ([`connect`], [`ReviewProject`]), with clear errors.
+- `pushing` / `pulling`: idempotent, resumable push; incremental pull, [`reviews_to_columns`].
+- `server`: a local Label Studio server in its own virtual environment (tests, `make review-server`, the demo).
+- `simulated`: reviewers simulated from the CrowdFlower votes shipped with HateSpeech (the demo and tests).
+- `cli`: `hf-defer review push|pull`.
+
+The top layer: it may import every other subpackage of hf_defer (modeling, evaluation, data, experts, training, hub,
+commands) and label-studio-sdk, pandas and the libraries; nothing in hf_defer imports it. Needs
+`pip install 'hf-defer[review]'`.
+"""
+
+from .client import DEFAULT_TOKEN_ENV, ReviewProject, ReviewServerError, connect
+from .labeling import check_label_config, label_config
+from .pulling import PullResult, pull, pull_to_csv, read_answers, reviews_to_columns
+from .pushing import PushReport, push, push_dataset
+from .tasks import deferred_tasks, task_key
+
+__all__ = [
+    "DEFAULT_TOKEN_ENV",
+    "PullResult",
+    "PushReport",
+    "ReviewProject",
+    "ReviewServerError",
+    "check_label_config",
+    "connect",
+    "deferred_tasks",
+    "label_config",
+    "pull",
+    "pull_to_csv",
+    "push",
+    "push_dataset",
+    "read_answers",
+    "reviews_to_columns",
+    "task_key",
+]
