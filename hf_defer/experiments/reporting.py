@@ -99,17 +99,27 @@ class _Seeds:
         return _cell(*mean_and_standard_error(self.percent(surrogate, key)))
 
 
-def results_table(runs: list[dict[str, Any]], surrogates: Sequence[str], with_paper: bool = True) -> str:
+def results_table(runs: list[dict[str, Any]], surrogates: Sequence[str], with_paper: bool = True,
+                  paper: dict[str, tuple[tuple[str, str], ...]] | None = None,
+                  paper_bold: dict[str, set[str]] | None = None) -> str:
     """Markdown table in the paper's format: mean (standard error) in percent, best and comparable in bold.
 
     Args:
         runs (`list[dict]`): per-run records with `surrogate`, `seed` and the metric fractions in `metrics`.
         surrogates (`Sequence[str]`): the methods, in row order.
         with_paper (`bool`, *optional*, defaults to True): add the paper's row under each method.
+        paper (`dict`, *optional*): the paper's (mean, error) strings per surrogate in `METRICS` order; defaults to
+            its HateSpeech rows, `PAPER_TABLE2`.
+        paper_bold (`dict[str, set[str]]`, *optional*): the metrics the paper prints in bold, per surrogate
+            (defaults to `PAPER_BOLD`, with `paper` left out; none otherwise).
 
     Returns:
         `str`: the table.
     """
+    if paper is None:
+        paper = PAPER_TABLE2
+        paper_bold = PAPER_BOLD if paper_bold is None else paper_bold
+    paper_bold = paper_bold or {}
     by = _Seeds(runs)
     missing = [(s, seed) for s in surrogates for seed in by.seeds if (s, seed) not in by.by]
     if missing:
@@ -120,9 +130,9 @@ def results_table(runs: list[dict[str, Any]], surrogates: Sequence[str], with_pa
     for s in surrogates:
         rows.append([f"{display_name(s)} (ours, {len(by.seeds)} seeds)",
                      *(_cell(*mean_and_standard_error(values[key][s]), s in bold[key]) for key in METRICS)])
-        if with_paper and s in PAPER_TABLE2:
-            rows.append([f"{display_name(s)} (paper)", *(f"**{m} ({e})**" if key in PAPER_BOLD.get(s, set()) else
-                                                         f"{m} ({e})" for key, (m, e) in zip(METRICS, PAPER_TABLE2[s]))])
+        if with_paper and s in paper:
+            rows.append([f"{display_name(s)} (paper)", *(f"**{m} ({e})**" if key in paper_bold.get(s, set()) else
+                                                         f"{m} ({e})" for key, (m, e) in zip(METRICS, paper[s]))])
     return markdown_table(["Method", *METRIC_HEADERS], rows)
 
 

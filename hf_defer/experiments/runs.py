@@ -24,6 +24,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from ..data.hatespeech import HATESPEECH_LABELS, default_hatespeech_source
+from ..data.imagenet16h import IMAGENET16H_NOISE_LEVELS
 from ..experts.embeddings import resolve_sentence_encoder
 from ..experts.simulated import annotator_accuracy
 from ..evaluation.plotting import plot_estimate_histograms
@@ -75,6 +76,11 @@ class ReproductionArguments:
     finetune_batch_size: int = 32
     overwrite: bool = field(default=False, metadata={"help": "replace existing result files without asking"})
     render_only: bool = field(default=False, metadata={"help": "only rewrite the reports from the saved JSON"})
+    imagenet16h: str | None = field(default=None, metadata={
+        "help": "ImageNet-16H folder (see hf_defer.data.load_imagenet16h): also run its half of Table 2"})
+    imagenet16h_noise: list[int] = field(default_factory=lambda: list(IMAGENET16H_NOISE_LEVELS),
+                                         metadata={"help": "ImageNet-16H noise levels to run"})
+    imagenet16h_epochs: float = field(default=100.0, metadata={"help": "training epochs of the ImageNet-16H heads"})
     threads: int = field(default=1, metadata={"help": "torch threads while training a linear head"})
     verbose: bool = field(default=False, metadata={"help": "Trainer progress bars and logs"})
 
@@ -92,8 +98,14 @@ class ReproductionArguments:
         for name in ("p_aae", "p_other", "specialist_p"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {getattr(self, name)}.")
-        if self.skip_main and not (self.multi_expert or self.finetune):
-            raise ValueError("skip_main leaves nothing to run; add multi_expert or finetune.")
+        if self.skip_main and not (self.multi_expert or self.finetune or self.imagenet16h):
+            raise ValueError("skip_main leaves nothing to run; add multi_expert, finetune or imagenet16h.")
+        bad = [n for n in self.imagenet16h_noise if n not in IMAGENET16H_NOISE_LEVELS]
+        if bad or not self.imagenet16h_noise or len(set(self.imagenet16h_noise)) != len(self.imagenet16h_noise):
+            raise ValueError(f"imagenet16h_noise must be distinct levels among {list(IMAGENET16H_NOISE_LEVELS)}, got "
+                             f"{self.imagenet16h_noise}.")
+        if self.imagenet16h_epochs <= 0:
+            raise ValueError(f"imagenet16h_epochs must be positive, got {self.imagenet16h_epochs}.")
 
     def protocol(self) -> Protocol:
         """The linear-head protocol these options ask for."""
@@ -103,7 +115,8 @@ class ReproductionArguments:
     def planned_outputs(self) -> list[str]:
         """The files of the output folder that a run with these options writes."""
         if self.render_only:
-            return ["hatespeech.md", "hatespeech_reliability.png", "hatespeech_multi_expert.md", "hatespeech_finetune.md"]
+            return ["hatespeech.md", "hatespeech_reliability.png", "hatespeech_multi_expert.md", "hatespeech_finetune.md",
+                    "imagenet16h.md"]
         names = []
         if not self.skip_main:
             names += ["hatespeech.md", "hatespeech_runs.json", "hatespeech_expert_accuracy.png",
@@ -112,6 +125,8 @@ class ReproductionArguments:
             names += ["hatespeech_multi_expert.md", "hatespeech_multi_expert.json"]
         if self.finetune:
             names += ["hatespeech_finetune.md", "hatespeech_finetune.json"]
+        if self.imagenet16h:
+            names += ["imagenet16h.md", "imagenet16h_runs.json"]
         return names
 
 
