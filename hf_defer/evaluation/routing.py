@@ -18,23 +18,25 @@ from typing import Any
 
 import numpy as np
 
-from .costs import ErrorCostCurve
+from .costs import ErrorCostCurve, _array, _class_ids, _per_row
 from ..modeling.surrogate_base import check_expert_costs
 
 __all__ = ["confidence_cascade_curve", "router_curve"]
 
 
 def _members(member_answers: Any, labels: Any, prices: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    answers = np.asarray(member_answers, dtype=np.int64)
-    y = np.asarray(labels, dtype=np.int64)
-    if answers.ndim != 2 or answers.shape[0] != y.shape[0] or answers.shape[0] == 0 or answers.shape[1] < 2:
+    """Answers `[N, L]` and labels `[N]` as class ids (>= 0: an ignored -100 or a missing -1 is refused, not scored)
+    and one price per member."""
+    answers = _class_ids("member_answers", member_answers, 2)
+    y = _class_ids("labels", labels, 1)
+    if answers.shape[0] != y.shape[0] or answers.shape[0] == 0 or answers.shape[1] < 2:
         raise ValueError(f"`member_answers` must be [N, L] with N = len(labels) > 0 and L >= 2, got {answers.shape}.")
     return answers, y, np.asarray(check_expert_costs(prices, answers.shape[1], "prices"), dtype=np.float64)
 
 
 def _grid(settings: Any, width: int, name: str) -> np.ndarray:
-    grid = np.asarray(settings, dtype=np.float64)
-    if grid.ndim != 2 or grid.shape[1] != width or not np.isfinite(grid).all():
+    grid = _array(name, settings, 2)
+    if grid.shape[1] != width:
         raise ValueError(f"`{name}` must be [S, {width}] finite thresholds, got shape {grid.shape}.")
     return grid
 
@@ -45,9 +47,11 @@ def confidence_cascade_curve(
     """Error and mean cost of a confidence cascade for each row of `thresholds`.
 
     Args:
-        member_confidence (array-like `[N, L - 1]`): the top softmax probability of each member but the last.
-        member_answers (array-like `[N, L]`): each member's answer (the last member is e.g. a person).
-        labels (array-like `[N]`): true classes.
+        member_confidence (array-like `[N, L - 1]`, or `[N]` for two members): the top softmax probability of
+            each member but the last; finite (an `[L - 1, N]` array is refused, not reshaped).
+        member_answers (array-like `[N, L]`): each member's answer, a class id >= 0 (the last member is e.g. a
+            person).
+        labels (array-like `[N]`): true classes, ids >= 0 (drop rows labelled -100 first).
         prices (sequence of `float`): the price of consulting each member.
         thresholds (array-like `[S, L - 1]`): `t_i` of each setting; member i answers iff its confidence >= t_i.
 
@@ -66,10 +70,12 @@ def confidence_cascade_curve(
     ```
     """
     answers, y, costs = _members(member_answers, labels, prices)
-    confidence = np.asarray(member_confidence, dtype=np.float64).reshape(len(y), -1)
-    if confidence.shape[1] != answers.shape[1] - 1:
-        raise ValueError(f"`member_confidence` needs one column per member but the last, got {confidence.shape}.")
-    grid = _grid(thresholds, confidence.shape[1], "thresholds")
+    width = answers.shape[1] - 1
+    try:
+        confidence = _per_row("member_confidence", member_confidence, len(y), width)
+    except ValueError as err:
+        raise ValueError(f"{err} `member_confidence` needs one column per member but the last.") from None
+    grid = _grid(thresholds, width, "thresholds")
     paid = np.cumsum(costs)  # stopping at member i pays members 0..i
     rows, last = np.arange(len(y)), answers.shape[1] - 1
     cost, error = [], []
@@ -87,9 +93,9 @@ def router_curve(
     """Error and mean cost of a threshold router for each row of `thresholds`.
 
     Args:
-        score (array-like `[N]`): the router's score; higher sends an input to a later (costlier) member.
-        member_answers (array-like `[N, L]`): each member's answer.
-        labels (array-like `[N]`): true classes.
+        score (array-like `[N]`): the router's score, finite; higher sends an input to a later (costlier) member.
+        member_answers (array-like `[N, L]`): each member's answer, a class id >= 0.
+        labels (array-like `[N]`): true classes, ids >= 0.
         prices (sequence of `float`): the price of each member.
         thresholds (array-like `[S, L - 1]`): ascending `s_1 <= ... <= s_{L-1}` of each setting.
         router_cost (`float`, *optional*, defaults to 0.0): paid for every input (running the router).
@@ -108,7 +114,7 @@ def router_curve(
     ```
     """
     answers, y, costs = _members(member_answers, labels, prices)
-    values = np.asarray(score, dtype=np.float64)
+    values = _array("score", score, np.ndim(score.detach().cpu() if hasattr(score, "detach") else score))
     if values.shape != y.shape:
         raise ValueError(f"`score` must have one value per input ({len(y)}), got shape {values.shape}.")
     check_expert_costs([router_cost], 1, "router_cost")

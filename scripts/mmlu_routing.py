@@ -1,0 +1,68 @@
+"""MMLU routing on RouteLLM's data (GPT-4-1106 vs Mixtral-8x7B): cross-fitted routers, RouteLLM's APGR and CPT.
+
+Writes results/mmlu_routing.json and results/mmlu_routing.md. The logic lives in `hf_defer.experiments.mmlu_routing`.
+
+    python scripts/mmlu_routing.py                  # embeddings of the 14,037 questions (cached), then all routers
+    python scripts/mmlu_routing.py --render-only    # rewrite the report from the JSON
+    python scripts/mmlu_routing.py --route-only     # with the route-only deferral model, once it exists
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from hf_defer.experiments import mmlu_routing as mr
+from hf_defer.experts.embeddings import DEFAULT_SENTENCE_ENCODER
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=ROOT / "results", help="folder of mmlu_routing.{json,md}")
+    parser.add_argument("--model", default=DEFAULT_SENTENCE_ENCODER, help="sentence encoder of the questions")
+    parser.add_argument("--device", default=None, help="device of the encoder (default: sentence-transformers' choice)")
+    parser.add_argument("--max-rows", type=int, default=None, help="a seeded random subset of questions (quick runs)")
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--fold-seed", type=int, default=0)
+    parser.add_argument("--bootstrap", type=int, default=200, help="resamples for the APGR intervals")
+    parser.add_argument("--epochs", type=int, default=30, help="epochs of each logistic regression")
+    parser.add_argument("--route-only", action="store_true",
+                        help="add the route-only deferral model (hf_defer.experiments.mmlu_routing.fit_route_only_deferral)")
+    parser.add_argument("--render-only", action="store_true", help="rewrite the markdown from the JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    json_path, md_path = args.output / "mmlu_routing.json", args.output / "mmlu_routing.md"
+    if args.render_only:
+        md_path.write_text(mr.report_markdown(json.loads(json_path.read_text())))
+        print(md_path.read_text())
+        return
+    start = time.perf_counter()
+    data, features = mr.mmlu_routing_data(args.max_rows, args.fold_seed, args.model, args.device)
+    embedding_seconds = round(time.perf_counter() - start, 1)
+    record = mr.compare(features, data["subject"], data["gpt-4-1106-preview"], data["mixtral-8x7b-instruct"],
+                        folds=args.folds, fold_seed=args.fold_seed, bootstrap=args.bootstrap, epochs=args.epochs,
+                        route_only=mr.fit_route_only_deferral if args.route_only else None)
+    record["settings"] |= {
+        "encoder": args.model, "embedding_seconds": embedding_seconds, "max_rows": args.max_rows,
+        "subjects": len(set(data["subject"])), "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}",
+        "command": "python scripts/mmlu_routing.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    args.output.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(record, indent=1))
+    md_path.write_text(mr.report_markdown(record))
+    print(md_path.read_text())
+
+
+if __name__ == "__main__":
+    main()
