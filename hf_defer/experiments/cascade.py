@@ -6,8 +6,10 @@ Two stages, run by `scripts/cascade_hatespeech.py`:
   fine-tuned end to end (MiniLM by default) for every tweet: the tweets are split into K folds and fold k is
   predicted by a model trained on (a sample of) the other folds, so no tweet is ever answered by a model that saw it.
 - [`compare`] (`--stage compare`): for each seed, a cheap model (linear head on frozen sentence embeddings), the
-  confidence cascade, a RouteLLM-style router and three deferral models (A-SM, S-SM, A-OvA) with two experts (the
-  costly model, the annotator), all evaluated on the same test tweets in the error-cost plane (see `hf_defer.evaluation.costs`).
+  confidence cascade, a RouteLLM-style router, three deferral models (A-SM, S-SM, A-OvA) with two experts (the
+  costly model, the annotator), a route-only model over the three members and the learned cascade (A-SM, then a
+  route-only stage 2 that reads the costly model's probabilities, see `hf_defer.experts.deferral_cascade`), all
+  evaluated on the same test tweets in the error-cost plane (see `hf_defer.evaluation.costs`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import torch
 
 __all__ = ["cascade_data", "compare", "costly_predictions", "fold_of_rows", "summarize", "texts_digest"]
 
-METHODS = ("A-SM", "S-SM", "A-OvA", "confidence cascade", "router")
+METHODS = ("learned cascade", "route-only", "A-SM", "S-SM", "A-OvA", "confidence cascade", "router")
+REFERENCES = ("learned cascade", "A-SM")  # the methods tested against every other one (paired t-tests of areas)
 SURROGATE_OF = {"A-SM": "asm", "S-SM": "ssm", "A-OvA": "aova"}
 
 
@@ -191,6 +194,69 @@ def _fit_deferral(features: np.ndarray, labels: np.ndarray, expert_labels: np.nd
     return estimates
 
 
+def _fit_route_only(features: np.ndarray, correct: np.ndarray, names: Sequence[str], seed: int,
+                    epochs: int) -> Any:
+    """A linear route-only `EncoderForDeferral` head (per-expert binary log loss on `correct`, Adam, batch 256);
+    returns features -> estimated accuracy of each expert `[N, M]`."""
+    from ..modeling.configuration_deferral import DeferralConfig
+    from ..modeling.modeling_deferral import EncoderForDeferral
+
+    torch.manual_seed(seed)
+    model = EncoderForDeferral(DeferralConfig(feature_size=features.shape[1], route_only=True, num_experts=len(names),
+                                              expert_names=list(names), default_expert=names[0]))
+    x, c = torch.as_tensor(features), torch.as_tensor(correct, dtype=torch.float32)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(epochs):
+        for rows in torch.randperm(len(c), generator=generator).split(256):
+            loss = model(features=x[rows], expert_correct=c[rows]).loss
+            optimizer.zero_grad(), loss.backward(), optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        return lambda f: model(features=torch.as_tensor(f)).expert_accuracy.double().numpy()
+
+
+def _learned_cascade_curve(top: np.ndarray, accuracy: np.ndarray, gain: np.ndarray, wrong: np.ndarray,
+                           prices: Sequence[float], grid: np.ndarray) -> Any:
+    """Test/validation points of the learned cascade for each setting ``(d_costly, d_person, t)`` of `grid`.
+
+    Stage 1 (a deferral model: ``top`` = max_y p_y, ``accuracy`` = its two experts' estimates): defer iff
+    ``max_j (a_j - d_j) > top``, to the argmax (0: costly model, 1: person). Stage 2, where the costly model answered:
+    pay the person iff ``gain`` (its estimated accuracy less the costly model's) ``> t``. ``wrong`` `[N, 3]`: whether
+    the classifier, the costly model and the person are wrong; paid = cheap + costly if called + person if called.
+    """
+    from ..evaluation.costs import ErrorCostCurve
+
+    cheap, costly, person = prices
+    pairs, pair_of = np.unique(grid[:, :2], axis=0, return_inverse=True)
+    levels, level_of = np.unique(grid[:, 2], return_inverse=True)
+    net = accuracy[None] - pairs[:, None, :]  # [G, N, 2]
+    defer = net.max(2) > top[None]
+    to_costly, to_person = defer & (net.argmax(2) == 0), defer & (net.argmax(2) == 1)
+    escalate = (gain[None] > levels[:, None]).astype(np.float64)  # [T, N]
+    n = len(top)
+    base = ((~defer) * wrong[:, 0] + to_person * wrong[:, 2]).mean(1)
+    after = escalate * wrong[:, 2] + (1 - escalate) * wrong[:, 1]
+    error = base[:, None] + to_costly.astype(np.float64) @ after.T / n
+    cost = (cheap + costly * to_costly.mean(1) + person * to_person.mean(1))[:, None] \
+        + person * (to_costly.astype(np.float64) @ escalate.T) / n
+    pair_of, level_of = pair_of.reshape(-1), level_of.reshape(-1)
+    return ErrorCostCurve.from_points(cost[pair_of, level_of], error[pair_of, level_of], grid)
+
+
+def _route_only_curve(accuracy: np.ndarray, wrong: np.ndarray, prices: Sequence[float], grid: np.ndarray) -> Any:
+    """Points of a route-only model over (cheap, costly, person) for each setting ``(d_costly, d_person)``: route to
+    ``argmax_j (a_j - d_j)`` with ``d_cheap = 0`` (ties to the cheap model); paid = cheap + the chosen one if not it."""
+    from ..evaluation.costs import ErrorCostCurve
+
+    net = accuracy[None] - np.concatenate([np.zeros((len(grid), 1)), grid], axis=1)[:, None, :]  # [S, N, 3]
+    chosen = np.where(net[..., 1:].max(2) > net[..., 0], 1 + net[..., 1:].argmax(2), 0)
+    error = np.take_along_axis(np.broadcast_to(wrong, net.shape), chosen[..., None], 2)[..., 0].mean(1)
+    cost = prices[0] + prices[1] * (chosen == 1).mean(1) + prices[2] * (chosen == 2).mean(1)
+    return ErrorCostCurve.from_points(cost, error, grid)
+
+
 def _levels(values: np.ndarray, count: int = 24) -> np.ndarray:
     """Thresholds for a probability: 0 (always), its `count` quantiles, and 2 (never)."""
     return np.unique(np.concatenate([[0.0], np.quantile(values, np.linspace(0, 1, count)), [2.0]]))
@@ -210,8 +276,11 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
 
     Per seed: a 70/10/20 split of the rows, annotator labels drawn with that seed, the cheap model (linear head on
     `features`), the router (linear, trained on 5-fold cross-fitted mistakes of the cheap model on the training
-    rows), and A-SM / S-SM / A-OvA heads with two experts (the costly model's out-of-sample answers, the annotator).
-    Every method's settings (decision costs, thresholds) are swept on the validation rows; those on the validation
+    rows), A-SM / S-SM / A-OvA heads with two experts (the costly model's out-of-sample answers, the annotator), a
+    route-only head over the three members (the cheap model's correctness cross-fitted on the training rows), and the
+    learned cascade: the A-SM head as stage 1, and as stage 2 a route-only head over (costly model, annotator) on
+    [`escalation_features`] of the features and the costly model's probabilities. Every method's settings (decision
+    costs, thresholds) are swept on the validation rows; those on the validation
     Pareto front are evaluated on the test rows. Prices: `prices = (cheap, costly, person)` per tweet; the cheap
     model's features are paid by every method that reads them.
 
@@ -222,11 +291,14 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
     from ..data.hatespeech import HATESPEECH_LABELS
     from ..experts.simulated import annotator_expert
     from ..evaluation.routing import confidence_cascade_curve, router_curve
+    from ..experts.deferral_cascade import escalation_features
 
     cheap_price, costly_price, person_price = (float(p) for p in prices)
     labels = np.asarray(data["labels"], dtype=np.int64)
     n, num_classes = len(labels), costly_probs.shape[1]
     costly_answer = costly_probs.argmax(1)
+    escalation_all = escalation_features(features, costly_probs)
+    prices = (cheap_price, costly_price, person_price)
     runs = []
     for seed in seeds:
         start = time.perf_counter()
@@ -258,7 +330,9 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
                                          [0.0, costly_price, person_price], g, router_cost=cheap_price),
             grid, val, test, base=[2.0, 2.0])
         experts = np.stack([costly_answer, person], axis=1)
-        steps = np.append(0.0, np.geomspace(1e-3, 1.0, 24))
+        # Decision costs of either sign: max_j (a_j - d_j) > max_y p_y with every d_j < 0 shifted by min(d) is the
+        # rule with a negative defer threshold, so the deferral models can also send (nearly) everything on.
+        steps = np.concatenate([-np.geomspace(1e-2, 1.0, 12)[::-1], [0.0], np.geomspace(1e-3, 1.0, 24)])
         grid = np.array([(a, b) for a in steps for b in steps])
         for method, surrogate in SURROGATE_OF.items():
             estimate = _fit_deferral(features[train], labels[train], experts[train], surrogate, seed, head_epochs)
@@ -268,6 +342,27 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
                                                  [costly_price, person_price], decision_costs=g,
                                                  model_cost=cheap_price),
                 grid, val, test, base=[1.0, 1.0])
+            if method == "A-SM":
+                stage1 = (probs, accuracy)
+        # The route-only model over the three members: the cheap model's correctness on training rows is cross-fitted.
+        correct = np.stack([1 - wrong, costly_answer == labels, person == labels], axis=1).astype(np.float32)
+        wrong_of = np.stack([answers[:, 0] != labels, costly_answer != labels, person != labels], axis=1)
+        accuracy = _fit_route_only(features[train], correct[train], ["cheap", "costly", "person"], seed,
+                                   head_epochs)(features)
+        curves["route-only"] = _select_on_validation(
+            lambda rows, g: _route_only_curve(accuracy[rows], wrong_of[rows], prices, g), grid, val, test,
+            base=[1.0, 1.0])
+        # The learned cascade: stage 1 = the A-SM model above; stage 2 = a route-only model over (costly, person)
+        # reading the cheap features and the costly model's probabilities (out-of-sample on every row).
+        stage2 = _fit_route_only(escalation_all[train], correct[train, 1:], ["costly", "person"], seed, head_epochs)
+        gain = np.diff(stage2(escalation_all), axis=1)[:, 0]  # a_person - a_costly
+        probs, accuracy = stage1
+        stage1_wrong = np.stack([probs.argmax(1) != labels, wrong_of[:, 1], wrong_of[:, 2]], axis=1)
+        levels = np.unique(np.concatenate([[-2.0], np.quantile(gain, np.linspace(0, 1, 24)), [2.0]]))
+        cascade_grid = np.array([(a, b, t) for a, b in grid for t in levels])
+        curves["learned cascade"] = _select_on_validation(
+            lambda rows, g: _learned_cascade_curve(probs[rows].max(1), accuracy[rows], gain[rows], stage1_wrong[rows],
+                                                   prices, g), cascade_grid, val, test, base=[1.0, 1.0, 2.0])
         members = {"cheap model alone": (cheap_price, float(np.mean(answers[test, 0] != labels[test]))),
                    "costly model alone": (costly_price, float(np.mean(costly_answer[test] != labels[test]))),
                    "annotator alone": (person_price, float(np.mean(person[test] != labels[test])))}
@@ -288,7 +383,8 @@ def _best_error_at(cost: Sequence[float], error: Sequence[float], budgets: np.nd
 
 def summarize(result: dict[str, Any], budgets: int = 200) -> dict[str, Any]:
     """Areas under each method's test error-cost staircase (budgets log-uniform from the cheap price to the person's),
-    their mean and standard error over seeds, paired t-tests of A-SM against the others, and the mean curves."""
+    their mean and standard error over seeds, paired t-tests of each of `REFERENCES` against the others, and the mean
+    curves."""
     from scipy import stats
 
     from ..evaluation.costs import area_under_error_cost
@@ -307,13 +403,18 @@ def summarize(result: dict[str, Any], budgets: int = 200) -> dict[str, Any]:
     for m in METHODS:
         mean, error = mean_and_standard_error(area[m])
         summary["area"][m] = {"per_seed": np.asarray(area[m]).tolist(), "mean": mean, "se": error}
-    for m in METHODS[1:]:
-        difference = np.asarray(area["A-SM"]) - np.asarray(area[m])
-        p = float(stats.ttest_rel(area["A-SM"], area[m]).pvalue) if seeds > 1 and difference.std() > 0 else float("nan")
-        summary["versus"][m] = {"mean_difference": float(difference.mean()), "p_value": p,
-                                "seeds_below": int((difference < 0).sum()),
-                                "share_of_budgets_below": float(np.mean(mean_curve["A-SM"] < mean_curve[m])),
-                                "share_of_budgets_above": float(np.mean(mean_curve["A-SM"] > mean_curve[m]))}
+    for reference in REFERENCES:
+        versus = summary["versus"].setdefault(reference, {})
+        for m in METHODS:
+            if m == reference:
+                continue
+            difference = np.asarray(area[reference]) - np.asarray(area[m])
+            p = (float(stats.ttest_rel(area[reference], area[m]).pvalue) if seeds > 1 and difference.std() > 0
+                 else float("nan"))
+            versus[m] = {"mean_difference": float(difference.mean()), "p_value": p,
+                         "seeds_below": int((difference < 0).sum()),
+                         "share_of_budgets_below": float(np.mean(mean_curve[reference] < mean_curve[m])),
+                         "share_of_budgets_above": float(np.mean(mean_curve[reference] > mean_curve[m]))}
     members = {name: (float(np.mean([r["members"][name][0] for r in result["runs"]])),
                       float(np.mean([r["members"][name][1] for r in result["runs"]])))
                for name in result["runs"][0]["members"]}
