@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all demo reproduce cascade clean
+.PHONY: install test test-all demo reproduce cascade mmlu-routing convabuse clean
+.PHONY: test-latest test-oldest review-server review-demo test-review
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,17 +23,52 @@ test: install
 test-all: install
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
-clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+# The default suite on two more stacks than constraints.txt's, each in its own venv and without the constraints file
+# (README, "Installing"): test-latest on the newest releases the package index offers today (upgraded at every run, as
+# `pip install hf-defer[peft]` would get them), test-oldest on the lowest versions pyproject.toml allows (uv resolves
+# them: --resolution lowest-direct). torch is pinned to wheels on this machine's disk, since an unpinned torch pulls a
+# multi-GB CUDA build: LATEST_TORCH is the newest there (a CUDA build, ~6 GB in the venv, no download), the oldest
+# stack takes pyproject's lower bound (2.13.0, the CPU build).
+LATEST_VENV ?= .venv-latest
+LATEST_TORCH ?= 2.14.1
+OLDEST_VENV ?= .venv-oldest
+STACK_EXTRAS := test,peft
+SHOW_STACK := -c 'import importlib.metadata as m; print("stack:", ", ".join(p + " " + m.version(p) for p in ("torch", "transformers", "peft", "accelerate", "datasets", "huggingface-hub", "tokenizers", "numpy")))'
 
-# The main job: HateSpeech end to end (embeddings are cached under ~/.cache/hf_defer); writes demo_model/.
+$(LATEST_VENV)/.created:
+	$(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	touch $@
+
+test-latest: $(LATEST_VENV)/.created
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager "torch==$(LATEST_TORCH)" -e '.[$(STACK_EXTRAS)]'
+	$(LATEST_VENV)/bin/python $(SHOW_STACK)
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(LATEST_VENV)/bin/python -m pytest -m "not slow" -n 2 $(PYTEST_ARGS)
+
+$(OLDEST_VENV)/.installed-stamp: pyproject.toml
+	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip uv
+	$(OLDEST_VENV)/bin/uv pip compile pyproject.toml --extra test --extra peft --resolution lowest-direct \
+		--python $(OLDEST_VENV)/bin/python --quiet --no-header -o $(OLDEST_VENV)/lowest.txt
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -c $(OLDEST_VENV)/lowest.txt -e '.[$(STACK_EXTRAS)]'
+	touch $@
+
+test-oldest: $(OLDEST_VENV)/.installed-stamp
+	$(OLDEST_VENV)/bin/python $(SHOW_STACK)
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(OLDEST_VENV)/bin/python -m pytest -m "not slow" -n 2 $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) $(LATEST_VENV) $(OLDEST_VENV) .pytest_cache .hypothesis
+
+# The main job: HateSpeech end to end (embeddings are cached under $HF_HOME/hf_defer, ~/.cache/huggingface/hf_defer by default); writes demo_model/.
 # A quick form: make demo DEMO_ARGS="--max-rows 3000"
 DEMO_ARGS ?=
 demo: install
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(PY) scripts/demo.py $(DEMO_ARGS)
 
 # The paper's HateSpeech Table 2 (4 surrogates x 5 seeds) and the three-expert run, written to results/.
-# Committed results are kept unless REPRODUCE_ARGS=--overwrite.
+# Committed results are kept unless REPRODUCE_ARGS=--overwrite. The ImageNet-16H half of Table 2 (results/imagenet16h.md)
+# needs the data folder, which is not shipped: REPRODUCE_ARGS="--imagenet16h PATH" (see hf_defer.data.load_imagenet16h).
 REPRODUCE_ARGS ?=
 reproduce: install
 	$(PY) scripts/reproduce_hatespeech.py --multi-expert $(REPRODUCE_ARGS)
@@ -44,3 +80,47 @@ CASCADE_COSTLY_ARGS ?= --folds 5 --epochs 2
 cascade: install
 	test -f results/hatespeech_costly_predictions.json || HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(PY) scripts/cascade_hatespeech.py --stage costly $(CASCADE_COSTLY_ARGS)
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(PY) scripts/cascade_hatespeech.py --stage compare
+
+# GPT-4 or Mixtral per MMLU question on RouteLLM's shipped results: cross-fitted routers and RouteLLM's APGR / CPT
+# (results/mmlu_routing.md). Embedding the 14,037 questions with MiniLM takes minutes on a CPU (cached afterwards).
+MMLU_ROUTING_ARGS ?=
+mmlu-routing: install
+	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(PY) scripts/mmlu_routing.py $(MMLU_ROUTING_ARGS)
+
+# Whom to defer to among ConvAbuse's 8 annotators, each of whom labelled a part of the items (results/convabuse.md):
+# masked A-SM / S-SM / A-OvA against dropping rows, one pooled expert, the best annotator and the classifier alone.
+# Embedding the ~4k turns and their contexts with MiniLM takes a few minutes on a CPU (cached afterwards).
+# Committed results are kept unless CONVABUSE_ARGS=--overwrite.
+CONVABUSE_ARGS ?=
+convabuse: install
+	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(PY) scripts/convabuse.py $(CONVABUSE_ARGS)
+
+# From deferral to reviewers and back (README): hf_defer.review with label-studio-sdk in .venv, the Label Studio server
+# in its own venv (LS_VENV, created on first use: its pins differ from the training stack). The admin's API token comes
+# from $LABEL_STUDIO_API_KEY only (`make review-server` needs it set; the tests and the demo make a random one).
+LS_VENV ?= .venv-label-studio
+REVIEW_STAMP := $(VENV)/.review-installed-stamp
+REVIEW_SERVER_ARGS ?=
+REVIEW_DEMO_ARGS ?=
+
+$(REVIEW_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,review,review-test]'
+	touch $@
+
+$(LS_VENV)/bin/label-studio:
+	$(PY) -c 'from hf_defer.review.server import ensure_label_studio; ensure_label_studio("$(LS_VENV)")'
+
+# A local server on 127.0.0.1:8080 (REVIEW_SERVER_ARGS="--port 8081 --data_dir ls-data" to change) until Ctrl-C.
+review-server: $(REVIEW_STAMP) $(LS_VENV)/bin/label-studio
+	$(PY) -m hf_defer.review.server --venv $(LS_VENV) $(REVIEW_SERVER_ARGS)
+
+# A few rounds of the loop on HateSpeech against a server it starts: results/review_loop.md and .png.
+review-demo: $(REVIEW_STAMP) $(LS_VENV)/bin/label-studio
+	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(PY) scripts/review_demo.py $(REVIEW_DEMO_ARGS)
+
+# tests/review/ with the live tests: a Label Studio server, PostgreSQL when installed, and headless Chromium
+# (Debian's chromium and chromium-driver, installed here when missing and run as root).
+test-review: $(REVIEW_STAMP) $(LS_VENV)/bin/label-studio
+	command -v chromedriver >/dev/null || { test "$$(id -u)" = 0 && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/review -m "not slow or review or browser" $(PYTEST_ARGS)

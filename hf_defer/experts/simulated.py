@@ -64,7 +64,9 @@ def _numeric_columns(dataset: datasets.Dataset, names: Sequence[str]) -> dict[st
     """Read columns as numpy arrays (respecting any indices mapping of the dataset)."""
     if len(dataset) == 0:
         return {name: np.zeros((0,), dtype=np.int64) for name in names}
-    return dict(dataset.with_format("numpy", columns=list(names))[:])
+    arrays = dict(dataset.with_format("numpy", columns=list(names))[:])  # datasets < 5: a float NaN column as objects
+    floats = {n: f.dtype for n, f in dataset.features.items() if isinstance(f, datasets.Value) and "float" in f.dtype}
+    return {n: v.astype(floats[n]) if v.dtype == object and n in floats else v for n, v in arrays.items()}
 
 
 def _first_rows(mask: np.ndarray, limit: int = 5) -> list[int]:

@@ -72,6 +72,32 @@ def adapter_base_model(model: Any) -> str | None:
     return getattr(config, "base_model_name_or_path", None) or None
 
 
+def check_adapter_loadable(model: Any) -> None:
+    """Checks that the adapter of `model`, once saved, can be loaded again: that its base model has a folder or Hub id.
+
+    peft saves an adapter with the base model's `name_or_path` as `base_model_name_or_path`, and loading the adapter
+    folder loads that base first. An adapter added to a deferral model built in memory
+    (`EncoderForDeferral.from_encoder_pretrained(...)`, `EncoderForDeferral(config)`) has none: its folder would be
+    written and then fail to load (looking for the base model `None`). [`DeferralTrainer`] warns at construction and
+    refuses to save or push such a model, and so does [`hf_defer.save_for_hub`]; a model without adapters passes.
+
+    Raises:
+        `ValueError`: the base model of the active adapter was built in memory; the message says what to do.
+    """
+    if not has_adapters(model) or adapter_base_model(model) is not None:
+        return
+    after = ("model.merge_and_unload().save_pretrained(folder) saves it whole, as a plain deferral model"
+             if is_peft_model(model) else "point the adapter at a saved copy of its base weights, "
+             f"model.peft_config[{_active_adapter(model)!r}].base_model_name_or_path = 'base', then save it")
+    raise ValueError(
+        "this model's adapter was added to a deferral model built in memory (e.g. "
+        "EncoderForDeferral.from_encoder_pretrained(...)), so the adapter's base_model_name_or_path is None and a "
+        "saved adapter folder could never be loaded again. Save the base model first and add the adapter to the "
+        "loaded copy: base.save_pretrained('base'); model = get_peft_model(AutoModelForDeferral.from_pretrained("
+        f"'base'), lora_config) (the adapter then names 'base'). For a model trained already: {after}."
+    )
+
+
 def load_adapter_checkpoint(model: Any, checkpoint: str | os.PathLike) -> None:
     """Loads the adapter and head weights of a checkpoint folder into the active adapter of `model`, in place.
 
@@ -116,4 +142,5 @@ def check_head_trainable(model: Any) -> None:
         )
 
 
-__all__ = ["adapter_base_model", "check_head_trainable", "has_adapters", "is_peft_model", "load_adapter_checkpoint"]
+__all__ = ["adapter_base_model", "check_adapter_loadable", "check_head_trainable", "has_adapters", "is_peft_model",
+           "load_adapter_checkpoint"]
