@@ -14,8 +14,10 @@ from .hub.auto import AutoModelForDeferral
 from .training.trainer import DeferralTrainer
 from .data import DataCollatorForDeferral, load_hatespeech
 from .data.preparation import PreparedDeferralData, prepare_deferral_dataset
+from .data.annotations import aggregate_labels, annotations_to_columns
 from .experts.embeddings import add_embeddings, embed_texts
 from .experts import annotator_expert, class_subset_expert, model_expert, stack_experts
+from .experts.deferral_cascade import DeferralCascade
 from .evaluation.costs import ErrorCostCurve, error_cost_curve, mean_cost
 from .evaluation.calibration import calibrate_deferral
 from .evaluation.evaluate_metric import load_metric
@@ -63,6 +65,7 @@ __version__ = "0.1.0"
 __all__ = [
     "SURROGATES",
     "AutoModelForDeferral",
+    "DeferralCascade",
     "DeferralConfig",
     "DeferralOutput",
     "DeferralPipeline",
@@ -79,6 +82,8 @@ __all__ = [
     "render_model_card",
     "save_for_hub",
     "add_embeddings",
+    "aggregate_labels",
+    "annotations_to_columns",
     "annotator_expert",
     "class_subset_expert",
     "deferral_metrics",
