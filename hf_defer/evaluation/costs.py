@@ -287,12 +287,13 @@ def error_cost_curve(
             positive = prices[prices > 0]
             scales = np.append(0.0, np.geomspace(1e-4, 1.0, 60) / (positive.min() if positive.size else 1.0))
         scales = _array("scales", scales, 1)
-        if not np.isfinite(scales).all() or (scales < 0).any():
-            raise ValueError(f"`scales` must be finite and non-negative, got {scales.tolist()}.")
+        if scales.size == 0 or not np.isfinite(scales).all() or (scales < 0).any():
+            raise ValueError(f"`scales` must be at least one finite, non-negative number, got {scales.tolist()}.")
         decision_costs = scales[:, None] * prices[None, :]
     grid = _array("decision_costs", decision_costs, 2)
-    if grid.shape[1] != m or not np.isfinite(grid).all():
-        raise ValueError(f"`decision_costs` must be finite with one column per expert ({m}), got shape {grid.shape}.")
+    if grid.shape[0] == 0 or grid.shape[1] != m or not np.isfinite(grid).all():
+        raise ValueError(f"`decision_costs` must be at least one finite row with one column per expert ({m}), got "
+                         f"shape {grid.shape}.")
     right = experts == y[:, None]
     rows = np.arange(n)
     costs, errors = [], []

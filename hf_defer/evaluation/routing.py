@@ -36,8 +36,8 @@ def _members(member_answers: Any, labels: Any, prices: Sequence[float]) -> tuple
 
 def _grid(settings: Any, width: int, name: str) -> np.ndarray:
     grid = _array(name, settings, 2)
-    if grid.shape[1] != width:
-        raise ValueError(f"`{name}` must be [S, {width}] finite thresholds, got shape {grid.shape}.")
+    if grid.shape[0] == 0 or grid.shape[1] != width:
+        raise ValueError(f"`{name}` must be [S, {width}] finite thresholds with S >= 1, got shape {grid.shape}.")
     return grid
 
 
