@@ -366,10 +366,6 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
                                    language=[code.strip() for code in model_args.language.split(",")]
                                    if model_args.language else None,
                                    dataset_split="test" if "test_system_error" in results else "validation")
-    if final.config.route_only is True:  # the card template needs classes; a route-only model has none
-        logger.warning("no model card (README.md) is written for a route-only model; the folder holds the model, its "
-                       "code, the tokenizer and the metrics (*_results.json).")
-        card = None
     if trainer.is_world_process_zero():
         folder = Path(training_args.output_dir).resolve()
         save_for_hub(final, folder, processing_class=processor, card_data=card, overwrite=True)  # folder checked above

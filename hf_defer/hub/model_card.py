@@ -292,10 +292,13 @@ def render_model_card(
     """
     if not isinstance(data, DeferralModelCardData):
         raise TypeError(f"data must be a DeferralModelCardData, got {type(data).__name__}.")
-    if len(data.class_names) < 2 or not data.expert_names:
+    route_only = data.surrogate == "route_only"  # DeferralConfig(route_only=True): experts only, no classes
+    if (len(data.expert_names) < 2 or data.class_names) if route_only else (
+            len(data.class_names) < 2 or not data.expert_names):
         raise ValueError(
-            "data must name at least 2 classes and 1 expert (use DeferralModelCardData.from_model), got "
-            f"class_names={data.class_names!r}, expert_names={data.expert_names!r}."
+            "data must name at least 2 classes and 1 expert, or no class and at least 2 experts for a route-only "
+            f"model (use DeferralModelCardData.from_model), got class_names={data.class_names!r}, "
+            f"expert_names={data.expert_names!r}."
         )
     folder = Path(save_directory)
     readme = folder / "README.md"
@@ -364,6 +367,7 @@ def render_model_card(
         surrogate=data.surrogate,
         surrogate_description=surrogate_description(data.surrogate),
         surrogate_bounded=surrogate_class(data.surrogate).bounded,
+        route_only=route_only,
         class_names=data.class_names,
         expert_names=data.expert_names,
         defer_threshold_text=f"{threshold:.4g}" + (" (calibrated to a deferral budget)" if threshold else ""),

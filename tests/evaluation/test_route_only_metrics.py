@@ -78,5 +78,14 @@ def test_trainer_evaluates_and_writes_the_card_of_a_route_only_model(tmp_path):
                                                 rel=1e-5)
     card = trainer.model_card_data()
     assert card.surrogate == "route_only" and card.class_names == [] and "coverage" in card.metrics
+    trainer.save_model()  # the card of a route-only model: no classes, its experts, its metrics
+    from huggingface_hub import ModelCard
+
+    saved = ModelCard.load(tmp_path / "out" / "README.md")
+    assert "route-only" in saved.text and "**Classes" not in saved.text and "`K + M` logits" not in saved.text
+    assert all(f"`{name}`" in saved.text for name in NAMES)
+    assert saved.data.library_name == "hf-defer"
+    values = {result.metric_type: result.metric_value for result in saved.data.eval_results}
+    assert values["system_error"] == pytest.approx(result["eval_system_error"])
     with pytest.raises(ValueError, match="cannot use class labels"):
         DeferralTrainer(model=model, args=args, train_dataset=rows.add_column("labels", [0] * 48))
