@@ -31,24 +31,17 @@ from pathlib import Path
 
 import datasets
 import transformers
-from transformers import HfArgumentParser
 
 from hf_defer.experiments.convabuse import ConvAbuseArguments, run_convabuse
 from hf_defer.experiments.convabuse_report import convabuse_markdown
-from hf_defer.experiments.runs import confirm_overwrite
+from hf_defer.experiments.runs import confirm_overwrite, parse_experiment_arguments
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> ConvAbuseArguments:
     """Command-line options (see `--help`); invalid values end the program with the parser's message."""
-    parser = HfArgumentParser(ConvAbuseArguments, description=__doc__.split("\n\n")[0])
-    parser.set_defaults(output_dir=str(RESULTS))
-    try:
-        (arguments,) = parser.parse_args_into_dataclasses(args=argv)
-    except ValueError as error:
-        parser.error(str(error))
-    return arguments
+    return parse_experiment_arguments(ConvAbuseArguments, __doc__.split("\n\n")[0], RESULTS, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

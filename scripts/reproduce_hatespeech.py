@@ -41,25 +41,18 @@ from pathlib import Path
 
 import datasets
 import transformers
-from transformers import HfArgumentParser
 
 from hf_defer.experiments.imagenet16h import render_imagenet16h, run_imagenet16h
 from hf_defer.experiments.reporting import render_reports
-from hf_defer.experiments.runs import (ReproductionArguments, confirm_overwrite, run_finetune, run_multi_expert,
-                                       run_table2)
+from hf_defer.experiments.runs import (ReproductionArguments, confirm_overwrite, parse_experiment_arguments,
+                                       run_finetune, run_multi_expert, run_table2)
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> ReproductionArguments:
     """Command-line options (see `--help`); invalid combinations end the program with the parser's message."""
-    parser = HfArgumentParser(ReproductionArguments, description=__doc__.split("\n\n")[0])
-    parser.set_defaults(output_dir=str(RESULTS))
-    try:
-        (arguments,) = parser.parse_args_into_dataclasses(args=argv)
-    except ValueError as error:
-        parser.error(str(error))
-    return arguments
+    return parse_experiment_arguments(ReproductionArguments, __doc__.split("\n\n")[0], RESULTS, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,7 +20,7 @@ import datasets
 import numpy as np
 import pandas as pd
 
-from .preparation import _is_missing  # one rule for "missing": None, NaN or -1, as prepare_deferral_dataset reads it
+from .labels import is_missing  # one rule for "missing", as prepare_deferral_dataset reads it
 
 __all__ = ["AGGREGATION_METHODS", "DUPLICATE_POLICIES", "aggregate_labels", "annotations_to_columns"]
 
@@ -68,7 +68,7 @@ def _check_label_set(values: list[Any], label_names: Sequence[Any] | None, colum
     if label_names is None:
         return
     allowed = set(label_names)
-    bad = [row for row, value in enumerate(values) if not _is_missing(value) and value not in allowed]
+    bad = [row for row, value in enumerate(values) if not is_missing(value) and value not in allowed]
     if bad:
         found = sorted({repr(values[row]) for row in bad})[:5]
         raise ValueError(
@@ -196,7 +196,7 @@ def annotations_to_columns(
 
     items, annotators, answers = (_values(data, name) for name in (item_column, annotator_column, answer_column))
     for column, ids in ((annotator_column, annotators), (item_column, items)):
-        bad = [row for row, value in enumerate(ids) if _is_missing(value) or value == ""]
+        bad = [row for row, value in enumerate(ids) if is_missing(value) or value == ""]
         if bad:
             raise ValueError(f"column {column!r} (`{'annotator' if ids is annotators else 'item'}_column`) has no id "
                              f"in {len(bad)} row(s), e.g. rows {bad[:5]}: every annotation needs one.")
@@ -205,7 +205,7 @@ def annotations_to_columns(
     if minus_one:
         raise ValueError(f"column {answer_column!r} (`answer_column`) holds the answer -1 in rows {minus_one[:5]}; "
                          "prepare_deferral_dataset reads -1 as a missing answer: use class names or ids >= 0.")
-    answered = [row for row, value in enumerate(answers) if not (_is_missing(value) or value == "")]
+    answered = [row for row, value in enumerate(answers) if not (is_missing(value) or value == "")]
     if len(answered) < len(answers):
         logger.info(f"annotations_to_columns: skipped {len(answers) - len(answered)} row(s) without an answer.")
     _check_label_set([answers[row] for row in answered], label_names, answer_column)
@@ -264,7 +264,7 @@ def annotations_to_columns(
         values = _values(data, column)
         for row, item in enumerate(items):
             first = values[first_row[item]]
-            if values[row] != first and not (_is_missing(values[row]) and _is_missing(first)):
+            if values[row] != first and not (is_missing(values[row]) and is_missing(first)):
                 raise ValueError(f"`keep_columns`: column {column!r} has different values for item {item!r} "
                                  f"({first!r} and {values[row]!r}); keep only item-level columns.")
         columns[column] = [values[first_row[item]] for item in order]
@@ -377,7 +377,7 @@ def aggregate_labels(
 
     by_column = {}
     for column in columns:
-        values = [None if _is_missing(value) else value for value in _values(data, column)]
+        values = [None if is_missing(value) else value for value in _values(data, column)]
         _check_label_set(values, label_names, column)
         by_column[column] = values
     rows = [list(answers) for answers in zip(*by_column.values())]

@@ -22,7 +22,7 @@ from ..modeling.surrogate_base import IGNORE_INDEX
 from .labels import LabelMap as _LabelMap  # the label rules live there, stated once
 from .labels import class_names as _class_names
 from .labels import training_split as _training_split
-from .labels import is_missing as _is_missing  # noqa: F401  (the one test of a missing value, for this module's users)
+from .labels import is_missing
 
 __all__ = ["MISSING_EXPERT_MODES", "PreparedDeferralData", "prepare_deferral_dataset"]
 
@@ -133,7 +133,7 @@ def _expert_scores(split: datasets.Dataset, columns: list[str], split_name: Any)
         if isinstance(split.features[column], (datasets.List, datasets.LargeList, list)):
             raise ValueError(f"expert correctness column {column!r}{where} holds lists: give one column per expert.")
         for row, value in enumerate(split[column][:]):
-            if _is_missing(value):
+            if is_missing(value):
                 continue
             if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Real) and 0 <= value <= 1):
                 out[row, j] = float(value)

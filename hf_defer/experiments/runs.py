@@ -130,6 +130,19 @@ class ReproductionArguments:
         return names
 
 
+def parse_experiment_arguments(dataclass_type: type, description: str, output_dir: Path,
+                               argv: Sequence[str] | None = None) -> Any:
+    """An experiment script's options: `dataclass_type` parsed by `HfArgumentParser` from `argv`, `--output_dir`
+    defaulting to `output_dir`; invalid values end the program with the parser's message (exit status 2)."""
+    parser = transformers.HfArgumentParser(dataclass_type, description=description)
+    parser.set_defaults(output_dir=str(output_dir))
+    try:
+        (arguments,) = parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as error:
+        parser.error(str(error))
+    return arguments
+
+
 def confirm_overwrite(output: Path, names: Sequence[str], overwrite: bool) -> None:
     """Ask before replacing result files (or refuse when there is no terminal); `overwrite=True` skips the question."""
     existing = [name for name in names if (output / name).exists()]

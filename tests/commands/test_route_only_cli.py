@@ -13,11 +13,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from transformers import BertConfig, BertModel, BertTokenizer
+from transformers import BertTokenizer
 
 from hf_defer import EncoderForDeferral, prepare_deferral_dataset
 from hf_defer.commands.arguments import parse_run_arguments
 from hf_defer.commands.cli import main as hf_defer_main
+from tiny_bert import save_tiny_bert
 
 WORDS = "add two numbers prove theorem integrate limit name capital city translate word".split()
 HARD = {"prove", "theorem", "integrate", "limit"}
@@ -78,11 +79,7 @@ def project(tmp_path_factory) -> Path:
     """A tiny BERT and CSVs of prompts with two models' correctness (booleans): the small model fails on the
     prompts with a hard word, the large one is right everywhere but one row in ten."""
     root = tmp_path_factory.mktemp("route_only")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
-    BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}).save_pretrained(root / "encoder")
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=20, max_position_embeddings=32)).save_pretrained(root / "encoder")
+    save_tiny_bert(root / "encoder", WORDS)
     rng = np.random.default_rng(0)
     for split, n in (("train", 64), ("dev", 20), ("test", 12)):
         prompts = [" ".join(rng.choice(WORDS, size=rng.integers(2, 5))) for _ in range(n)]

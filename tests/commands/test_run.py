@@ -17,12 +17,13 @@ import pandas as pd
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from transformers import AutoTokenizer, BertConfig, BertModel, BertTokenizer, pipeline
+from transformers import AutoTokenizer, BertModel, pipeline
 
 import hf_defer
 from hf_defer import EncoderForDeferral, deferral_metrics
 import hf_defer.commands.run
 from hf_defer.commands.cli import main as hf_defer_main
+from tiny_bert import save_tiny_bert
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "run_deferral.py"
@@ -37,13 +38,7 @@ def data(tmp_path_factory) -> Path:
     """A tiny BERT (random weights, 15-word vocabulary) and train/dev/test CSVs: a text, a string label, annotator
     alice (right 80 % of the time, 10 % missing) and annotator bob (random, some -1 where he did not answer)."""
     root = tmp_path_factory.mktemp("data")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
-    tokenizer = BertTokenizer(vocab={w: i for i, w in enumerate(vocab)})
-    torch.manual_seed(0)
-    encoder = BertModel(BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                   intermediate_size=20, max_position_embeddings=64))
-    encoder.save_pretrained(root / "encoder")
-    tokenizer.save_pretrained(root / "encoder")
+    save_tiny_bert(root / "encoder", WORDS, max_positions=64)
     rng = np.random.default_rng(0)
     for split, n in (("train", 48), ("dev", 16), ("test", 16)):
         y = rng.integers(0, 3, n)

@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
-from transformers import BertConfig, BertModel, BertTokenizer
 
 from hf_defer.commands.arguments import parse_run_arguments
 from hf_defer.commands.cli import main as hf_defer_main
+from tiny_bert import save_tiny_bert
 
 WORDS = "good bad great awful fine movie plot actor boring fun".split()
 CLASSES = ["negative", "positive"]
@@ -23,11 +22,7 @@ CLASSES = ["negative", "positive"]
 def data(tmp_path_factory) -> Path:
     """A tiny BERT and train/dev CSVs: alice answers 60 % of the rows, bob all of them, and a judge grades 70 %."""
     root = tmp_path_factory.mktemp("sparse")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
-    BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}).save_pretrained(root / "encoder")
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=20, max_position_embeddings=32)).save_pretrained(root / "encoder")
+    save_tiny_bert(root / "encoder", WORDS)
     rng = np.random.default_rng(0)
     for split, n in (("train", 32), ("dev", 16)):
         y = rng.integers(0, 2, n)
