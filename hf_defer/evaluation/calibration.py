@@ -139,6 +139,9 @@ def calibrate_deferral(
     inputs = _pipeline_inputs(dataset, pipe.input_kind)
     if not inputs:
         raise ValueError("dataset is empty: calibration needs held-out inputs.")
+    # The inputs stream as a generator, for which torch's batch sampler builds a list of `batch_size` indices up front:
+    # a batch size far above the number of inputs would exhaust the memory for nothing.
+    batch_size = min(batch_size, len(inputs))
     # Validates expert_costs the way the pipeline does, before any forward pass; a pipeline built with costs keeps them.
     costs = pipe.resolve_costs(expert_costs)
     if available_experts is not None:  # a per-input mask needs the list; the names of the whole call do not mind

@@ -167,6 +167,26 @@ def test_calibrated_pipeline_delivers_the_budgeted_error_that_deferral_metrics_r
     assert after["system_error"] == float(np.mean(wrong)) and after["coverage"] == 1 - deferred.mean()
 
 
+def test_a_batch_size_above_the_number_of_inputs_batches_them_all_at_once(monkeypatch):
+    # The inputs stream as a generator; torch's batch sampler of a generator lists `batch_size` indices up front, so
+    # an unchecked batch_size of 2**40 took all the memory (seen in CI as a crashed test worker).
+    import hf_defer.modeling.pipeline_deferral as pipeline_module
+
+    sizes = []
+
+    class RecordingLoader(torch.utils.data.DataLoader):
+        def __init__(self, *args, batch_size=1, **kwargs):
+            sizes.append(batch_size)
+            assert batch_size <= 6, f"a loader of batch_size={batch_size} for 6 inputs"  # before any memory is taken
+            super().__init__(*args, batch_size=batch_size, **kwargs)
+
+    monkeypatch.setattr(pipeline_module, "DataLoader", RecordingLoader)
+    model, features = eager_deferrer(), held_out(6)
+    threshold = calibrate_deferral(model, list(features), max_deferral_rate=0.5, batch_size=2**40)
+    assert sizes == [6]
+    assert threshold == calibrate_deferral(model, list(features), max_deferral_rate=0.5, batch_size=1)
+
+
 def test_numpy_numbers_are_accepted():
     model, features = eager_deferrer(), held_out(20)
     threshold = calibrate_deferral(model, list(features), max_deferral_rate=np.float32(0.25), batch_size=np.int64(4))
