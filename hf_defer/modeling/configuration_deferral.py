@@ -356,4 +356,24 @@ class DeferralConfig(PretrainedConfig):
         self._validate_deferral_fields()
 
 
+def _register_remote_task() -> None:
+    """Remote code only (this file loaded from a saved folder, without hf_defer): registers the task ``"deferral"``.
+
+    `transformers.pipeline` reads the config before it looks the task up, so ``pipeline("deferral", model=folder,
+    trust_remote_code=True)`` then builds the folder's own `DeferralPipeline` over ``AutoModel`` (the folder's
+    ``auto_map``), as the library does. With hf_defer imported, the library's registration stands.
+    """
+    if __name__.split(".")[0] == "hf_defer":
+        return
+    from transformers import AutoModel
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    from .pipeline_deferral import DeferralPipeline
+
+    if "deferral" not in PIPELINE_REGISTRY.supported_tasks:
+        PIPELINE_REGISTRY.register_pipeline("deferral", pipeline_class=DeferralPipeline, pt_model=AutoModel)
+
+
+_register_remote_task()
+
 __all__ = ["EXPERT_KINDS", "DeferralConfig"]

@@ -186,7 +186,7 @@ def test_card_metadata_parsed_by_huggingface_hub_tells_how_to_load_and_license(t
     assert "## License" in text and "released under the license `apache-2.0`. Data: MIT. Encoder: Apache-2.0." in text
     assert "pip install hf-defer" in text
     # the exact line that works without hf_defer installed (tests/hub/test_saved_folders.py runs such folders)
-    assert 'pipeline("deferral-remote-code", model="someone/hatespeech-defer", trust_remote_code=True)' in text
+    assert 'pipeline("deferral", model="someone/hatespeech-defer", trust_remote_code=True)' in text
 
 
 def test_a_local_copy_of_a_hub_model_is_named_by_its_hub_id_and_no_local_path_reaches_the_card(tmp_path):

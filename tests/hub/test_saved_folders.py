@@ -62,4 +62,6 @@ def test_remote_code_mode_loads_a_folder_saved_by_the_flat_layout(folder, tmp_pa
     assert remote["hf_defer_modules"] == [] and remote["model_class"].startswith("transformers_modules.")
     assert RECORDED["expert_costs"] == [0.0, 0.1]  # the costs REMOTE passes
     assert_same_outputs(remote["pipeline"], RECORDED["pipeline"])
+    # Its remote code predates the registration of the task "deferral" (README: use pipeline(model=...) for it).
+    assert remote["task_pipeline_class"].startswith("KeyError") and "Unknown task deferral" in remote["task_pipeline_class"]
     np.testing.assert_allclose(remote["logits"], RECORDED["logits"][0], atol=1e-5)

@@ -141,6 +141,7 @@ from transformers import AutoModel, AutoTokenizer, pipeline
 folder, texts = sys.argv[1], json.loads(sys.argv[2])
 result = {}
 for key, call in (("pipeline_untrusted", lambda: pipeline(model=folder)),
+                  ("task_untrusted", lambda: pipeline("deferral", model=folder)),
                   ("model_untrusted", lambda: AutoModel.from_pretrained(folder, trust_remote_code=False))):
     try:
         call()
@@ -150,6 +151,12 @@ for key, call in (("pipeline_untrusted", lambda: pipeline(model=folder)),
 classify = pipeline(model=folder, trust_remote_code=True)
 result["pipeline_class"] = type(classify).__module__ + "." + type(classify).__name__
 result["pipeline"] = classify(texts, expert_costs=[0.0, 0.1])
+try:  # the task name of the library, as the card shows (folders saved before 2026-11-26 lack it)
+    by_task = pipeline("deferral", model=folder, trust_remote_code=True)
+    result["task_pipeline_class"] = type(by_task).__module__ + "." + type(by_task).__name__
+    result["task_pipeline"] = by_task(texts, expert_costs=[0.0, 0.1])
+except KeyError as error:
+    result["task_pipeline_class"] = f"KeyError: {error}"
 model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
 tokenizer = AutoTokenizer.from_pretrained(folder)
 with torch.no_grad():
@@ -179,7 +186,10 @@ def test_remote_code_mode_without_hf_defer_matches_library_mode(saved, tmp_path)
     assert remote["pipeline_class"].startswith("transformers_modules.")
     assert remote["model_class"].startswith("transformers_modules.")
     assert "needs hf_defer" in remote["push"], remote["push"]
-    for key in ("pipeline_untrusted", "model_untrusted"):
+    assert remote["task_pipeline_class"].startswith("transformers_modules.")
+    assert remote["task_pipeline_class"].endswith(".pipeline_deferral.DeferralPipeline")
+    assert remote["task_pipeline"] == remote["pipeline"]
+    for key in ("pipeline_untrusted", "task_untrusted", "model_untrusted"):
         assert remote[key].startswith("ValueError") and "trust_remote_code=True" in remote[key], remote[key]
 
     with torch.no_grad():
