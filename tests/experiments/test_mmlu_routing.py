@@ -88,7 +88,12 @@ def test_compare_runs_every_router_and_marks_the_route_only_row_pending(tmp_path
                            "embedding_seconds": 0, "max_rows": None, "subjects": 2}
     text = mr.report_markdown(json.loads(json.dumps(record)))
     assert "Route-only deferral model" in text and "pending" in text and "| Oracle" in text
-    assert "not quoted" in text and f"{routers['weak_wrong']['apgr']:.3f}" in text
+    assert f"{routers['weak_wrong']['apgr']:.3f}" in text
+    # RouteLLM's Table 2 (arXiv:2406.18665v4), typed in from the paper, sits beside this record's rows.
+    assert "| RouteLLM, Table 2: SW Ranking | D_arena + D_gold | 35.40% | 71.55% | 0.603 | (+20.7%) |" in text
+    assert "| RouteLLM, Table 2: Random (95% CI) |  | 50.07(± 0)% | 79.93(± 0)% | 0.500(± 0) | (+0%) |" in text
+    assert "| This report: Subject only | MMLU test, the other 2 folds |" in text and "not quoted" not in text
+    assert "This report: Route-only" not in text  # pending: no row beside the paper's
 
 
 def test_a_route_only_fit_fills_its_row():
