@@ -44,11 +44,16 @@ from .modeling.pipeline_deferral import DeferralPipeline  # noqa: E402
 
 
 def _register_pipeline() -> None:
-    """Library mode: `pipeline("deferral", model=...)` builds a [`DeferralPipeline`] over `AutoModelForDeferral`."""
+    """Library mode: `pipeline("deferral", model=...)` builds a [`DeferralPipeline`] over `AutoModelForDeferral`, and
+    `pipeline("deferral-cascade", model=cascade_folder, experts=...)` a [`DeferralCascadePipeline`] (stage 1 at the
+    folder's root, stage 2 and cascade_config.json read by the pipeline)."""
     from transformers.pipelines import PIPELINE_REGISTRY
 
-    if PIPELINE_REGISTRY.supported_tasks.get("deferral", {}).get("impl") is not DeferralPipeline:
-        PIPELINE_REGISTRY.register_pipeline("deferral", pipeline_class=DeferralPipeline, pt_model=AutoModelForDeferral)
+    from .experts.cascade_pipeline import CASCADE_TASK, DeferralCascadePipeline
+
+    for task, pipeline_class in (("deferral", DeferralPipeline), (CASCADE_TASK, DeferralCascadePipeline)):
+        if PIPELINE_REGISTRY.supported_tasks.get(task, {}).get("impl") is not pipeline_class:
+            PIPELINE_REGISTRY.register_pipeline(task, pipeline_class=pipeline_class, pt_model=AutoModelForDeferral)
     from .experts.model_experts import answer_with_model_experts
 
     DeferralPipeline.model_expert_runner = staticmethod(answer_with_model_experts)  # experts= (library mode)

@@ -9,9 +9,12 @@ reads [`escalation_features`] (the input's features, that expert's K class proba
 the log-odds of the max) and accepts the answer unless another expert's estimated accuracy, less its decision cost,
 beats it. Each input's amount paid is the classifier's price plus the price of every expert called.
 
-Both stages are ordinary saved deferral models: a cascade folder holds `stage1/`, `stage2/` and `cascade_config.json`
-(the escalation expert and the prices). Decision costs of both stages are set per call, so one training run serves
-every point of the error-cost curve.
+Both stages are ordinary saved deferral models. A cascade folder holds stage 1 at its root (`config.json`, the weights
+and the code files: the folder transformers' `pipeline()` reads, so `pipeline("deferral-cascade", model=folder,
+experts=...)` loads it, see [`~hf_defer.experts.cascade_pipeline.DeferralCascadePipeline`]), stage 2 in `stage2/`, and
+`cascade_config.json` (the escalation expert, the prices and the stages' subfolders). Folders saved before this layout
+(stage 1 in `stage1/`) still load with [`DeferralCascade.from_pretrained`]. Decision costs of both stages are set per
+call, so one training run serves every point of the error-cost curve.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,12 +31,17 @@ import numpy as np
 import torch
 
 from ..modeling.modeling_deferral import EncoderForDeferral
+from ..modeling.pipeline_options import CASCADE_CONFIG_NAME
 from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs
 from .model_experts import answers_to_ids
 
-__all__ = ["CASCADE_CONFIG_NAME", "MODEL_ANSWER", "DeferralCascade", "escalation_features"]
+__all__ = ["CASCADE_CONFIG_NAME", "MODEL_ANSWER", "DeferralCascade", "cascade_stage_folders", "escalation_features",
+           "read_cascade_config"]
 
-CASCADE_CONFIG_NAME = "cascade_config.json"
+STAGE_FOLDERS = (".", "stage2")
+"""Where `save_pretrained` puts stage 1 (the folder's root) and stage 2, relative to the cascade folder."""
+OLD_STAGE_FOLDERS = ("stage1", "stage2")
+"""The layout written before stage 1 moved to the root (no config.json at the root)."""
 MODEL_ANSWER = "model"
 """The key of the stage-1 classifier's price in `prices`, and the ``answered_by`` of the inputs it answers."""
 SUMMARY_SIZE = 3  # max probability, entropy, log-odds of the max
@@ -151,24 +160,38 @@ class DeferralCascade:
 
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, save_directory: str | os.PathLike, overwrite: bool = False) -> None:
-        """Writes `stage1/` and `stage2/` (each a deferral folder, see [`EncoderForDeferral.save_pretrained`]) and
-        `cascade_config.json` (escalation expert, prices)."""
+        """Writes stage 1 at the folder's root and stage 2 in `stage2/` (each a deferral folder, see
+        [`EncoderForDeferral.save_pretrained`]), then `cascade_config.json` (escalation expert, prices, stages).
+
+        Args:
+            save_directory (`str` or `os.PathLike`): the folder; created if missing.
+            overwrite (`bool`, *optional*, defaults to `False`): replace a model or cascade already saved there
+                (otherwise a `FileExistsError` lists its files and nothing is written); a cascade of the old layout
+                loses its `stage1/` folder.
+        """
         folder = Path(save_directory)
-        self.stage1.save_pretrained(folder / "stage1", overwrite=overwrite)
-        self.stage2.save_pretrained(folder / "stage2", overwrite=overwrite)
-        config = {"escalation_expert": self.escalation_expert, "prices": self.prices, "stages": ["stage1", "stage2"]}
+        if folder.is_file():
+            raise ValueError(f"save_directory must be a directory, got the file {str(folder)!r}.")
+        taken = sorted(name for name in ("config.json", CASCADE_CONFIG_NAME, *OLD_STAGE_FOLDERS)
+                       if (folder / name).exists()) + sorted(path.name for path in folder.glob("*.safetensors"))
+        if taken and not overwrite:
+            raise FileExistsError(f"{str(folder)!r} already holds a saved model or cascade ({taken}); pass "
+                                  "overwrite=True to replace it, or save into another folder.")
+        old = folder / OLD_STAGE_FOLDERS[0]
+        if overwrite and (folder / CASCADE_CONFIG_NAME).is_file() and (old / "config.json").is_file():
+            shutil.rmtree(old)  # the old layout's stage 1: the root replaces it
+        self.stage1.save_pretrained(folder, overwrite=overwrite)
+        self.stage2.save_pretrained(folder / STAGE_FOLDERS[1], overwrite=overwrite)
+        config = {"escalation_expert": self.escalation_expert, "prices": self.prices, "stages": list(STAGE_FOLDERS)}
         (folder / CASCADE_CONFIG_NAME).write_text(json.dumps(config, indent=1) + "\n")
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike) -> DeferralCascade:
-        """Loads a folder written by [`save_pretrained`]."""
-        root = Path(folder)
-        path = root / CASCADE_CONFIG_NAME
-        if not path.is_file():
-            raise FileNotFoundError(f"folder {str(root)!r} is not a deferral cascade: it has no {CASCADE_CONFIG_NAME}.")
-        config = json.loads(path.read_text())
-        stage1 = EncoderForDeferral.from_pretrained(root / "stage1")
-        stage2 = EncoderForDeferral.from_pretrained(root / "stage2")
+        """Loads a folder written by [`save_pretrained`]: stage 1 at the root, or in `stage1/` (the old layout)."""
+        config = read_cascade_config(folder)
+        first, second = cascade_stage_folders(folder, config)
+        stage1 = EncoderForDeferral.from_pretrained(first)
+        stage2 = EncoderForDeferral.from_pretrained(second)
         return cls(stage1, stage2, config["escalation_expert"], config["prices"])
 
     # ------------------------------------------------------------------ running
@@ -189,7 +212,7 @@ class DeferralCascade:
         costs2 = check_expert_costs(stage2_costs, c2.num_experts, "stage2_costs") if stage2_costs is not None else \
             getattr(c2, "expert_costs", None)
         threshold, threshold1 = check_defer_threshold(stage2_threshold), check_defer_threshold(stage1_threshold)
-        logits = self.stage1(features=x).logits.float()
+        logits = self.stage1(features=x.to(self.stage1.device, self.stage1.dtype)).logits.float().cpu()
         defer, prediction, expert = self.stage1.surrogate.decide(logits, expert_costs=costs1,
                                                                  defer_threshold=threshold1)
         stage1 = torch.where(defer, expert, torch.full_like(expert, -1)).numpy()
@@ -205,8 +228,8 @@ class DeferralCascade:
                                  f"class probabilities (stage 2 reads {k}), got shape {answered.shape}.")
             probs[rows] = answered
             z = torch.as_tensor(escalation_features(x[rows].numpy(), answered))
-            up, chosen, _ = self.stage2.surrogate.decide(self.stage2(features=z).logits.float(), expert_costs=costs2,
-                                                         defer_threshold=threshold)
+            z = self.stage2(features=z.to(self.stage2.device, self.stage2.dtype)).logits.float().cpu()
+            up, chosen, _ = self.stage2.surrogate.decide(z, expert_costs=costs2, defer_threshold=threshold)
             escalate[rows], stage2[rows] = up.numpy(), chosen.numpy()
         return {"stage1": stage1, "prediction": prediction.numpy(), "escalate": escalate, "stage2": stage2,
                 "probs": probs}
@@ -264,3 +287,36 @@ class DeferralCascade:
             answer[rows] = ids
         return [{"label": config.id2label[int(answer[i])], "answered_by": answered_by[i], "experts_called": called[i],
                  "paid": self.prices[MODEL_ANSWER] + math.fsum(self.prices[e] for e in called[i])} for i in range(n)]
+
+
+def read_cascade_config(folder: str | os.PathLike) -> dict[str, Any]:
+    """The checked `cascade_config.json` of a cascade folder: ``escalation_expert``, ``prices`` and ``stages`` (stage
+    1's and stage 2's subfolders, ``["stage1", "stage2"]`` where a folder of the old layout lacks the key and has no
+    `config.json` at its root). A folder without the file raises a `FileNotFoundError` naming it."""
+    root = Path(folder)
+    path = root / CASCADE_CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"folder {str(root)!r} is not a deferral cascade: it has no {CASCADE_CONFIG_NAME} "
+                                "(DeferralCascade.save_pretrained writes one).")
+    try:
+        config = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{str(path)!r} is not valid JSON: {err}.") from None
+    if not isinstance(config, dict) or not {"escalation_expert", "prices"} <= set(config):
+        raise ValueError(f"{str(path)!r} must be a JSON object with 'escalation_expert' and 'prices', got "
+                         f"{config!r:.120}.")
+    default = STAGE_FOLDERS if (root / "config.json").is_file() else OLD_STAGE_FOLDERS
+    stages = config.setdefault("stages", list(default))
+    if not (isinstance(stages, list) and len(stages) == 2 and all(isinstance(stage, str) for stage in stages)
+            and all(not Path(stage).is_absolute() and ".." not in Path(stage).parts for stage in stages)):
+        raise ValueError(f"'stages' of {str(path)!r} must be two subfolders of the cascade folder (stage 1's, stage "
+                         f"2's), such as {list(STAGE_FOLDERS)}, got {stages!r}.")
+    return config
+
+
+def cascade_stage_folders(folder: str | os.PathLike, config: Mapping[str, Any] | None = None) -> tuple[Path, Path]:
+    """Stage 1's and stage 2's folders inside a cascade folder (`config`: its [`read_cascade_config`], read when
+    `None`)."""
+    stages = (config if config is not None else read_cascade_config(folder))["stages"]
+    root = Path(folder)
+    return root / stages[0], root / stages[1]  # Path("cascade") / "." is Path("cascade")

@@ -27,6 +27,7 @@ from .pipeline_options import (
     _is_number,
     _is_sequence_like,
     _processor_options,
+    _refuse_cascade_folder,
     _stack_features,
     _with_availability,
     _WithAvailability,
@@ -143,6 +144,7 @@ class DeferralPipeline(Pipeline):
                 "The deferral pipeline needs a deferral model (config.model_type == 'deferral', e.g. "
                 f"hf_defer.EncoderForDeferral), got {type(model).__name__} with model_type={model_type!r}."
             )
+        _refuse_cascade_folder(model)  # a cascade folder's root is its stage 1 alone
         experts = dict(kwargs.pop("experts", None) or {})
         unknown = sorted(set(experts) - set(model.config.expert_names))
         if unknown:

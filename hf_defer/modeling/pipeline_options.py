@@ -7,6 +7,7 @@ A remote-code module like ``pipeline_deferral.py``, which imports it: only numpy
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,24 @@ def _check_loader_options(options: dict[str, Any]) -> None:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
         if value is not None:
             options[name] = int(value)  # a numpy integer reaches the DataLoader as a plain int (torch refuses it)
+
+
+CASCADE_CONFIG_NAME = "cascade_config.json"
+"""The file that makes a folder a deferral cascade (`hf_defer.experts.deferral_cascade`): stage 1 at the folder's
+root, stage 2 in ``stage2/``."""
+
+
+def _refuse_cascade_folder(model: Any) -> None:
+    """A cascade folder's root holds its stage 1: the deferral pipeline on it would run stage 1 alone, never paying
+    stage 2's check of the escalation expert. Refuses the model loaded from such a folder (``model.name_or_path``)."""
+    folder = getattr(model, "name_or_path", None)
+    if isinstance(folder, (str, os.PathLike)) and str(folder) and \
+            os.path.isfile(os.path.join(folder, CASCADE_CONFIG_NAME)):
+        raise ValueError(
+            f"{str(folder)!r} holds a deferral cascade ({CASCADE_CONFIG_NAME}): the 'deferral' pipeline would run its "
+            "stage 1 alone. Run the whole cascade with pipeline('deferral-cascade', model=folder, experts={...}) "
+            "(library mode: import hf_defer), or hf_defer.DeferralCascade.from_pretrained(folder)."
+        )
 
 
 def _check_device(device: Any) -> None:

@@ -98,12 +98,13 @@ def test_save_load_round_trip(tmp_path) -> None:
     cascade.save_pretrained(tmp_path / "cascade")
     config = json.loads((tmp_path / "cascade" / "cascade_config.json").read_text())
     assert config["escalation_expert"] == "llm" and config["prices"] == PRICES
-    assert (tmp_path / "cascade" / "stage1" / "config.json").is_file()
+    assert (tmp_path / "cascade" / "config.json").is_file()  # stage 1 at the root, what pipeline() reads
+    assert (tmp_path / "cascade" / "stage2" / "config.json").is_file()
     loaded = DeferralCascade.from_pretrained(tmp_path / "cascade")
     assert run(loaded)[0] == run(cascade)[0]
     assert run(loaded, stage2_costs=[0.0, 0.5])[0] == run(cascade, stage2_costs=[0.0, 0.5])[0]
     with pytest.raises(FileNotFoundError, match="cascade_config.json"):
-        DeferralCascade.from_pretrained(tmp_path / "cascade" / "stage1")
+        DeferralCascade.from_pretrained(tmp_path / "cascade" / "stage2")
 
 
 def test_bad_input() -> None:
