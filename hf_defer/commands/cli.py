@@ -85,6 +85,10 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="The experts' answer columns, matched to the model's experts by name: 'alice,bob' "
                              "(columns named as the experts, any order) or 'alice=col_a,bob=col_b' (default: "
                              "columns named as the model's experts).")
+    parser.add_argument("--expert_correct_columns", default=None,
+                        help="Route-only models: each expert's correctness (0/1, booleans) or score in [0, 1], "
+                             "matched by name as --expert_column_names (default: columns named as the experts); no "
+                             "label column.")
     parser.add_argument("--missing_expert", default="error", choices=["error", "drop", "mask"],
                         help="What to do with a missing annotation (default: error; mask: keep the row, and that "
                              "expert is not deferred to there).")

@@ -54,12 +54,15 @@ def evaluate_file(model: str, input_path: str, label_column_name: str = "label",
                   expert_column_names: Sequence[str] | None = None, missing_expert: str = "error",
                   batch_size: int = 32, text_column_names: Sequence[str] | str | None = None,
                   text_pair_column_name: str | None = None, image_column_name: str | None = None,
-                  text_column_delimiter: str = " ", trust_remote_code: bool = False) -> dict[str, float]:
+                  text_column_delimiter: str = " ", trust_remote_code: bool = False,
+                  expert_correct_columns: Sequence[str] | None = None) -> dict[str, float]:
     """[`deferral_metrics`] of a saved model on a labelled file. The expert columns are matched to the model's experts
     by name ([`match_expert_columns`]), the classes by name to the model's. The metrics are those of the saved model's
     pipeline: its `expert_costs` and calibrated `defer_threshold` decide, text is truncated where its saved
     tokenizer says, and the budgeted errors rank by the deferral margin as [`calibrate_deferral`] does (the numbers
-    `DeferralTrainer.evaluate` reports).
+    `DeferralTrainer.evaluate` reports). A route-only model (no classes) is scored on its experts' correctness or
+    scores instead, one column per expert (`expert_correct_columns`, matched by name the same way; by default the
+    columns named as its experts), with no label column.
 
     Example:
 
@@ -81,9 +84,22 @@ def evaluate_file(model: str, input_path: str, label_column_name: str = "label",
     table = read_table(input_path)
     pipe = load_pipeline(model, trust_remote_code)
     config = pipe.model.config
-    experts = match_expert_columns(expert_column_names, config.expert_names)
+    route_only = config.route_only is True
+    if route_only and expert_column_names:
+        raise ValueError("--expert_column_names: a route-only model has no classes, so no expert answers to compare "
+                         "with a label; give each expert's correctness (0/1) or score with --expert_correct_columns.")
+    if not route_only and expert_correct_columns:
+        raise ValueError("--expert_correct_columns is for route-only models; this model has classes: give the "
+                         "experts' answers with --expert_column_names and the true class with --label_column_name.")
+    flag = "--expert_correct_columns" if route_only else "--expert_column_names"
+    try:
+        experts = match_expert_columns(expert_correct_columns if route_only else expert_column_names,
+                                       config.expert_names)
+    except ValueError as error:
+        raise ValueError(str(error).replace("--expert_column_names", flag)) from None
     flag_input = f"--input {input_path}"
-    for flag, columns in (("--label_column_name", [label_column_name]), ("--expert_column_names", experts)):
+    needed = [(flag, experts)] if route_only else [("--label_column_name", [label_column_name]), (flag, experts)]
+    for flag, columns in needed:
         missing = [column for column in columns if column not in table.column_names]
         if missing:
             raise ValueError(f"{flag}: {missing} not among the columns of {flag_input}, which are "
@@ -94,27 +110,34 @@ def evaluate_file(model: str, input_path: str, label_column_name: str = "label",
     if image and isinstance(table.features[column], datasets.Value):
         table = table.cast_column(column, datasets.Image())  # a column of image paths
     processor = pipe.image_processor if image else pipe.tokenizer
+    targets = {"expert_correct_columns": experts} if route_only else {
+        "label_column": label_column_name, "expert_columns": experts,
+        "label_names": [config.id2label[k] for k in range(config.num_labels)]}
     prepared = prepare_deferral_dataset(
-        table, label_column_name, experts, text_column=None if image else column,
+        table, **({"label_column": None} | targets), text_column=None if image else column,
         text_pair_column=text_pair_column_name, image_column=column if image else None, processor=processor,
-        max_length=None if image else input_length_limit(pipe),
-        label_names=[config.id2label[k] for k in range(config.num_labels)], missing_expert=missing_expert)
+        max_length=None if image else input_length_limit(pipe), missing_expert=missing_expert)
     data = prepared.dataset
     keep = [name for name in data.column_names if name not in ("text", "text_pair")]
     collator = DataCollatorForDeferral(tokenizer=None if image else processor)
-    logits, labels, answers = [], [], []
+    names = ["expert_correct"] if route_only else ["labels", "expert_labels"]
+    logits, gathered = [], {name: [] for name in names}
     pipe.model.eval()
     with torch.no_grad():
         for start in range(0, len(data), batch_size):
             rows = data[start:start + batch_size]
             rows = [{key: rows[key][i] for key in rows if key in keep or key == "pixel_values"}
-                    for i in range(len(rows["labels"]))]
+                    for i in range(len(rows[names[0]]))]
             batch = collator(rows)
-            labels.append(batch.pop("labels").numpy())
-            answers.append(batch.pop("expert_labels").numpy())
+            for name in names:
+                gathered[name].append(batch.pop(name).numpy())
             batch = {key: value.to(pipe.model.device) for key, value in batch.items()}
             logits.append(pipe.model(**batch).logits.float().cpu().numpy())
-    return deferral_metrics(np.concatenate(logits), np.concatenate(labels), np.concatenate(answers), pipe.model,
+    targets = {name: np.concatenate(values) for name, values in gathered.items()}
+    if route_only:
+        return deferral_metrics(np.concatenate(logits), None, None, pipe.model, budget_ranking="margin",
+                                expert_correct=targets["expert_correct"])
+    return deferral_metrics(np.concatenate(logits), targets["labels"], targets["expert_labels"], pipe.model,
                             budget_ranking="margin")
 
 
@@ -126,9 +149,11 @@ def run_evaluate(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch_size must be a positive number, got {args.batch_size}.")
     names = [name.strip() for name in args.text_column_names.split(",")] if args.text_column_names else None
     experts = [name.strip() for name in args.expert_column_names.split(",")] if args.expert_column_names else None
+    correct = ([name.strip() for name in args.expert_correct_columns.split(",")] if args.expert_correct_columns
+               else None)
     metrics: Any = evaluate_file(args.model, args.input, args.label_column_name, experts, args.missing_expert,
                                  args.batch_size, names, args.text_pair_column_name, args.image_column_name,
-                                 args.text_column_delimiter, args.trust_remote_code)
+                                 args.text_column_delimiter, args.trust_remote_code, correct)
     text = json.dumps(metrics, indent=2)
     print(text)
     if args.output:

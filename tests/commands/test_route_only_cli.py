@@ -160,3 +160,20 @@ def test_hf_defer_train_and_predict_route_only_from_csv(project, capsys):
     assert [row["expert"] for row in saved] == [names[j] for j in np.where(a[:, 1] - a[:, 0] > threshold, 1, 0)]
     assert all(float(row["cost"]) == 0.0 for row in saved)
     capsys.readouterr()
+
+    # hf-defer evaluate on the validation prompts scores the chosen model's correctness (columns matched by name, in
+    # any order): the error and coverage of the rule argmax_j (a_j - c_j) with the saved costs (zero) and threshold.
+    chosen = np.where(dev_a[:, 1] - dev_a[:, 0] > threshold, 1, 0)
+    correct = dev[["small_llm", "large_llm"]].to_numpy(dtype=float)
+    code = hf_defer_main(["evaluate", "--model", str(out), "--input", str(project / "dev.csv"), "--text_column_names",
+                          "prompt", "--expert_correct_columns", "large_llm,small_llm"])
+    assert code == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["system_error"] == pytest.approx(1 - correct[np.arange(len(dev)), chosen].mean())
+    assert metrics["coverage"] == pytest.approx(np.mean(chosen == 0))
+    assert hf_defer_main(["evaluate", "--model", str(out), "--input", str(project / "dev.csv"),
+                          "--text_column_names", "prompt", "--expert_column_names", "small_llm,large_llm"]) == 2
+    assert "--expert_correct_columns" in capsys.readouterr().err
+    assert hf_defer_main(["evaluate", "--model", str(out), "--input", str(project / "dev.csv"),
+                          "--text_column_names", "prompt", "--expert_correct_columns", "small_llm,medium"]) == 2
+    assert "--expert_correct_columns must name one column per expert" in capsys.readouterr().err
