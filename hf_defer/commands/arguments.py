@@ -378,5 +378,9 @@ def parse_run_arguments(
             args=argv, return_remaining_strings=True)
         if unknown:
             raise ValueError(f"unrecognized arguments: {' '.join(unknown)}; `{parser.prog} --help` lists the flags.")
+    if data_args.route_only and model_args.surrogate != "asm":  # the default; other values would be ignored
+        raise ValueError(f"--surrogate {model_args.surrogate!r} does not apply with --route_only: a route-only model "
+                         "has no class head and trains each expert's estimate with the binary log loss; drop "
+                         "--surrogate.")
     training_args.resume_from_checkpoint = _resume_value(training_args.resume_from_checkpoint)
     return model_args, data_args, training_args

@@ -65,6 +65,8 @@ def test_route_only_flags_refuse_a_label_column_and_an_unknown_default_expert():
     assert data_args.label_column_name is None and data_args.default_expert == "large"
     with pytest.raises(ValueError, match="--route_only.*--label_column_name 'label'"):
         parse_run_arguments(base + ["--label_column_name", "label"])
+    with pytest.raises(ValueError, match="--surrogate 'sova' does not apply with --route_only"):
+        parse_run_arguments(base + ["--surrogate", "sova"])
     with pytest.raises(ValueError, match="--default_expert must be one of"):
         parse_run_arguments(base + ["--default_expert", "medium"])
     with pytest.raises(ValueError, match="--default_expert is for route-only"):
