@@ -19,6 +19,7 @@ from hf_defer import DeferralConfig, EncoderForDeferral
 from hf_defer.experts import cascade_pipeline
 from hf_defer.experts.cascade_pipeline import DeferralCascadePipeline
 from hf_defer.experts.deferral_cascade import DeferralCascade
+from test_deferral_cascade import Recorder, build
 
 PRICES = {"model": 0.5, "llm": 3.0, "person": 40.0}
 TEXTS = ["a", "b", "c", "d"]
@@ -37,29 +38,8 @@ def stages() -> tuple[EncoderForDeferral, EncoderForDeferral]:
     one-hot feature): E0 -> u = [2, -2, -3, -3]: p_no 0.88 > a 0.05, the classifier answers "no"; E1 -> [0, 0, 3, -3]:
     a_llm 0.95 > p 0.5, the llm; E2 -> [0, 0, -3, 3]: the person. Stage 2 (route-only, a_j = sigmoid(u_j), default
     the llm) reads [x (3), p (2), max p, entropy, log-odds]: u_llm = 10 * max p - 7.5, u_person = 0 (a_person 0.5)."""
-    stage1 = EncoderForDeferral(DeferralConfig(feature_size=3, num_labels=2, num_experts=2, surrogate="aova",
-                                               expert_names=["llm", "person"], id2label={0: "no", 1: "yes"},
-                                               label2id={"no": 0, "yes": 1}))
-    stage2 = EncoderForDeferral(DeferralConfig(feature_size=3 + 2 + 3, route_only=True, num_experts=2,
-                                               expert_names=["llm", "person"], default_expert="llm"))
-    with torch.no_grad():
-        stage1.head[1].weight.copy_(torch.tensor([[2.0, 0, 0], [-2, 0, 0], [-3, 3, -3], [-3, -3, 3]]))
-        stage1.head[1].bias.zero_()
-        stage2.head[1].weight.zero_()
-        stage2.head[1].weight[0, 5] = 10.0  # the max probability's column
-        stage2.head[1].bias.copy_(torch.tensor([-7.5, 0.0]))
-    return stage1, stage2
-
-
-class Recorder:
-    """An expert that answers from a table and records each batch it is asked."""
-
-    def __init__(self, answers: dict) -> None:
-        self.answers, self.batches = answers, []
-
-    def __call__(self, texts: list) -> list:
-        self.batches.append(list(texts))
-        return [self.answers[t] for t in texts]
+    cascade = build()  # the stages worked by hand in test_deferral_cascade.py
+    return cascade.stage1, cascade.stage2
 
 
 @pytest.fixture(scope="module")
