@@ -234,16 +234,16 @@ def markdown(record: dict, figure: str) -> str:
 
 
 AFTER_THIS_RUN = (
-    '**After this run** (2026-11-26, validation tweets only: `scripts/cascade_validation_probe.py`, [`hat'
-    'espeech_cascade_probe.md`](hatespeech_cascade_probe.md)). Where does the learned cascade lose? Givin'
-    "g it the confidence cascade's own stage 2 (a threshold on the costly model's max probability) leaves"
-    ' it as far behind: the loss is in stage 1, whose A-SM head on the sentence embeddings ranks tweets f'
-    "or escalation worse than the cheap model's softmax confidence, a non-linear function of the same emb"
-    "eddings that a linear head does not reproduce. A route-only stage 1 that reads the cheap model's pro"
-    'babilities instead matches the confidence cascade, and answering, after the costly model is called, '
-    "with a logistic regression on both models' log-probabilities puts it ahead on the validation halves "
-    'in 4 of 5 seeds, by about a tenth of a point: too little to expect p < 0.05 on five seeds. That vari'
-    'ant was not run on the test tweets; it is the next candidate, named here before any test run.')
+    '**After this run** (2026-11-26, validation tweets only: `scripts/cascade_validation_probe.py`, '
+    '[`hatespeech_cascade_probe.md`](hatespeech_cascade_probe.md)). Where does the learned cascade lose? Giving it '
+    "the confidence cascade's own stage 2 (a threshold on the costly model's max probability) leaves it as far "
+    'behind: the loss is in stage 1, whose A-SM head on the sentence embeddings ranks tweets for escalation worse '
+    "than the cheap model's softmax confidence, a non-linear function of the same embeddings that a linear head does "
+    "not reproduce. A route-only stage 1 that reads the cheap model's probabilities instead matches the confidence "
+    "cascade, and answering, after the costly model is called, with a logistic regression on both models' log-"
+    'probabilities puts it ahead on the validation halves in 4 of 5 seeds, by about a tenth of a point: too little to'
+    ' expect p < 0.05 on five seeds. That variant was not run on the test tweets; it is the next candidate, named '
+    'here before any test run.')
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,8 +44,7 @@ def split_area(curve_of, grid: np.ndarray, val: np.ndarray, base: list[float], s
     halves = val[order[: len(val) // 2]], val[order[len(val) // 2 :]]
     areas = []
     for choose, measure in (halves, halves[::-1]):
-        chosen = np.vstack([grid[curve_of(choose, grid).pareto], np.asarray(base, float)[None]])
-        curve = curve_of(measure, chosen)
+        curve = cx._select_on_validation(curve_of, grid, choose, measure, base)  # the report's choice of settings
         areas.append(area_under_error_cost(np.log(curve.cost), curve.error, 0.0, np.log(PRICES[2])))
     return float(np.mean(areas))
 

@@ -14,12 +14,13 @@ from .predict import input_column, input_length_limit, load_pipeline
 __all__ = ["evaluate_file", "match_expert_columns", "run_evaluate"]
 
 
-def match_expert_columns(given: Sequence[str] | None, expert_names: Sequence[str]) -> list[str]:
+def match_expert_columns(given: Sequence[str] | None, expert_names: Sequence[str],
+                         flag: str = "--expert_column_names") -> list[str]:
     """The answer column of each of the model's experts, in the model's order, matched by name, never by position.
 
     `given` holds column names that are the experts' names (any order: `bob,alice` for experts `[alice, bob]`), or
     `expert=column` pairs for columns named otherwise; by default each expert's column bears its name. A model with
-    one expert takes any one column.
+    one expert takes any one column. An error names `flag`, the command-line flag that gave `given`.
 
     Example:
 
@@ -43,7 +44,7 @@ def match_expert_columns(given: Sequence[str] | None, expert_names: Sequence[str
     missing = [expert for expert in names if expert not in mapping]
     if unknown or missing or len(mapping) != len(pairs):
         raise ValueError(
-            f"--expert_column_names must name one column per expert of the model ({', '.join(names)}), matched by "
+            f"{flag} must name one column per expert of the model ({', '.join(names)}), matched by "
             f"name: '{','.join(names)}' for columns named as the experts, or "
             f"'{','.join(f'{name}=<column>' for name in names)}'; got {','.join(given)!r}"
             + (f" (not experts of the model: {unknown})" if unknown else "") + ".")
@@ -92,11 +93,8 @@ def evaluate_file(model: str, input_path: str, label_column_name: str = "label",
         raise ValueError("--expert_correct_columns is for route-only models; this model has classes: give the "
                          "experts' answers with --expert_column_names and the true class with --label_column_name.")
     flag = "--expert_correct_columns" if route_only else "--expert_column_names"
-    try:
-        experts = match_expert_columns(expert_correct_columns if route_only else expert_column_names,
-                                       config.expert_names)
-    except ValueError as error:
-        raise ValueError(str(error).replace("--expert_column_names", flag)) from None
+    experts = match_expert_columns(expert_correct_columns if route_only else expert_column_names,
+                                   config.expert_names, flag)
     flag_input = f"--input {input_path}"
     needed = [(flag, experts)] if route_only else [("--label_column_name", [label_column_name]), (flag, experts)]
     for flag, columns in needed:

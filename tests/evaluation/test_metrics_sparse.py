@@ -15,7 +15,7 @@ from transformers import EvalPrediction
 from hf_defer import DeferralMetrics, deferral_metrics
 from hf_defer.evaluation.metrics import expert_keys, metric_name_and_meaning, reliability_bins
 
-from test_metrics import DEFER, IGNORE, M1_ROWS, M2_ROWS, NEVER, _m1_arrays, _m2_arrays, _row
+from test_metrics import DEFER, IGNORE, M1_ROWS, M2_ROWS, NEVER, _check, _m1_arrays, _m2_arrays, _row
 
 # M2_ROWS of test_metrics.py with answers removed:
 # r | y | m0   | m1   | pred | t     | p0   | p1   | available | decision         | loss
@@ -45,12 +45,6 @@ SPARSE_EXPECTED = {
     "budgeted_error_20": 4 / 6,
     "budgeted_error_30": 4 / 6,
 }
-
-
-def _check(result, expected, tol=1e-6):
-    for key, value in expected.items():
-        assert key in result, key
-        assert float(result[key]) == pytest.approx(value, abs=tol), key
 
 
 def test_sparse_answers_by_hand_with_expert_names():
