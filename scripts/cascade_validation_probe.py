@@ -100,6 +100,12 @@ def probe(features, costly, labels, persons, seeds, stage1_epochs: int) -> dict[
         wrong = np.stack([cheap.argmax(1) != labels, stacked.argmax(1) != labels, person != labels], 1)
         variants[f"{name} / stacked answer"] = learned(estimate[:, 0], estimate[:, 1:], -stacked.max(1).astype(float),
                                                        wrong)
+        both = escalation_features(escalation_features(np.zeros((n, 0), np.float32), crossfit), costly)
+        stage2 = cx._fit_deferral(both[train], labels[train], person[train, None], "asm", seed, 30)
+        both[:, : k + 3] = escalation_features(np.zeros((n, 0), np.float32), cheap)  # held-out rows: the cheap model
+        p2, a2 = stage2(both)
+        wrong = np.stack([cheap.argmax(1) != labels, p2.argmax(1) != labels, person != labels], 1)
+        variants[f"{name} / A-SM stage 2"] = learned(estimate[:, 0], estimate[:, 1:], a2[:, 0] - p2.max(1), wrong)
         for method, value in variants.items():
             out.setdefault(method, []).append(value)
         print(f"seed {seed}: " + ", ".join(f"{m} {100 * v:.2f}" for m, v in variants.items()), file=sys.stderr)

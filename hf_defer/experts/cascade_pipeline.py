@@ -22,7 +22,7 @@ from transformers import Pipeline
 from ..modeling.modeling_deferral import EncoderForDeferral
 from ..modeling.pipeline_options import CASCADE_CONFIG_NAME, _check_device
 from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs
-from .deferral_cascade import DeferralCascade, cascade_stage_folders, read_cascade_config
+from .deferral_cascade import DeferralCascade, cascade_options, cascade_stage_folders, read_cascade_config
 
 __all__ = ["CASCADE_TASK", "DeferralCascadePipeline"]
 
@@ -78,11 +78,14 @@ class DeferralCascadePipeline(Pipeline):
     names for the others), given when building the pipeline or at call time (call-time ones replace those of the same
     name).
 
-    Inputs: feature vectors of stage 1's `feature_size`: a 2-D array (or tensor), a list of vectors, or one vector.
-    Each input gives a `dict` (one `dict` for one vector, a list for a batch), as [`DeferralCascade.__call__`]:
+    Inputs: feature vectors of the cascade's input width (`DeferralCascade.input_size`): a 2-D array (or tensor), a
+    list of vectors, or one vector. A cascade whose stage 1 reads only a first expert's probabilities (input width 0)
+    takes what the experts read instead: a list of inputs (texts, ...) or one input. Each input gives a `dict` (one
+    `dict` for one input, a list for a batch), as [`DeferralCascade.__call__`]:
 
-    - **label** (`str`) -- the answer: the classifier's class, or the answering expert's.
-    - **answered_by** (`str`) -- `"model"` (stage 1's classifier) or the answering expert's name.
+    - **label** (`str`) -- the answer: a classifier's class, or the answering expert's.
+    - **answered_by** (`str`) -- `"model"` (a classifier of the cascade, stage 2's stacked answer included) or the
+      answering expert's name.
     - **experts_called** (`list[str]`) -- the experts paid, in order.
     - **paid** (`float`) -- the classifier's price plus the price of each expert called (`cascade_config.json`).
 
@@ -94,6 +97,8 @@ class DeferralCascadePipeline(Pipeline):
     - **stage1_costs**, **stage2_costs** (sequences of `float`, *optional*) -- each stage's decision cost per expert
       (the models' `expert_costs` when not given).
     - **stage1_threshold**, **stage2_threshold** (`float`, *optional*, default 0) -- each stage's margin to defer.
+    - **stage2_min_confidence** (`float`, *optional*) -- stage 2 pays another expert exactly where the standing
+      answer's max probability is below this (instead of the cost rule).
 
     `batch_size` and `num_workers` are refused: the whole call is one batch. `__call__` is overridden to take
     `inputs=` (the base class's first argument) and to pass the batch through `preprocess`, `_forward` (the cascade)
@@ -147,8 +152,7 @@ class DeferralCascadePipeline(Pipeline):
         if first.resolve() != Path(model.name_or_path).resolve():
             raise ValueError(f"the model was loaded from {model.name_or_path!r}, but the cascade's stage 1 is "
                              f"{str(first)!r} ({CASCADE_CONFIG_NAME} 'stages'): pass model={str(first)!r}.")
-        self.cascade = DeferralCascade(model, EncoderForDeferral.from_pretrained(second), config["escalation_expert"],
-                                       config["prices"])
+        self.cascade = DeferralCascade(model, EncoderForDeferral.from_pretrained(second), **cascade_options(config))
         self.experts: dict[str, Callable[[list[Any]], Any]] = self._check_experts(kwargs.pop("experts", None))
         super().__init__(*args, **kwargs)
         self.cascade.stage2.to(self.model.device)
@@ -170,11 +174,11 @@ class DeferralCascadePipeline(Pipeline):
 
     def _sanitize_parameters(self, experts: Any = None, stage1_costs: Any = None, stage2_costs: Any = None,
                              stage1_threshold: Any = None, stage2_threshold: Any = None,
-                             **unknown: Any) -> tuple[dict, dict, dict]:
+                             stage2_min_confidence: Any = None, **unknown: Any) -> tuple[dict, dict, dict]:
         if unknown:
             raise TypeError(f"the {CASCADE_TASK!r} pipeline got unknown option(s) {sorted(unknown)}. Valid options: "
                             "['experts', 'inputs', 'stage1_costs', 'stage1_threshold', 'stage2_costs', "
-                            "'stage2_threshold'].")
+                            "'stage2_min_confidence', 'stage2_threshold'].")
         c1, c2 = self.cascade.stage1.config, self.cascade.stage2.config
         forward: dict[str, Any] = {}
         if experts is not None:
@@ -189,18 +193,25 @@ class DeferralCascadePipeline(Pipeline):
                     forward[name] = check_defer_threshold(value)
                 except ValueError:
                     raise ValueError(f"{name} must be a finite number, got {value!r}.") from None
+        if stage2_min_confidence is not None:
+            if isinstance(stage2_min_confidence, bool) or not isinstance(stage2_min_confidence, (int, float)) or \
+                    not 0.0 <= stage2_min_confidence <= 1.0:
+                raise ValueError(f"stage2_min_confidence must be a probability in [0, 1], got "
+                                 f"{stage2_min_confidence!r}.")
+            forward["stage2_min_confidence"] = float(stage2_min_confidence)
         return {}, forward, {}
 
     def __call__(self, features: Any, **kwargs: Any) -> dict[str, Any] | list[dict[str, Any]]:
-        """Runs the cascade on the feature vector(s).
+        """Runs the cascade on the feature vector(s), or on the experts' inputs where it reads no feature vectors.
 
         Args:
-            features: a 2-D array or tensor `[N, feature_size]`, a list of vectors, or one vector.
-            kwargs: `inputs`, `experts`, `stage1_costs`, `stage2_costs`, `stage1_threshold`, `stage2_threshold` (see
-                the class docstring).
+            features: a 2-D array or tensor `[N, input_size]`, a list of vectors, or one vector; for a cascade of input
+                width 0, a list of inputs or one input (what the experts read).
+            kwargs: `inputs`, `experts`, `stage1_costs`, `stage2_costs`, `stage1_threshold`, `stage2_threshold`,
+                `stage2_min_confidence` (see the class docstring).
 
         Returns:
-            A `dict` for one vector, a list of them (one per row) otherwise.
+            A `dict` for one input, a list of them (one per row) otherwise.
         """
         given = sorted(name for name in _NOT_OPTIONS if name in kwargs)
         if given:
@@ -209,8 +220,17 @@ class DeferralCascadePipeline(Pipeline):
         return super().__call__(_CascadeBatch(features, kwargs.pop("inputs", None)), **kwargs)
 
     def preprocess(self, batch: _CascadeBatch) -> dict[str, _CascadeBatch]:
-        size = self.cascade.stage1.config.feature_size
+        size = self.cascade.input_size
         features = batch.features
+        if size == 0:  # the cascade reads only its experts' probabilities: the inputs are what the experts read
+            if batch.items is not None:
+                raise TypeError("this cascade reads no feature vectors (stage 1 reads the first expert's "
+                                "probabilities only): pass what the experts read as the first argument, not inputs=.")
+            items = list(features) if isinstance(features, (list, tuple)) else [features]
+            if not items:
+                raise ValueError("inputs must hold at least one input, got an empty list.")
+            single = not isinstance(features, (list, tuple))
+            return {"batch": _CascadeBatch(np.zeros((len(items), 0), dtype=np.float32), items, single)}
         if isinstance(features, (str, bytes, dict)) or not isinstance(features, (list, tuple, np.ndarray,
                                                                                   torch.Tensor)):
             raise TypeError("features must be feature vectors: a 2-D array or tensor, a list of vectors or one vector, "

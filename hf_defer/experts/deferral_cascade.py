@@ -1,20 +1,25 @@
-"""A learned cascade: a deferral model decides from the input, then a route-only model decides after a model expert
-has answered whether to accept its answer or pay the next expert.
+"""A learned cascade: stage 1 decides from the input who answers; after a model expert has answered, stage 2 decides
+whether its answer stands or the next expert is paid.
 
-Stage 1 is a deferral model over feature vectors (`DeferralConfig(feature_size=D, num_labels=K, expert_names=[...])`):
-its classifier answers cheaply, or it defers to one of its experts. When it defers to the *escalation expert* (a model
-whose answer comes with class probabilities), stage 2 — a route-only model (`DeferralConfig(route_only=True,
-feature_size=D + K + 3, expert_names=[escalation expert, next expert, ...], default_expert=escalation expert)`) —
-reads [`escalation_features`] (the input's features, that expert's K class probabilities, their max, their entropy and
-the log-odds of the max) and accepts the answer unless another expert's estimated accuracy, less its decision cost,
-beats it. Each input's amount paid is the classifier's price plus the price of every expert called.
+Stage 1 is either a deferral model over feature vectors (`DeferralConfig(feature_size=D, num_labels=K,
+expert_names=[...])`: its classifier answers cheaply, or it defers to one of its experts), or, with `first_expert`, a
+route-only model that reads a cheap model expert's class probabilities (every input is first answered by that expert,
+and stage 1 keeps its answer or sends the input on; [`escalation_features`] of the features and those probabilities).
+When stage 1 sends an input to the *escalation expert* (a model whose answer comes with class probabilities), stage 2
+reads [`escalation_features`] of stage 1's input and that expert's probabilities (their max, their entropy and the
+log-odds of the max). Stage 2 is either a route-only model (`route_only=True, default_expert=escalation expert`: the
+expert's answer stands unless another expert's estimated accuracy, less its decision cost, beats it) or a deferral
+model with a classifier (its classifier *stacks* the answers read so far into the final answer, unless one of its
+experts is worth paying). Each input's amount paid is the price of `"model"` (the cascade's own heads) plus the price
+of every expert called.
 
 Both stages are ordinary saved deferral models. A cascade folder holds stage 1 at its root (`config.json`, the weights
 and the code files: the folder transformers' `pipeline()` reads, so `pipeline("deferral-cascade", model=folder,
 experts=...)` loads it, see [`~hf_defer.experts.cascade_pipeline.DeferralCascadePipeline`]), stage 2 in `stage2/`, and
-`cascade_config.json` (the escalation expert, the prices and the stages' subfolders). Folders saved before this layout
-(stage 1 in `stage1/`) still load with [`DeferralCascade.from_pretrained`]. Decision costs of both stages are set per
-call, so one training run serves every point of the error-cost curve.
+`cascade_config.json` (the escalation expert, the first expert, the class names, the prices and the stages'
+subfolders). Folders saved before this layout (stage 1 in `stage1/`) still load with [`DeferralCascade.from_pretrained`].
+Decision costs and thresholds of both stages are set per call, so one training run serves every point of the
+error-cost curve.
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ from ..modeling.pipeline_options import CASCADE_CONFIG_NAME
 from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs
 from .model_experts import answers_to_ids
 
-__all__ = ["CASCADE_CONFIG_NAME", "MODEL_ANSWER", "DeferralCascade", "cascade_stage_folders", "escalation_features",
-           "read_cascade_config"]
+__all__ = ["CASCADE_CONFIG_NAME", "MODEL_ANSWER", "DeferralCascade", "cascade_options", "cascade_stage_folders",
+           "escalation_features", "read_cascade_config"]
 
 STAGE_FOLDERS = (".", "stage2")
 """Where `save_pretrained` puts stage 1 (the folder's root) and stage 2, relative to the cascade folder."""
@@ -98,17 +103,27 @@ def _check_prices(prices: Any, names: Sequence[str]) -> dict[str, float]:
     return dict(zip(keys, values))
 
 
+def _class_names(config: Any) -> list[str]:
+    return [str(config.id2label[i]) for i in range(config.num_labels)]
+
+
 class DeferralCascade:
     r"""Two saved deferral models run as one pipeline, with per-input accounting of the experts called and the price
     paid.
 
     Args:
-        stage1 ([`EncoderForDeferral`]): a head-only deferral model (classifier + experts) over feature vectors.
-        stage2 ([`EncoderForDeferral`]): a head-only route-only model whose default expert is `escalation_expert`
-            and whose `feature_size` is stage 1's plus `K + 3` ([`escalation_features`]).
+        stage1 ([`EncoderForDeferral`]): a head-only deferral model over feature vectors: with a classifier (the
+            default), or route-only over the experts with `first_expert` as its default expert.
+        stage2 ([`EncoderForDeferral`]): a head-only model over `stage1.config.feature_size + K + 3` features
+            ([`escalation_features`] of stage 1's input and the escalation expert's probabilities): route-only with the
+            escalation expert as default, or with a classifier (the stacked answer) and experts other than it.
         escalation_expert (`str`): the stage-1 expert that answers with class probabilities and is checked by stage 2.
-        prices (`Mapping[str, float]`): price per input of `"model"` (stage 1's classifier, always paid) and of every
+        prices (`Mapping[str, float]`): price per input of `"model"` (the cascade's heads, always paid) and of every
             expert of both stages; finite and non-negative.
+        first_expert (`str`, *optional*): the model expert that answers every input first, with class probabilities
+            stage 1 reads (stage 1 must then be route-only with it as default expert); always paid.
+        labels (`Sequence[str]`, *optional*): the class names, needed only where no stage has a classifier (otherwise
+            taken from it; given, they must agree).
 
     Example:
 
@@ -132,36 +147,64 @@ class DeferralCascade:
     """
 
     def __init__(self, stage1: EncoderForDeferral, stage2: EncoderForDeferral, escalation_expert: str,
-                 prices: Mapping[str, float]) -> None:
+                 prices: Mapping[str, float], first_expert: str | None = None,
+                 labels: Sequence[str] | None = None) -> None:
         c1, c2 = stage1.config, stage2.config
-        if c1.encoder is not None or c1.route_only is True:
+        if first_expert is None and (c1.encoder is not None or c1.route_only is True):
             raise ValueError("stage1 must be a head-only deferral model with a classifier (feature_size=D, "
-                             f"num_labels=K), got encoder={c1.encoder is not None}, route_only={c1.route_only}.")
-        if c2.encoder is not None or c2.route_only is not True:
-            raise ValueError("stage2 must be a head-only route-only model (route_only=True, feature_size=...), got "
-                             f"encoder={c2.encoder is not None}, route_only={c2.route_only}.")
-        if escalation_expert not in c1.expert_names:
-            raise ValueError(f"escalation_expert must be one of stage1's experts {c1.expert_names}, got "
-                             f"{escalation_expert!r}.")
-        if c2.default_expert != escalation_expert:
-            raise ValueError(f"stage2's default_expert must be the escalation expert {escalation_expert!r} (stage 2 "
-                             f"accepts its answer unless another expert is worth paying), got {c2.default_expert!r}.")
-        expected = c1.feature_size + c1.num_labels + SUMMARY_SIZE
+                             f"num_labels=K), got encoder={c1.encoder is not None}, route_only={c1.route_only} (a "
+                             "route-only stage 1 needs first_expert: the model expert whose probabilities it reads).")
+        if first_expert is not None and (c1.encoder is not None or c1.route_only is not True
+                                         or c1.default_expert != first_expert):
+            raise ValueError(f"with first_expert={first_expert!r}, stage1 must be a head-only route-only model whose "
+                             f"default_expert is {first_expert!r}, got encoder={c1.encoder is not None}, "
+                             f"route_only={c1.route_only}, default_expert={getattr(c1, 'default_expert', None)!r}.")
+        if c2.encoder is not None:
+            raise ValueError("stage2 must be a head-only model (feature_size=...), got one with an encoder.")
+        if escalation_expert not in c1.expert_names or escalation_expert == first_expert:
+            raise ValueError(f"escalation_expert must be one of stage1's experts {c1.expert_names} other than the "
+                             f"first expert, got {escalation_expert!r}.")
+        if c2.route_only is True and c2.default_expert != escalation_expert:
+            raise ValueError(f"a route-only stage2's default_expert must be the escalation expert "
+                             f"{escalation_expert!r} (stage 2 accepts its answer unless another expert is worth "
+                             f"paying), got {c2.default_expert!r}.")
+        if c2.route_only is not True and escalation_expert in c2.expert_names:
+            raise ValueError(f"a stage2 with a classifier stacks the escalation expert's answer (it reads its "
+                             f"probabilities), so its experts {c2.expert_names} must not include {escalation_expert!r}.")
+        named = [_class_names(c) for c in (c1, c2) if c.route_only is not True]
+        if isinstance(labels, (str, bytes)) or not (labels is None or isinstance(labels, Sequence)):
+            raise TypeError(f"labels must be a sequence of class names, got {type(labels).__name__}.")
+        if labels is not None:
+            named.append([str(name) for name in labels])
+        if not named:
+            raise ValueError("labels: neither stage has a classifier, so the cascade needs the class names (labels=["
+                             "...], in the order of the experts' probabilities), got None.")
+        if any(names != named[0] for names in named) or len(named[0]) < 2:
+            raise ValueError(f"labels: the stages' classifiers and `labels` must name the same K >= 2 classes in the "
+                             f"same order, got {named}.")
+        self.labels = named[0]
+        k = len(self.labels)
+        self.input_size = c1.feature_size - (k + SUMMARY_SIZE if first_expert is not None else 0)
+        if self.input_size < 0:
+            raise ValueError(f"stage1 reads {c1.feature_size} features, fewer than the first expert's {k} class "
+                             f"probabilities and {SUMMARY_SIZE} summaries: it must be trained on escalation_features "
+                             "of the inputs' features and the first expert's probabilities.")
+        expected = c1.feature_size + k + SUMMARY_SIZE
         if c2.feature_size != expected:
             raise ValueError(
                 f"stage2 expects {c2.feature_size} input features, but stage1's {c1.feature_size} features plus the "
-                f"escalation expert's {c1.num_labels} class probabilities and {SUMMARY_SIZE} summaries make "
-                f"{expected}: "
+                f"escalation expert's {k} class probabilities and {SUMMARY_SIZE} summaries make {expected}: "
                 "stage2 must be trained on escalation_features of stage1's inputs and that expert's outputs.")
         self.stage1, self.stage2 = stage1.eval(), stage2.eval()
-        self.escalation_expert = escalation_expert
+        self.escalation_expert, self.first_expert = escalation_expert, first_expert
         self.expert_names = list(dict.fromkeys([*c1.expert_names, *c2.expert_names]))
         self.prices = _check_prices(prices, self.expert_names)
 
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, save_directory: str | os.PathLike, overwrite: bool = False) -> None:
         """Writes stage 1 at the folder's root and stage 2 in `stage2/` (each a deferral folder, see
-        [`EncoderForDeferral.save_pretrained`]), then `cascade_config.json` (escalation expert, prices, stages).
+        [`EncoderForDeferral.save_pretrained`]), then `cascade_config.json` (escalation and first experts, class
+        names, prices, stages).
 
         Args:
             save_directory (`str` or `os.PathLike`): the folder; created if missing.
@@ -182,7 +225,8 @@ class DeferralCascade:
             shutil.rmtree(old)  # the old layout's stage 1: the root replaces it
         self.stage1.save_pretrained(folder, overwrite=overwrite)
         self.stage2.save_pretrained(folder / STAGE_FOLDERS[1], overwrite=overwrite)
-        config = {"escalation_expert": self.escalation_expert, "prices": self.prices, "stages": list(STAGE_FOLDERS)}
+        config = {"escalation_expert": self.escalation_expert, "first_expert": self.first_expert,
+                  "labels": self.labels, "prices": self.prices, "stages": list(STAGE_FOLDERS)}
         (folder / CASCADE_CONFIG_NAME).write_text(json.dumps(config, indent=1) + "\n")
 
     @classmethod
@@ -190,107 +234,149 @@ class DeferralCascade:
         """Loads a folder written by [`save_pretrained`]: stage 1 at the root, or in `stage1/` (the old layout)."""
         config = read_cascade_config(folder)
         first, second = cascade_stage_folders(folder, config)
-        stage1 = EncoderForDeferral.from_pretrained(first)
-        stage2 = EncoderForDeferral.from_pretrained(second)
-        return cls(stage1, stage2, config["escalation_expert"], config["prices"])
+        return cls(EncoderForDeferral.from_pretrained(first), EncoderForDeferral.from_pretrained(second),
+                   **cascade_options(config))
 
     # ------------------------------------------------------------------ running
+    def _answers(self, name: str, expert_probs: Callable[[np.ndarray], Any], rows: np.ndarray) -> np.ndarray:
+        answered = np.asarray(expert_probs(rows), dtype=np.float64)
+        k = len(self.labels)
+        if answered.shape != (len(rows), k):
+            raise ValueError(f"the model expert {name!r} must return [{len(rows)}, {k}] class probabilities (the "
+                             f"cascade reads {k}), got shape {answered.shape}.")
+        return answered
+
     @torch.no_grad()
     def decide(self, features: Any, expert_probs: Callable[[np.ndarray], Any], stage1_costs: Any = None,
-               stage2_costs: Any = None, stage2_threshold: float = 0.0,
-               stage1_threshold: float = 0.0) -> dict[str, np.ndarray]:
-        """The decisions alone: ``stage1`` (``-1`` the classifier, else the stage-1 expert's index), ``prediction``
-        (the classifier's class), ``escalate`` (bool: stage 2 pays another expert), ``stage2`` (its expert's index in
-        stage 2's experts) and ``probs`` (the escalation expert's probabilities, NaN where not called).
-        `expert_probs(rows)` returns the escalation expert's `[len(rows), K]` probabilities for those row indices."""
-        x = torch.as_tensor(np.asarray(features, dtype=np.float32))
+               stage2_costs: Any = None, stage2_threshold: float = 0.0, stage1_threshold: float = 0.0,
+               first_probs: Callable[[np.ndarray], Any] | None = None,
+               stage2_min_confidence: float | None = None) -> dict[str, np.ndarray]:
+        """The decisions alone: ``stage1`` (``-1`` the classifier, else the stage-1 expert's index: the first expert's
+        where it answers), ``prediction`` (the class stage 1 answers: its classifier's or the first expert's),
+        ``escalate`` (bool: stage 2 pays another expert), ``stage2`` (that expert's index in stage 2's experts),
+        ``stage2_prediction`` (the class that stands after the escalation expert: stage 2's classifier's, or that
+        expert's; ``-1`` where not called) and ``probs`` (the escalation expert's probabilities, NaN where not called).
+        `expert_probs(rows)` and `first_probs(rows)` return the escalation and first experts' `[len(rows), K]`
+        probabilities for those row indices. With `stage2_min_confidence`, stage 2 pays its best expert (by estimated
+        accuracy less decision cost) exactly where the answer's max probability is below it, instead of the cost rule.
+        """
+        x = np.asarray(features, dtype=np.float32)
         c1, c2 = self.stage1.config, self.stage2.config
-        if x.ndim != 2 or x.shape[1] != c1.feature_size:
-            raise ValueError(f"features must have shape [N, {c1.feature_size}], got {tuple(x.shape)}.")
+        if x.ndim != 2 or x.shape[1] != self.input_size:
+            raise ValueError(f"features must have shape [N, {self.input_size}], got {x.shape}.")
         costs1 = check_expert_costs(stage1_costs, c1.num_experts, "stage1_costs") if stage1_costs is not None else \
             getattr(c1, "expert_costs", None)
         costs2 = check_expert_costs(stage2_costs, c2.num_experts, "stage2_costs") if stage2_costs is not None else \
             getattr(c2, "expert_costs", None)
         threshold, threshold1 = check_defer_threshold(stage2_threshold), check_defer_threshold(stage1_threshold)
-        logits = self.stage1(features=x.to(self.stage1.device, self.stage1.dtype)).logits.float().cpu()
-        defer, prediction, expert = self.stage1.surrogate.decide(logits, expert_costs=costs1,
-                                                                 defer_threshold=threshold1)
+        if stage2_min_confidence is not None and not (isinstance(stage2_min_confidence, (int, float)) and
+                                                      0.0 <= stage2_min_confidence <= 1.0):
+            raise ValueError(f"stage2_min_confidence must be a probability in [0, 1], got {stage2_min_confidence!r}.")
+        n, k = len(x), len(self.labels)
+        if self.first_expert is not None:
+            if first_probs is None:
+                raise ValueError(f"first_probs is required: stage 1 reads the first expert {self.first_expert!r}'s "
+                                 "class probabilities.")
+            first = self._answers(self.first_expert, first_probs, np.arange(n))
+            x = escalation_features(x, first)
+        u = self.stage1(features=torch.as_tensor(x).to(self.stage1.device, self.stage1.dtype)).logits.float().cpu()
+        defer, prediction, expert = self.stage1.surrogate.decide(u, expert_costs=costs1, defer_threshold=threshold1)
         stage1 = torch.where(defer, expert, torch.full_like(expert, -1)).numpy()
-        n, k = len(x), c1.num_labels
+        if self.first_expert is not None:  # route-only: `prediction` is the chosen expert, the default where kept
+            stage1, prediction = prediction.numpy(), torch.as_tensor(first.argmax(1))
         probs = np.full((n, k), np.nan)
         escalate = np.zeros(n, dtype=bool)
-        stage2 = np.full(n, -1)
+        stage2, answer2 = np.full(n, -1), np.full(n, -1)
         rows = np.flatnonzero(stage1 == c1.expert_names.index(self.escalation_expert))
         if len(rows):
-            answered = np.asarray(expert_probs(rows), dtype=np.float64)
-            if answered.shape != (len(rows), k):
-                raise ValueError(f"the escalation expert {self.escalation_expert!r} must return [{len(rows)}, {k}] "
-                                 f"class probabilities (stage 2 reads {k}), got shape {answered.shape}.")
-            probs[rows] = answered
-            z = torch.as_tensor(escalation_features(x[rows].numpy(), answered))
+            probs[rows] = answered = self._answers(self.escalation_expert, expert_probs, rows)
+            z = torch.as_tensor(escalation_features(x[rows], answered))
             z = self.stage2(features=z.to(self.stage2.device, self.stage2.dtype)).logits.float().cpu()
-            up, chosen, _ = self.stage2.surrogate.decide(z, expert_costs=costs2, defer_threshold=threshold)
-            escalate[rows], stage2[rows] = up.numpy(), chosen.numpy()
+            up, second, chosen = self.stage2.surrogate.decide(z, expert_costs=costs2, defer_threshold=threshold)
+            stacked = c2.route_only is not True
+            answer2[rows] = second.numpy() if stacked else answered.argmax(1)
+            if stage2_min_confidence is not None:
+                confidence = self.stage2.surrogate.probabilities(z)[0].max(1).values.numpy() if stacked else \
+                    answered.max(1)
+                up = torch.as_tensor(confidence < stage2_min_confidence)
+                chosen = self.stage2.surrogate.deferral_margin(z, costs2)[1]
+            escalate[rows], stage2[rows] = up.numpy(), torch.where(up, chosen, -1).numpy()
         return {"stage1": stage1, "prediction": prediction.numpy(), "escalate": escalate, "stage2": stage2,
-                "probs": probs}
+                "stage2_prediction": answer2, "probs": probs}
 
     def __call__(self, features: Any, experts: Mapping[str, Callable[[list[Any]], Any]], inputs: Sequence[Any] | None
                  = None, stage1_costs: Any = None, stage2_costs: Any = None, stage2_threshold: float = 0.0,
-                 stage1_threshold: float = 0.0) -> list[dict[str, Any]]:
+                 stage1_threshold: float = 0.0, stage2_min_confidence: float | None = None) -> list[dict[str, Any]]:
         """Runs the cascade: stage 1 on every input, each called expert once on the batch of inputs routed to it.
 
         Args:
-            features (array-like `[N, D]`): what stage 1 reads.
+            features (array-like `[N, D]`): what stage 1 reads (with the first expert's probabilities, if any; `D` may
+                then be 0: `np.zeros((N, 0))`).
             experts (`Mapping[str, Callable]`): per expert name, a function from a list of inputs to answers: class
-                probabilities `[n, K]` for the escalation expert, class ids or names for the others.
+                probabilities `[n, K]` for the escalation and first experts, class ids or names for the others.
             inputs (`Sequence`, *optional*): what the experts read (texts, images...); the feature rows by default.
             stage1_costs, stage2_costs (sequences of `float`, *optional*): decision costs per expert of each stage
                 (the models' configured `expert_costs` when `None`); stage1_threshold, stage2_threshold (`float`):
                 each stage's margin to defer (negative: defer more; decision costs `d` of either sign are costs
                 `d - min(d)` with threshold `min(d)`).
+            stage2_min_confidence (`float`, *optional*): stage 2 pays another expert exactly where the max probability
+                of the answer that would stand (stage 2's classifier's, or the escalation expert's) is below this
+                (the confidence cascade's rule), instead of the cost rule; the expert paid is still the best by
+                estimated accuracy less decision cost.
 
         Returns:
-            `list[dict]`, per input: ``label`` (class name), ``answered_by`` (`"model"` or an expert's name),
-            ``experts_called`` (in order), ``paid`` (the classifier's price plus each called expert's).
+            `list[dict]`, per input: ``label`` (class name), ``answered_by`` (`"model"` where a classifier of the
+            cascade gave the answer, stage 2's stacking the experts' probabilities included, else the expert's name),
+            ``experts_called`` (in order), ``paid`` (the price of `"model"` plus each called expert's).
         """
         missing = sorted(set(self.expert_names) - set(experts))
         if missing:
             raise ValueError(f"experts must give a function for every expert {self.expert_names}, missing {missing}.")
         items = list(inputs) if inputs is not None else list(np.asarray(features))
-        config = self.stage1.config
-        label2id = {name: i for i, name in config.id2label.items()}
-        decision = self.decide(features, lambda rows: experts[self.escalation_expert]([items[i] for i in rows]),
-                               stage1_costs, stage2_costs, stage2_threshold, stage1_threshold)
+        ask = lambda name: lambda rows: experts[name]([items[i] for i in rows])  # noqa: E731
+        decision = self.decide(features, ask(self.escalation_expert), stage1_costs, stage2_costs, stage2_threshold,
+                               stage1_threshold, ask(self.first_expert) if self.first_expert else None,
+                               stage2_min_confidence)
+        names1, names2 = self.stage1.config.expert_names, self.stage2.config.expert_names
+        stacked = self.stage2.config.route_only is not True
         n = len(items)
         answer = decision["prediction"].copy()
-        answered_by = [MODEL_ANSWER] * n
-        called: list[list[str]] = [[] for _ in range(n)]
-        final = {}  # row -> expert whose answer counts, other than the escalation expert
+        answered_by = [self.first_expert or MODEL_ANSWER] * n
+        called: list[list[str]] = [[self.first_expert] if self.first_expert else [] for _ in range(n)]
+        final = {}  # row -> expert whose answer counts, other than the first and the escalation expert
         for i in range(n):
-            if decision["stage1"][i] >= 0:
-                first = config.expert_names[decision["stage1"][i]]
-                called[i].append(first)
-                answered_by[i] = first
-                if first == self.escalation_expert:
-                    answer[i] = int(np.argmax(decision["probs"][i]))
-                    if decision["escalate"][i]:
-                        final[i] = self.stage2.config.expert_names[decision["stage2"][i]]
-                else:
-                    final[i] = first
+            first = names1[decision["stage1"][i]] if decision["stage1"][i] >= 0 else None
+            if first is None or first == self.first_expert:
+                continue
+            called[i].append(first)
+            answered_by[i] = first
+            if first == self.escalation_expert:
+                answer[i] = decision["stage2_prediction"][i]
+                answered_by[i] = MODEL_ANSWER if stacked else first
+                if decision["escalate"][i]:
+                    final[i] = names2[decision["stage2"][i]]
+            else:
+                final[i] = first
         for i, name in final.items():
             if name != called[i][-1]:
                 called[i].append(name)
             answered_by[i] = name
+        label2id = {name: i for i, name in enumerate(self.labels)}
         for name in dict.fromkeys(final.values()):
             rows = [i for i, who in final.items() if who == name]
-            ids = answers_to_ids(list(experts[name]([items[i] for i in rows])), label2id, expert=name)
-            answer[rows] = ids
-        return [{"label": config.id2label[int(answer[i])], "answered_by": answered_by[i], "experts_called": called[i],
+            answer[rows] = answers_to_ids(list(experts[name]([items[i] for i in rows])), label2id, expert=name)
+        return [{"label": self.labels[int(answer[i])], "answered_by": answered_by[i], "experts_called": called[i],
                  "paid": self.prices[MODEL_ANSWER] + math.fsum(self.prices[e] for e in called[i])} for i in range(n)]
 
 
+def cascade_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The [`DeferralCascade`] arguments other than the stages, from a [`read_cascade_config`] result."""
+    return {key: config.get(key) for key in ("escalation_expert", "prices", "first_expert", "labels")}
+
+
 def read_cascade_config(folder: str | os.PathLike) -> dict[str, Any]:
-    """The checked `cascade_config.json` of a cascade folder: ``escalation_expert``, ``prices`` and ``stages`` (stage
+    """The checked `cascade_config.json` of a cascade folder: ``escalation_expert``, ``prices``, ``first_expert`` and
+    ``labels`` (absent, or `None`, for a cascade whose stage 1 has a classifier) and ``stages`` (stage
     1's and stage 2's subfolders, ``["stage1", "stage2"]`` where a folder of the old layout lacks the key and has no
     `config.json` at its root). A folder without the file raises a `FileNotFoundError` naming it."""
     root = Path(folder)

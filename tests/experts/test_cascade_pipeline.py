@@ -61,7 +61,8 @@ def test_layout_and_hand_worked_calls_and_payments(folder) -> None:
     assert sorted(p.name for p in folder.glob("*.json")) == ["cascade_config.json", "config.json"]
     assert (folder / "model.safetensors").is_file() and (folder / "stage2" / "config.json").is_file()
     assert json.loads((folder / "cascade_config.json").read_text()) == {
-        "escalation_expert": "llm", "prices": PRICES, "stages": [".", "stage2"]}
+        "escalation_expert": "llm", "first_expert": None, "labels": ["no", "yes"], "prices": PRICES,
+        "stages": [".", "stage2"]}
     team = experts()
     cascade = load(folder, experts=team)
     assert isinstance(cascade, DeferralCascadePipeline)
