@@ -131,16 +131,25 @@ def markdown(record: dict, figure: str) -> str:
                 f"curve is below on {100 * v['share_of_budgets_below']:.0f} % of the budgets and above on "
                 f"{100 * v['share_of_budgets_above']:.0f} %.")
 
-    target = summary["versus"]["learned cascade"]["confidence cascade"]
+    target = summary["versus"][TARGET]["confidence cascade"]
     met = target["mean_difference"] < 0 and target["p_value"] < 0.05
     verdicts = {reference: [verdict(reference, m, v) for m, v in versus.items()]
                 for reference, versus in summary["versus"].items()}
     budgets, curve = np.asarray(summary["budgets"]), summary["mean_curve"]
-    above = np.asarray(curve["learned cascade"]) > np.asarray(curve["confidence cascade"])
+    above = np.asarray(curve[TARGET]) > np.asarray(curve["confidence cascade"])
     cheaper = budgets <= cheap + expensive  # budgets where at most the cheap and the costly model are paid per tweet
     share_low, share_high = 100 * above[cheaper].mean(), 100 * above[~cheaper].mean()
-    where = (f"The learned cascade's mean curve lies above the confidence cascade's on {share_low:.0f} % of the "
+    where = (f"The {TARGET}'s mean curve lies above the confidence cascade's on {share_low:.0f} % of the "
              f"budgets up to {cheap + expensive:g} (cheap + costly price) and on {share_high:.0f} % of those above it.")
+    tries = 3  # methods named in turn against the confidence cascade: A-SM, the learned cascade, the cheap-first one
+    how_much = (
+        f"**How much.** The {TARGET}'s lead is {-100 * target['mean_difference']:.2f} points of area "
+        f"({-100 * target['mean_difference'] / summary['area']['confidence cascade']['mean']:.1f} % of the "
+        f"confidence cascade's), in {target['seeds_below']} of {summary['seeds']} seeds: consistent, but small, and the "
+        "mean curves cross (above). It is the third method named in turn against the confidence cascade in this "
+        f"report's history (A-SM, the learned cascade, then this one); a Bonferroni correction for {tries} tries asks "
+        f"for p < {100 * 0.05 / tries:.2f} %, which p = {target['p_value']:.3g} "
+        + ("passes." if target["p_value"] < 0.05 / tries else "does not pass."))
     how = (f"MiniLM (`{costly['model']}`) fine-tuned end to end (AutoModelForSequenceClassification, AdamW, learning "
            f"rate {costly['learning_rate']}, linear decay after 10 % warm-up, batch {costly['batch_size']}, "
            f"{costly['epochs']:g} epoch(s), tweets truncated to {costly['max_length']} tokens) in {costly['folds']} "
@@ -183,8 +192,14 @@ def markdown(record: dict, figure: str) -> str:
         "log-odds of the max, trained on the training tweets with the per-expert binary log loss — pays the person "
         "iff a_person − a_costly > t (always, 24 quantiles of the gain, never), so the 37 × 37 × 26 settings are all "
         "swept at "
-        "decision time from one training run. For every method the settings on the "
-        "validation Pareto front are evaluated on the test tweets; nothing is chosen on test.",
+        "decision time from one training run; and the *cheap-first cascade* (`DeferralCascade(..., first_expert="
+        "\"cheap\")`): the cheap model answers every tweet first, and stage 1, a route-only head over the three "
+        "members, reads only its 3 probabilities, their max, entropy and log-odds of the max (cross-fitted on the "
+        f"training tweets; {cx.FIRST_STAGE_EPOCHS} epochs); where stage 1 calls the costly model, stage 2, an A-SM head "
+        "with the 3 classes and the person as its expert, reads both models' probabilities and summaries: its "
+        "classifier stacks the two models' answers into the answer, and the person is paid where that answer's max "
+        "probability is below a threshold (`stage2_min_confidence`: 24 quantiles, always, never). For every method the "
+        "settings on the validation Pareto front are evaluated on the test tweets; nothing is chosen on test.",
         "",
         f"![Error against mean cost]({figure})",
         "",
@@ -201,13 +216,20 @@ def markdown(record: dict, figure: str) -> str:
         "",
         "## Verdict",
         "",
-        "Target: does the learned cascade's curve (hf_defer's method named in advance for this comparison) lie below "
+        f"Target: does the {TARGET}'s curve (hf_defer's method named in advance for this run, see below) lie below "
         "the confidence cascade's (areas, paired t-test, 5 %)? " + ("**Yes.**" if met else "**No.**")
-        + " Every comparison of the learned cascade, then of A-SM (the earlier report's method):",
+        + f" Every comparison of the {TARGET}, then of the learned cascade (the method named for the previous run) "
+        "and of A-SM (the method of the report before it):",
         "",
-        *verdicts["learned cascade"],
+        *verdicts[TARGET],
         "",
         where,
+        "",
+        how_much,
+        "",
+        HOW_CHOSEN,
+        "",
+        *verdicts["learned cascade"],
         "",
         "*History (2026-11-26)*: the negative decision costs were added after a first run with non-negative ones only, "
         "in which stage 1 could not send every tweet on to the costly model as the cascade's t1 = 1 does (learned "
@@ -223,27 +245,33 @@ def markdown(record: dict, figure: str) -> str:
         "deferral model cannot; where skipping the costly model on the way to the person saves more, the deferral "
         "model gains. The learned cascade reads both: stage 1 decides from the cheap features (answer, costly model or "
         "person), and stage 2 reads the costly model's probabilities after calling it, so a threshold on their max "
-        "is one of the rules it can learn. A deferral model serves every price list from one training run, but so do "
-        "the cascade and the "
-        "router here: every method is trained once and only its decision-time settings (costs, thresholds) are "
-        "swept, so that advantage does not show in this comparison.",
-        "",
-        AFTER_THIS_RUN,
+        "is one of the rules it can learn, but its stage 1 ranks tweets worse than the cheap model's own confidence "
+        "(see how the cheap-first cascade was chosen). The cheap-first cascade reads that confidence: its stage 1 sees "
+        "the cheap model's probabilities, as the confidence cascade's first threshold does, and can also go straight "
+        "to the person; after the costly call its answer combines both models instead of taking the costly model's "
+        "(on the validation halves, the stacked answer took the area from 7.80 to 7.68). On the test tweets it is "
+        "ahead where at most the cheap and the costly model are paid, and behind on most larger budgets, where the "
+        "person is paid on part of the tweets; why it chooses those tweets worse is not yet known and is the next "
+        "thing to study, on validation tweets. A deferral model serves every price list from one training run, but so "
+        "do the cascades and the router here: every method is trained once and only its decision-time settings "
+        "(costs, thresholds) are swept, so that advantage does not show in this comparison.",
         "",
     ])
 
 
-AFTER_THIS_RUN = (
-    '**After this run** (2026-11-26, validation tweets only: `scripts/cascade_validation_probe.py`, '
-    '[`hatespeech_cascade_probe.md`](hatespeech_cascade_probe.md)). Where does the learned cascade lose? Giving it '
-    "the confidence cascade's own stage 2 (a threshold on the costly model's max probability) leaves it as far "
-    'behind: the loss is in stage 1, whose A-SM head on the sentence embeddings ranks tweets for escalation worse '
-    "than the cheap model's softmax confidence, a non-linear function of the same embeddings that a linear head does "
-    "not reproduce. A route-only stage 1 that reads the cheap model's probabilities instead matches the confidence "
-    "cascade, and answering, after the costly model is called, with a logistic regression on both models' log-"
-    'probabilities puts it ahead on the validation halves in 4 of 5 seeds, by about a tenth of a point: too little to'
-    ' expect p < 0.05 on five seeds. That variant was not run on the test tweets; it is the next candidate, named '
-    'here before any test run.')
+TARGET = "cheap-first cascade"
+HOW_CHOSEN = (
+    "*How the cheap-first cascade was chosen* (2026-11-26). The previous run named the learned cascade, which missed "
+    "the target: 8.13 (0.13) against the confidence cascade's 7.91 (0.13), p = 0.017. Its diagnosis and the candidates "
+    "that followed used validation tweets only ([`hatespeech_cascade_probe.md`](hatespeech_cascade_probe.md), "
+    "`scripts/cascade_validation_probe.py`): the loss was in stage 1, whose A-SM head on the sentence embeddings "
+    "ranks tweets for escalation worse than the cheap model's softmax confidence. A route-only stage 1 on the cheap "
+    "model's probabilities matched the confidence cascade; a stacked answer after the costly call put it ahead on "
+    "the validation halves in 4 of 5 seeds, by about a tenth of a point. Of the stacked variants tried there, the "
+    "one run here (an A-SM stage 2 whose classifier stacks the two models, paying the person below a confidence "
+    "threshold) was the best on validation, and `DeferralCascade` was extended to run it (`first_expert`, a stage 2 "
+    "with a classifier, `stage2_min_confidence`). The test tweets were read once for it, in this run; the other "
+    "methods' areas are those of the previous run, unchanged.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,13 @@ error-cost staircase (log cost, 1 to 100) is measured on the other, both ways, a
 - `... / stacked answer`: the same stage 1; after the costly model answers, the answer is a logistic regression on the
   log-probabilities of both models (the cheap model's cross-fitted on training tweets), and the person is paid below a
   threshold on its max probability.
+- `... / A-SM stage 2`: the same stage 1; after the costly model answers, an A-SM head with the classes and the person
+  as expert, on `escalation_features` of both models' probabilities (with, or without, both models' log-probabilities
+  too): its classifier stacks the two models; it pays the person by the cost rule (a_person - d > max p + t) or by the
+  confidence rule (max p < threshold). The last row, without log-probabilities and with the confidence rule, runs the
+  report's own code for the cheap-first cascade (`hf_defer.experiments.cascade._cheap_first_cascade`,
+  `DeferralCascade(..., first_expert=...)` with `stage2_min_confidence`): it was added to the report as the best of these
+  on validation (with the stacked answer, within 0.01 point) that `DeferralCascade` can run.
 
     python scripts/cascade_validation_probe.py   # about a minute on 2 cores; writes results/hatespeech_cascade_probe.md
 """
@@ -38,14 +45,20 @@ ROOT = Path(__file__).resolve().parent.parent
 PRICES = (1.0, 10.0, 100.0)
 
 
+def halves_of(val: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng(100 + seed).permutation(len(val))
+    return val[order[: len(val) // 2]], val[order[len(val) // 2 :]]
+
+
 def split_area(curve_of, grid: np.ndarray, val: np.ndarray, base: list[float], seed: int) -> float:
     """Settings chosen on one half of `val`, area measured on the other, both ways, averaged."""
-    order = np.random.default_rng(100 + seed).permutation(len(val))
-    halves = val[order[: len(val) // 2]], val[order[len(val) // 2 :]]
-    areas = []
-    for choose, measure in (halves, halves[::-1]):
-        curve = cx._select_on_validation(curve_of, grid, choose, measure, base)  # the report's choice of settings
-        areas.append(area_under_error_cost(np.log(curve.cost), curve.error, 0.0, np.log(PRICES[2])))
+    halves = halves_of(val, seed)
+    return mean_area(cx._select_on_validation(curve_of, grid, choose, measure, base)  # the report's choice
+                     for choose, measure in (halves, halves[::-1]))
+
+
+def mean_area(curves) -> float:
+    areas = [area_under_error_cost(np.log(curve.cost), curve.error, 0.0, np.log(PRICES[2])) for curve in curves]
     return float(np.mean(areas))
 
 
@@ -100,12 +113,22 @@ def probe(features, costly, labels, persons, seeds, stage1_epochs: int) -> dict[
         wrong = np.stack([cheap.argmax(1) != labels, stacked.argmax(1) != labels, person != labels], 1)
         variants[f"{name} / stacked answer"] = learned(estimate[:, 0], estimate[:, 1:], -stacked.max(1).astype(float),
                                                        wrong)
-        both = escalation_features(escalation_features(np.zeros((n, 0), np.float32), crossfit), costly)
-        stage2 = cx._fit_deferral(both[train], labels[train], person[train, None], "asm", seed, 30)
-        both[:, : k + 3] = escalation_features(np.zeros((n, 0), np.float32), cheap)  # held-out rows: the cheap model
-        p2, a2 = stage2(both)
-        wrong = np.stack([cheap.argmax(1) != labels, p2.argmax(1) != labels, person != labels], 1)
-        variants[f"{name} / A-SM stage 2"] = learned(estimate[:, 0], estimate[:, 1:], a2[:, 0] - p2.max(1), wrong)
+        for extra, suffix in ((lambda c: np.zeros((n, 0), np.float32), ""), (log, " with log-probabilities")):
+            z = np.concatenate([extra(crossfit), extra(costly), escalation_features(summaries, costly)], 1)
+            stage2 = cx._fit_deferral(z[train], labels[train], person[train, None], "asm", seed, 30)
+            p2, a2 = stage2(np.concatenate([extra(cheap), extra(costly), escalation_features(
+                escalation_features(np.zeros((n, 0), np.float32), cheap), costly)], 1))
+            wrong = np.stack([cheap.argmax(1) != labels, p2.argmax(1) != labels, person != labels], 1)
+            variants[f"{name} / A-SM stage 2{suffix}, cost rule"] = learned(estimate[:, 0], estimate[:, 1:],
+                                                                             a2[:, 0] - p2.max(1), wrong)
+            if suffix:
+                variants[f"{name} / A-SM stage 2{suffix}, confidence rule"] = learned(
+                    estimate[:, 0], estimate[:, 1:], -p2.max(1), wrong)
+        halves = halves_of(val, seed)  # the report's cheap-first cascade, its own code
+        variants[f"{name} / A-SM stage 2, confidence rule (the cheap-first cascade)"] = mean_area(
+            cx._cheap_first_cascade(cheap, crossfit, costly, labels, person, correct.astype(np.float32),
+                                    (train, choose, measure), seed, 30, PRICES, pairs)
+            for choose, measure in (halves, halves[::-1]))
         for method, value in variants.items():
             out.setdefault(method, []).append(value)
         print(f"seed {seed}: " + ", ".join(f"{m} {100 * v:.2f}" for m, v in variants.items()), file=sys.stderr)

@@ -1,15 +1,13 @@
-"""The HateSpeech cascade experiment: a cheap model, a costly model and a person, routed five ways.
+"""The HateSpeech cascade experiment: a cheap model, a costly model and a person, routed eight ways.
 
 Two stages, run by `scripts/cascade_hatespeech.py`:
 
 - [`costly_predictions`] (`--stage costly`): cross-fitted, out-of-sample class probabilities of a text classifier
   fine-tuned end to end (MiniLM by default) for every tweet: the tweets are split into K folds and fold k is
   predicted by a model trained on (a sample of) the other folds, so no tweet is ever answered by a model that saw it.
-- [`compare`] (`--stage compare`): for each seed, a cheap model (linear head on frozen sentence embeddings), the
-  confidence cascade, a RouteLLM-style router, three deferral models (A-SM, S-SM, A-OvA) with two experts (the
-  costly model, the annotator), a route-only model over the three members and the learned cascade (A-SM, then a
-  route-only stage 2 that reads the costly model's probabilities, see `hf_defer.experts.deferral_cascade`), all
-  evaluated on the same test tweets in the error-cost plane (see `hf_defer.evaluation.costs`).
+- [`compare`] (`--stage compare`): per seed, on the same test tweets in the error-cost plane
+  (`hf_defer.evaluation.costs`), the confidence cascade, a RouteLLM-style router, deferral models, a route-only model
+  and two learned cascades (`hf_defer.experts.deferral_cascade`).
 """
 
 from __future__ import annotations
@@ -28,8 +26,10 @@ import torch
 
 __all__ = ["cascade_data", "compare", "costly_predictions", "fold_of_rows", "summarize", "texts_digest"]
 
-METHODS = ("learned cascade", "route-only", "A-SM", "S-SM", "A-OvA", "confidence cascade", "router")
-REFERENCES = ("learned cascade", "A-SM")  # the methods tested against every other one (paired t-tests of areas)
+METHODS = ("cheap-first cascade", "learned cascade", "route-only", "A-SM", "S-SM", "A-OvA", "confidence cascade",
+           "router")
+REFERENCES = ("cheap-first cascade", "learned cascade", "A-SM")  # tested against every other one (paired t-tests)
+FIRST_STAGE_EPOCHS = 5  # the cheap-first cascade's stage 1: the setting of scripts/cascade_validation_probe.py
 SURROGATE_OF = {"A-SM": "asm", "S-SM": "ssm", "A-OvA": "aova"}
 
 
@@ -152,18 +152,26 @@ def costly_predictions(
 
 
 # --------------------------------------------------------------------------------------------------- compare stage
+def _adam(module: torch.nn.Module, loss_of: Callable[[torch.Tensor], torch.Tensor], rows: int, seed: int,
+          epochs: int) -> None:
+    """Trains `module` in place: Adam (learning rate 1e-2), seeded shuffles into batches of 256 row indices, each
+    batch's loss `loss_of(indices)`; leaves it in eval mode."""
+    optimizer = torch.optim.Adam(module.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(seed)
+    module.train()
+    for _ in range(epochs):
+        for batch in torch.randperm(rows, generator=generator).split(256):
+            loss = loss_of(batch)
+            optimizer.zero_grad(), loss.backward(), optimizer.step()
+    module.eval()
+
+
 def _fit_linear(features: np.ndarray, targets: np.ndarray, num_classes: int, seed: int, epochs: int = 30) -> Any:
     """Multinomial logistic regression (Adam, batch 256); returns a function features -> probabilities."""
     torch.manual_seed(seed)
     x, y = torch.as_tensor(features), torch.as_tensor(targets)
     layer = torch.nn.Linear(x.shape[1], num_classes)
-    optimizer = torch.optim.Adam(layer.parameters(), lr=1e-2)
-    generator = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
-        for rows in torch.randperm(len(y), generator=generator).split(256):
-            loss = torch.nn.functional.cross_entropy(layer(x[rows]), y[rows])
-            optimizer.zero_grad(), loss.backward(), optimizer.step()
-    layer.eval()
+    _adam(layer, lambda rows: torch.nn.functional.cross_entropy(layer(x[rows]), y[rows]), len(y), seed, epochs)
     return lambda f: torch.softmax(layer(torch.as_tensor(f)), -1).detach().numpy()
 
 
@@ -177,14 +185,8 @@ def _fit_deferral(features: np.ndarray, labels: np.ndarray, expert_labels: np.nd
     model = EncoderForDeferral(DeferralConfig(feature_size=features.shape[1], num_labels=int(labels.max()) + 1,
                                               num_experts=expert_labels.shape[1], surrogate=surrogate))
     x, y, m = (torch.as_tensor(a) for a in (features, labels, expert_labels))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    generator = torch.Generator().manual_seed(seed)
-    model.train()
-    for _ in range(epochs):
-        for rows in torch.randperm(len(y), generator=generator).split(256):
-            loss = model(features=x[rows], labels=y[rows], expert_labels=m[rows]).loss
-            optimizer.zero_grad(), loss.backward(), optimizer.step()
-    model.eval()
+    _adam(model, lambda rows: model(features=x[rows], labels=y[rows], expert_labels=m[rows]).loss, len(y), seed,
+          epochs)
 
     def estimates(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         with torch.no_grad():
@@ -205,14 +207,7 @@ def _fit_route_only(features: np.ndarray, correct: np.ndarray, names: Sequence[s
     model = EncoderForDeferral(DeferralConfig(feature_size=features.shape[1], route_only=True, num_experts=len(names),
                                               expert_names=list(names), default_expert=names[0]))
     x, c = torch.as_tensor(features), torch.as_tensor(correct, dtype=torch.float32)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    generator = torch.Generator().manual_seed(seed)
-    model.train()
-    for _ in range(epochs):
-        for rows in torch.randperm(len(c), generator=generator).split(256):
-            loss = model(features=x[rows], expert_correct=c[rows]).loss
-            optimizer.zero_grad(), loss.backward(), optimizer.step()
-    model.eval()
+    _adam(model, lambda rows: model(features=x[rows], expert_correct=c[rows]).loss, len(c), seed, epochs)
     with torch.no_grad():
         return lambda f: model(features=torch.as_tensor(f)).expert_accuracy.double().numpy()
 
@@ -272,26 +267,26 @@ def _select_on_validation(curve_of: Any, grid: np.ndarray, validation: np.ndarra
 
 def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Sequence[int], prices: Sequence[float],
             head_epochs: int = 30, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Five ways to route between a cheap model, a costly model and a person, per seed, on the same test tweets.
+    """Eight ways to route between a cheap model, a costly model and a person, per seed, on the same test tweets.
 
     Per seed: a 70/10/20 split of the rows, annotator labels drawn with that seed, the cheap model (linear head on
     `features`), the router (linear, trained on 5-fold cross-fitted mistakes of the cheap model on the training
     rows), A-SM / S-SM / A-OvA heads with two experts (the costly model's out-of-sample answers, the annotator), a
-    route-only head over the three members (the cheap model's correctness cross-fitted on the training rows), and the
-    learned cascade: the A-SM head as stage 1, and as stage 2 a route-only head over (costly model, annotator) on
-    [`escalation_features`] of the features and the costly model's probabilities. Every method's settings (decision
-    costs, thresholds) are swept on the validation rows; those on the validation
-    Pareto front are evaluated on the test rows. Prices: `prices = (cheap, costly, person)` per tweet; the cheap
-    model's features are paid by every method that reads them.
+    route-only head over the three members (the cheap model's correctness cross-fitted on the training rows), the
+    learned cascade (the A-SM head as stage 1; stage 2 a route-only head over (costly model, annotator) on
+    [`escalation_features`] of the features and the costly model's probabilities) and the cheap-first cascade
+    ([`_cheap_first_cascade`]). Every method's settings (decision costs, thresholds) are swept on the validation
+    rows; those on the validation Pareto front are evaluated on the test rows. Prices: `prices = (cheap, costly,
+    person)` per tweet; the cheap model's features are paid by every method that reads them.
 
     Returns:
         `dict`: per seed and method, the test (cost, error) points; the members alone.
     """
-    from ..evaluation.costs import error_cost_curve
     from ..data.hatespeech import HATESPEECH_LABELS
-    from ..experts.simulated import annotator_expert
+    from ..evaluation.costs import error_cost_curve
     from ..evaluation.routing import confidence_cascade_curve, router_curve
     from ..experts.deferral_cascade import escalation_features
+    from ..experts.simulated import annotator_expert
 
     cheap_price, costly_price, person_price = (float(p) for p in prices)
     labels = np.asarray(data["labels"], dtype=np.int64)
@@ -309,11 +304,13 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
         cheap = _fit_linear(features[train], labels[train], num_classes, seed)
         cheap_probs = cheap(features)
         # The router learns where the cheap model errs, from cross-fitted (out-of-sample) cheap answers.
-        wrong = np.zeros(n, dtype=np.int64)
+        crossfit = cheap_probs.copy()  # on training rows: out of sample
         inner = fold_of_rows(len(train), 5, seed)
         for k in range(5):
             fit = _fit_linear(features[train[inner != k]], labels[train[inner != k]], num_classes, seed)
-            wrong[train[inner == k]] = fit(features[train[inner == k]]).argmax(1) != labels[train[inner == k]]
+            crossfit[train[inner == k]] = fit(features[train[inner == k]])
+        wrong = np.zeros(n, dtype=np.int64)
+        wrong[train] = crossfit[train].argmax(1) != labels[train]
         router_score = _fit_linear(features[train], wrong[train], 2, seed)(features)[:, 1]
         answers = np.stack([cheap_probs.argmax(1), costly_answer, person], axis=1)
         confidence = np.stack([cheap_probs.max(1), costly_probs.max(1)], axis=1)
@@ -363,6 +360,9 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
         curves["learned cascade"] = _select_on_validation(
             lambda rows, g: _learned_cascade_curve(probs[rows].max(1), accuracy[rows], gain[rows], stage1_wrong[rows],
                                                    prices, g), cascade_grid, val, test, base=[1.0, 1.0, 2.0])
+        curves["cheap-first cascade"] = _cheap_first_cascade(
+            cheap_probs, crossfit, costly_probs, labels, person, correct, (train, val, test), seed, head_epochs, prices,
+            grid)
         members = {"cheap model alone": (cheap_price, float(np.mean(answers[test, 0] != labels[test]))),
                    "costly model alone": (costly_price, float(np.mean(costly_answer[test] != labels[test]))),
                    "annotator alone": (person_price, float(np.mean(person[test] != labels[test])))}
@@ -373,6 +373,32 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
             f"{name} min error {min(c.error):.4f}" for name, c in curves.items()))
     return {"runs": runs, "prices": {"cheap": cheap_price, "costly": costly_price, "person": person_price},
             "rows": n}
+
+
+def _cheap_first_cascade(cheap: np.ndarray, crossfit: np.ndarray, costly: np.ndarray, labels: np.ndarray,
+                         person: np.ndarray, correct: np.ndarray, rows: tuple[np.ndarray, ...], seed: int, epochs: int,
+                         prices: Sequence[float], grid: np.ndarray) -> Any:
+    """The cheap-first cascade (a [`DeferralCascade`] with `first_expert`), chosen on `rows = (train, val, test)`'s
+    validation rows, on test. Stage 1: route-only over (cheap, costly, person) on [`escalation_features`] of the cheap
+    probabilities (`crossfit` on training rows), `FIRST_STAGE_EPOCHS`. Stage 2: A-SM with classes and the person on
+    those and the costly probabilities; its classifier stacks both models, the person is paid below a confidence
+    threshold (`stage2_min_confidence`). Settings ``(d_costly, d_person, -threshold)``."""
+    from ..experts.deferral_cascade import escalation_features
+
+    train, val, test = rows
+    nothing = np.zeros((len(labels), 0), dtype=np.float32)
+    first_train, first_all = escalation_features(nothing, crossfit), escalation_features(nothing, cheap)
+    estimate = _fit_route_only(first_train[train], correct[train], ["cheap", "costly", "person"], seed,
+                               FIRST_STAGE_EPOCHS)(first_all)
+    second = escalation_features(first_train, costly)[train]
+    stacked, _ = _fit_deferral(second, labels[train], person[train, None], "asm", seed, epochs)(
+        escalation_features(first_all, costly))
+    wrong = np.stack([cheap.argmax(1) != labels, stacked.argmax(1) != labels, person != labels], axis=1)
+    gain = -stacked.max(1)  # escalate iff max probability < threshold, i.e. -max > -threshold
+    levels = np.unique(np.concatenate([[-2.0], np.quantile(gain, np.linspace(0, 1, 24)), [2.0]]))
+    return _select_on_validation(
+        lambda r, g: _learned_cascade_curve(estimate[r, 0], estimate[r, 1:], gain[r], wrong[r], prices, g),
+        np.array([(a, b, t) for a, b in grid for t in levels]), val, test, base=[1.0, 1.0, 2.0])
 
 
 def _best_error_at(cost: Sequence[float], error: Sequence[float], budgets: np.ndarray) -> np.ndarray:

@@ -17,9 +17,9 @@ Both stages are ordinary saved deferral models. A cascade folder holds stage 1 a
 and the code files: the folder transformers' `pipeline()` reads, so `pipeline("deferral-cascade", model=folder,
 experts=...)` loads it, see [`~hf_defer.experts.cascade_pipeline.DeferralCascadePipeline`]), stage 2 in `stage2/`, and
 `cascade_config.json` (the escalation expert, the first expert, the class names, the prices and the stages'
-subfolders). Folders saved before this layout (stage 1 in `stage1/`) still load with [`DeferralCascade.from_pretrained`].
-Decision costs and thresholds of both stages are set per call, so one training run serves every point of the
-error-cost curve.
+subfolders). Folders saved before this layout (stage 1 in `stage1/`) still load with
+[`DeferralCascade.from_pretrained`]. Decision costs and thresholds of both stages are set per call, so one training
+run serves every point of the error-cost curve.
 """
 
 from __future__ import annotations
@@ -170,7 +170,8 @@ class DeferralCascade:
                              f"paying), got {c2.default_expert!r}.")
         if c2.route_only is not True and escalation_expert in c2.expert_names:
             raise ValueError(f"a stage2 with a classifier stacks the escalation expert's answer (it reads its "
-                             f"probabilities), so its experts {c2.expert_names} must not include {escalation_expert!r}.")
+                             f"probabilities), so its experts {c2.expert_names} must not include "
+                             f"{escalation_expert!r}.")
         named = [_class_names(c) for c in (c1, c2) if c.route_only is not True]
         if isinstance(labels, (str, bytes)) or not (labels is None or isinstance(labels, Sequence)):
             raise TypeError(f"labels must be a sequence of class names, got {type(labels).__name__}.")

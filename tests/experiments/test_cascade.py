@@ -53,8 +53,8 @@ def test_both_stages_on_a_tiny_encoder(tmp_path):
     assert np.allclose(np.sum(payload["probs"], axis=1), 1.0, atol=1e-3)
     run_script(["--stage", "compare", "--seeds", "0", "1", "--head-epochs", "2", "--output", str(tmp_path), *common])
     record = json.loads((tmp_path / "hatespeech_cascade.json").read_text())
-    assert set(record["summary"]["area"]) == {"learned cascade", "route-only", "A-SM", "S-SM", "A-OvA",
-                                              "confidence cascade", "router"}
+    assert set(record["summary"]["area"]) == {"cheap-first cascade", "learned cascade", "route-only", "A-SM", "S-SM",
+                                              "A-OvA", "confidence cascade", "router"}
     assert (tmp_path / "hatespeech_cascade.png").stat().st_size > 0
     text = (tmp_path / "hatespeech_cascade.md").read_text()
     assert "A-SM vs confidence cascade" in text and "A-SM vs router" in text and "A-SM vs S-SM" in text

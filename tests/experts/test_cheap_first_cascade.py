@@ -13,7 +13,8 @@ from transformers import pipeline
 
 import hf_defer  # noqa: F401  (registers the tasks)
 from hf_defer import DeferralConfig, EncoderForDeferral
-from hf_defer.experts.deferral_cascade import DeferralCascade
+from hf_defer.experiments.cascade import _learned_cascade_curve
+from hf_defer.experts.deferral_cascade import DeferralCascade, escalation_features
 from test_deferral_cascade import Recorder
 
 PRICES = {"model": 0.0, "cheap": 1.0, "llm": 10.0, "person": 100.0}
@@ -129,3 +130,42 @@ def test_bad_input() -> None:
         cascade(NO_FEATURES, {**team(), "cheap": lambda texts: [[1.0]] * len(texts)}, inputs=TEXTS)
     with pytest.raises(ValueError, match=r"features must have shape \[N, 0\]"):
         cascade(np.zeros((4, 3)), team(), inputs=TEXTS)
+
+
+def test_the_reports_sweep_is_the_cascades_rule() -> None:
+    """`results/hatespeech_cascade.md` sweeps the cheap-first cascade with `_learned_cascade_curve` on the stages'
+    estimates; here random stages run as a `DeferralCascade` must give the same error and mean price per setting."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    n = 300
+    stage1, stage2 = (EncoderForDeferral(DeferralConfig(feature_size=5, route_only=True, num_experts=3,
+                                                        expert_names=["cheap", "llm", "person"],
+                                                        default_expert="cheap")),
+                      EncoderForDeferral(DeferralConfig(feature_size=10, num_labels=2, num_experts=1,
+                                                        expert_names=["person"])))
+    torch.nn.init.normal_(stage1.head[1].weight, std=0.3)
+    torch.nn.init.normal_(stage2.head[1].weight, std=1.0)
+    cheap, llm = (rng.dirichlet([1.0, 1.0], n) for _ in range(2))
+    truth, person = rng.integers(0, 2, n), rng.integers(0, 2, n)
+    cascade = DeferralCascade(stage1, stage2, "llm", PRICES, first_expert="cheap")
+    first = escalation_features(np.zeros((n, 0)), cheap)
+    with torch.no_grad():
+        accuracy = stage1(features=torch.as_tensor(first)).expert_accuracy.double().numpy()
+        stacked = stage2(features=torch.as_tensor(escalation_features(first, llm))).class_probs.double().numpy()
+    wrong = np.stack([cheap.argmax(1) != truth, stacked.argmax(1) != truth, person != truth], axis=1)
+    grid = np.array([(0.0, 0.0, -0.7), (0.1, 0.3, -0.8), (-0.2, 0.05, -0.6), (0.3, -0.1, -0.9)])
+    curve = _learned_cascade_curve(accuracy[:, 0], accuracy[:, 1:], -stacked.max(1), wrong, (1.0, 10.0, 100.0), grid)
+    experts = {"cheap": lambda rows: cheap[rows], "llm": lambda rows: llm[rows],
+               "person": lambda rows: person[rows].tolist()}
+    branches: set[tuple[str, int]] = set()
+    for s, (d_llm, d_person, t) in enumerate(grid):
+        # the sweep's decision costs d of either sign, with d_cheap = 0; the route-only rule compares a_j - c_j with
+        # the default expert's a_cheap - c_cheap, so shifting every c_j by -min(d) leaves every decision unchanged
+        low = min(0.0, d_llm, d_person)
+        outputs = cascade(np.zeros((n, 0)), experts, inputs=list(range(n)),
+                          stage1_costs=[-low, d_llm - low, d_person - low], stage2_min_confidence=-t)
+        branches |= {(o["answered_by"], len(o["experts_called"])) for o in outputs}
+        error = np.mean([o["label"] != f"LABEL_{truth[i]}" for i, o in enumerate(outputs)])
+        assert curve.error[s] == pytest.approx(error)
+        assert curve.cost[s] == pytest.approx(np.mean([o["paid"] for o in outputs]))
+    assert branches == {("cheap", 1), ("model", 2), ("person", 2), ("person", 3)}  # every path is compared
