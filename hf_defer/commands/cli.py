@@ -1,5 +1,7 @@
-"""The `hf-defer` command (also `python -m hf_defer`): `train`, `predict`, `evaluate`.
+"""The `hf-defer` command (also `python -m hf_defer`): `annotations`, `train`, `predict`, `evaluate`.
 
+- `hf-defer annotations --annotations_file FILE ...`: a labelling tool's long export (one row per item, annotator and
+  answer) as the wide CSV that `hf-defer train` reads, a target aggregated from the annotators; prints the flags.
 - `hf-defer train ...`: the flags of `scripts/run_deferral.py` (see [`run_deferral`]), or one JSON file of them;
   `--json` prints only the run's final JSON on stdout (the Trainer's tables go to stderr).
 - `hf-defer predict --model PATH_OR_ID --input FILE`: the deferral pipeline's decision for every row of a file,
@@ -96,7 +98,37 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
 
 
+def _annotations_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--annotations_file", required=True,
+                        help="A labelling tool's export, one row per (item, annotator, answer): csv, json, jsonl or "
+                             "parquet.")
+    parser.add_argument("--item_column", required=True, help="Column of the item ids (one output row per item).")
+    parser.add_argument("--annotator_column", required=True, help="Column of the annotator ids (one column each).")
+    parser.add_argument("--answer_column", required=True, help="Column of the answers (class names or ids).")
+    parser.add_argument("--items_file", default=None,
+                        help="One row per item (the text...), merged on --item_column; every annotated item must be "
+                             "there, and its items without any answer are dropped (no target).")
+    parser.add_argument("--keep_columns", default=None,
+                        help="Comma-separated item-level columns of --annotations_file to carry over (e.g. text).")
+    parser.add_argument("--duplicates", default="error", choices=["error", "first", "last", "majority"],
+                        help="One annotator answering one item twice: an error (default), or keep their first, last "
+                             "or most frequent answer.")
+    parser.add_argument("--method", default="majority", choices=["majority", "leave_one_out", "dawid_skene"],
+                        help="The target: the annotators' majority (default), Dawid-Skene (pip install "
+                             "'hf-defer[crowd]'), or leave_one_out: the majority, and each annotator's column holds "
+                             "their correctness against the others' majority (empty where the others tie), their "
+                             "answers moving to <annotator>_answer (train with --expert_correct_columns).")
+    parser.add_argument("--label_column_name", default="labels", help="Name of the target column (default: labels).")
+    parser.add_argument("--keep_tied", action="store_true",
+                        help="Keep tied targets, empty, with <label>_tied (default: drop them; hf-defer train needs "
+                             "a label on every row).")
+    parser.add_argument("--output", default="wide.csv", help="CSV to write (default: wide.csv).")
+    parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
+
+
 COMMANDS: dict[str, Command] = {command.name: command for command in (
+    Command("annotations", "a labelling tool's long export (item, annotator, answer) as the wide CSV that train reads",
+            "hf_defer.commands.annotations:run_annotations", _annotations_arguments),
     Command("train", "train, evaluate, calibrate and save a deferral model (the flags of scripts/run_deferral.py)",
             "hf_defer.commands.cli:run_train"),
     Command("predict", "decisions of a saved deferral model for every row of a file, as CSV",

@@ -1,0 +1,232 @@
+"""`hf-defer annotations`: a labelling tool's long export (one row per item, annotator and answer) turned into the wide
+CSV that `hf-defer train` reads: one answer column per annotator, the item-level columns (the text), and a target
+aggregated from the annotators. The command prints the `hf-defer train` flags that read the file."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .outputs import check_output_file
+
+__all__ = ["read_frame", "run_annotations", "training_flags", "write_training_file"]
+
+_READERS = {"csv": "read_csv", "json": "read_json", "jsonl": "read_json", "parquet": "read_parquet"}
+
+
+def read_frame(path: str, flag: str) -> Any:
+    """A csv, json, jsonl or parquet file as a `pandas.DataFrame` (a `.json` file may hold JSON lines); a missing,
+    empty, unreadable or header-only file is an error naming `flag` and the file."""
+    import pandas as pd
+
+    extension = str(path).rsplit(".", 1)[-1].lower()
+    if extension not in _READERS:
+        raise ValueError(f"{flag} must be a csv, json, jsonl or parquet file, got {path!r}.")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{flag} {path!r} does not exist" + (" (it is a folder)." if os.path.isdir(path)
+                                                                       else "."))
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{flag} {path!r} is empty; give a file with a header and data rows.")
+    read = getattr(pd, _READERS[extension])
+    try:
+        try:
+            frame = read(path, **({"lines": True} if extension == "jsonl" else {}))
+        except ValueError:
+            if extension != "json":
+                raise
+            frame = read(path, lines=True)
+    except Exception as error:  # pandas' and pyarrow's own errors
+        reason = " ".join(str(error).split())[:300] or type(error).__name__
+        raise ValueError(f"{flag} {path!r} cannot be read as {extension}: {reason}") from error
+    if frame.empty:
+        raise ValueError(f"{flag} {path!r} holds no data rows (only a header?); give a file with data rows.")
+    return frame
+
+
+def _in_file(error: ValueError, where: str) -> ValueError:
+    return ValueError(f"{where}: {error}")
+
+
+@contextlib.contextmanager
+def _quiet_ties() -> Iterator[None]:
+    """Without `aggregate_labels`' warning on ties: the command says what it did with them."""
+    log = logging.getLogger("hf_defer.data.annotations")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def write_training_file(annotations_file: str, item_column: str, annotator_column: str, answer_column: str,
+                        items_file: str | None = None, method: str = "majority", label_column_name: str = "labels",
+                        keep_tied: bool = False, output: str = "wide.csv", overwrite: bool = False,
+                        duplicates: str = "error", keep_columns: Sequence[str] = ()) -> dict[str, Any]:
+    """Pivots a long table of annotations into one answer column per annotator ([`annotations_to_columns`]), merges the
+    items file on `item_column`, builds the target with [`aggregate_labels`] and writes the CSV `output`.
+
+    - Every annotated item must be in `items_file` (one row per item). A row without any answer (an item of
+      `items_file` nobody annotated, or whose every answer is empty) has no target: it is dropped and counted.
+    - `method="majority"` or `"dawid_skene"`: the target in `label_column_name`, the experts are the answer columns,
+      named after the annotators.
+    - `method="leave_one_out"`: the target is the majority of all annotators; each annotator's column holds their
+      correctness, 1.0 or 0.0 against the majority of the *others* (`<annotator>_loo_target` of [`aggregate_labels`]),
+      empty where they did not answer or the others tie or are absent; their answers move to `<annotator>_answer`.
+      The experts are then given as correctness (`--expert_correct_columns`).
+    - A tied target is dropped, unless `keep_tied`: then it is kept, empty, with `True` in `<label_column_name>_tied`
+      (`hf-defer train` refuses a row without a label: drop or fix them before training).
+
+    Returns:
+        `{"rows", "experts", "tied", "tied_items", "no_answer", "unscored", "flags"}`: the rows written, the expert
+        columns, the tied rows (dropped unless `keep_tied`) and their items, the rows dropped for want of an answer,
+        the answers left unscored because the others tie (`leave_one_out`), and the `hf-defer train` flags that read
+        `output` ([`training_flags`]).
+
+    Raises:
+        ValueError / OSError: a missing or unreadable file, a missing column, an item missing from `items_file`, a
+            column clash, no row left with a target, or an existing `output` without `overwrite`; each names the flag.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.commands.annotations import write_training_file
+    >>> write_training_file("annotations.csv", "item", "annotator", "answer", items_file="texts.csv")  # doctest: +SKIP
+    ```
+    """
+    from ..data.annotations import AGGREGATION_METHODS, aggregate_labels, annotations_to_columns
+
+    if method not in AGGREGATION_METHODS:
+        raise ValueError(f"--method must be one of {', '.join(AGGREGATION_METHODS)}, got {method!r}.")
+    check_output_file(output, [annotations_file] + ([items_file] if items_file else []), overwrite=overwrite)
+    source = f"--annotations_file {annotations_file}"
+    long = read_frame(annotations_file, "--annotations_file")
+    named = [("--item_column", item_column), ("--annotator_column", annotator_column),
+             ("--answer_column", answer_column), *(("--keep_columns", column) for column in keep_columns)]
+    for flag, column in named:
+        if column not in long.columns:
+            raise ValueError(f"{flag} {column!r} is not a column of {source}; its columns are {list(long.columns)}.")
+    try:
+        wide = annotations_to_columns(long, item_column, annotator_column, answer_column, duplicates=duplicates,
+                                      keep_columns=list(keep_columns))
+    except ValueError as error:
+        raise _in_file(error, source) from error
+    experts = [str(column) for column in wide.columns if column not in (item_column, *keep_columns)]
+    wide.columns = [str(column) for column in wide.columns]
+    commas = [name for name in experts if "," in name]
+    if commas:
+        raise ValueError(f"--annotator_column {annotator_column!r}: annotator(s) {commas[:5]} hold a comma, which "
+                         "`hf-defer train --expert_column_names` reads as a separator; rename them.")
+    if method == "leave_one_out" and len(experts) < 2:
+        raise ValueError(f"--method leave_one_out needs two or more annotators; {source} has {experts}.")
+    unannotated = 0
+    if items_file is not None:
+        where = f"--items_file {items_file}"
+        items = read_frame(items_file, "--items_file")
+        if item_column not in items.columns:
+            raise ValueError(f"--item_column {item_column!r} is not a column of {where}; its columns are "
+                             f"{list(items.columns)}.")
+        repeated = items[item_column][items[item_column].duplicated()].tolist()
+        if repeated:
+            raise ValueError(f"{where}: item(s) {repeated[:5]} have more than one row in column {item_column!r}; "
+                             "give one row per item.")
+        known = set(items[item_column].tolist())
+        missing = [item for item in wide[item_column].tolist() if item not in known]
+        if missing:
+            raise ValueError(f"{where} lacks {len(missing)} item(s) of {source} (column {item_column!r}), e.g. "
+                             f"{missing[:5]}; every annotated item needs its row there.")
+        clash = [str(column) for column in items.columns if column != item_column and str(column) in wide.columns]
+        if clash:
+            raise ValueError(f"{where}: column(s) {clash} are also annotators or --keep_columns of {source}; rename "
+                             "them.")
+        unannotated = len(items) - len(wide)
+        wide = items.merge(wide, on=item_column, how="inner")  # the items file's order and columns first
+    answered = wide[experts].notna().any(axis=1)
+    wide = wide[answered].reset_index(drop=True)
+    no_answer = unannotated + int((~answered).sum())
+    tied_column = f"{label_column_name}_tied"
+    taken = [name for name in (label_column_name, tied_column) if name in wide.columns]
+    if taken:
+        raise ValueError(f"--label_column_name {label_column_name!r}: the table already has the column(s) {taken}; "
+                         "choose another --label_column_name.")
+    try:
+        with _quiet_ties():
+            wide = aggregate_labels(wide, experts, "dawid_skene" if method == "dawid_skene" else "majority",
+                                    output_column=label_column_name)
+    except ValueError as error:
+        raise _in_file(error, f"--method {method}") from error
+    tied = wide[tied_column].astype(bool)
+    tied_items = wide.loc[tied, item_column].tolist()
+    if not keep_tied:
+        wide = wide[~tied].drop(columns=[tied_column]).reset_index(drop=True)
+    if wide.empty:
+        raise ValueError(f"{source}: no item is left with a target ({len(tied_items)} tied, {no_answer} without an "
+                         "answer); nothing to train on (--keep_tied keeps the tied ones, without a target).")
+    unscored = 0
+    if method == "leave_one_out":
+        taken = [f"{name}_answer" for name in experts if f"{name}_answer" in wide.columns]
+        if taken:
+            raise ValueError(f"--method leave_one_out moves the answers to <annotator>_answer, but {taken} exist.")
+        with _quiet_ties():
+            others = aggregate_labels(wide[experts], experts, "leave_one_out")
+        wide = wide.rename(columns={name: f"{name}_answer" for name in experts})
+        for name in experts:
+            given, against = wide[f"{name}_answer"], others[f"{name}_loo_target"]
+            wide[name] = (given == against).astype(float).where(given.notna() & against.notna())
+            unscored += int((given.notna() & others[f"{name}_loo_tied"]).sum())
+    wide.to_csv(output, index=False)
+    flags = training_flags(output, label_column_name, experts, method, text="text" in wide.columns)
+    return {"rows": len(wide), "experts": experts, "tied": len(tied_items), "tied_items": tied_items,
+            "no_answer": no_answer, "unscored": unscored, "flags": flags}
+
+
+def training_flags(output: str, label_column_name: str, experts: Sequence[str], method: str = "majority",
+                   text: bool = False) -> list[str]:
+    """The `hf-defer train` flags that read the file [`write_training_file`] wrote: the experts as answers
+    (`--expert_column_names`) or, after `method="leave_one_out"`, as correctness (`--expert_correct_columns`), masked
+    where missing.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.commands.annotations import training_flags
+    >>> training_flags("wide.csv", "labels", ["ann", "bob"], text=True)  # doctest: +NORMALIZE_WHITESPACE
+    ['--train_file', 'wide.csv', '--text_column_name', 'text', '--label_column_name', 'labels',
+     '--expert_column_names', 'ann,bob', '--missing_expert', 'mask']
+
+    ```
+    """
+    expert_flag = "--expert_correct_columns" if method == "leave_one_out" else "--expert_column_names"
+    return ["--train_file", output, *(["--text_column_name", "text"] if text else []),
+            "--label_column_name", label_column_name, expert_flag, ",".join(experts), "--missing_expert", "mask"]
+
+
+def run_annotations(args: argparse.Namespace) -> int:
+    """`hf-defer annotations`: what was dropped and written on stderr, the `hf-defer train` flags on stdout."""
+    keep = [name.strip() for name in args.keep_columns.split(",") if name.strip()] if args.keep_columns else []
+    summary = write_training_file(args.annotations_file, args.item_column, args.annotator_column, args.answer_column,
+                                  args.items_file, args.method, args.label_column_name, args.keep_tied, args.output,
+                                  args.overwrite, args.duplicates, keep)
+    if summary["no_answer"]:
+        print(f"dropped {summary['no_answer']} item(s) without any answer: no target there.", file=sys.stderr)
+    if summary["tied"]:
+        shown = ", ".join(map(str, summary["tied_items"][:10])) + (" ..." if summary["tied"] > 10 else "")
+        what = ("kept, without a target (hf-defer train needs them dropped)" if args.keep_tied else
+                "dropped: the annotators split evenly, so there is no target (--keep_tied keeps them)")
+        print(f"{summary['tied']} tied item(s) ({shown}) {what}.", file=sys.stderr)
+    if summary["unscored"]:
+        print(f"{summary['unscored']} answer(s) left unscored (empty): the other annotators tie there.",
+              file=sys.stderr)
+    if "--text_column_name" not in summary["flags"]:
+        print("no column named 'text': bring the inputs with --items_file or --keep_columns, and name their column "
+              "with --text_column_name when you train.", file=sys.stderr)
+    print(f"wrote {summary['rows']} rows, {len(summary['experts'])} annotators, to {args.output}; train on it with:",
+          file=sys.stderr)
+    print(shlex.join(summary["flags"]))
+    return 0

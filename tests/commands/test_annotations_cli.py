@@ -1,0 +1,170 @@
+"""`hf-defer annotations`: a labelling tool's long CSV to the wide CSV that `hf-defer train` reads, checked against
+values worked out by hand on the README's example (4 annotators, 6 items, item 5 tied), its refusals and errors, and
+the printed flags training a tiny BERT offline."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from hf_defer.commands.cli import main as hf_defer_main
+from test_cli import one_error_line
+from tiny_bert import save_tiny_bert
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ANSWERS = [(1, "ann", "abusive"), (1, "bob", "abusive"), (2, "ann", "fine"), (2, "cy", "fine"),
+           (3, "bob", "abusive"), (3, "cy", "fine"), (3, "dee", "abusive"), (4, "cy", "fine"), (4, "dee", "fine"),
+           (5, "ann", "abusive"), (5, "dee", "fine"), (6, "bob", "fine"), (6, "dee", "fine")]  # the README's
+TEXTS = [(1, "you are a useless bot"), (2, "tell me a joke"), (3, "shut up you idiot"),
+         (4, "what is the weather like"), (5, "i hate you"), (6, "good morning")]
+WORDS = sorted({word for _, text in TEXTS for word in text.split()} | {"nobody", "asked"})
+FLAGS = ["--annotations_file", "annotations.csv", "--items_file", "texts.csv", "--item_column", "item",
+         "--annotator_column", "annotator", "--answer_column", "answer"]
+# Worked out by hand: item 1 ann+bob abusive; 2 ann+cy fine; 3 bob, dee abusive against cy fine; 4 and 6 fine twice;
+# 5 ann abusive against dee fine: a tie, no target; 7 (texts only): no answer.
+WIDE = [["item", "text", "ann", "bob", "cy", "dee", "label"],
+        ["1", "you are a useless bot", "abusive", "abusive", "", "", "abusive"],
+        ["2", "tell me a joke", "fine", "", "fine", "", "fine"],
+        ["3", "shut up you idiot", "", "abusive", "fine", "abusive", "abusive"],
+        ["4", "what is the weather like", "", "", "fine", "fine", "fine"],
+        ["6", "good morning", "", "fine", "", "fine", "fine"]]
+
+
+def write_csv(path: Path, header: tuple, rows: list) -> Path:
+    with open(path, "w", newline="") as file:
+        csv.writer(file).writerows([header, *rows])
+    return path
+
+
+def read_rows(path: Path) -> list[list[str]]:
+    with open(path, newline="") as file:
+        return list(csv.reader(file))
+
+
+def readme_command() -> tuple[list[str], str]:
+    """The README's `hf-defer annotations ...` line as argv (without `hf-defer`), and the flags it says it prints."""
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", README, flags=re.S) if "hf-defer annotations" in b)
+    lines = block.replace("\\\n", " ").splitlines()
+    return shlex.split(lines[0])[1:], lines[1].removeprefix("# prints: ")
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch) -> Path:
+    """The README's `annotations.csv` and `texts.csv` (plus item 7, a text nobody annotated), in the working folder."""
+    write_csv(tmp_path / "annotations.csv", ("item", "annotator", "answer"), ANSWERS)
+    write_csv(tmp_path / "texts.csv", ("item", "text"), [*TEXTS, (7, "nobody asked")])
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_the_readme_command_writes_the_majority_and_drops_the_tie_and_the_unanswered_item(files, capsys):
+    argv, printed = readme_command()
+    assert hf_defer_main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == printed == ("--train_file wide.csv --text_column_name text --label_column_name label "
+                                      "--expert_column_names ann,bob,cy,dee --missing_expert mask")
+    assert read_rows(files / "wide.csv") == WIDE
+    assert "dropped 1 item(s) without any answer" in err and "1 tied item(s) (5) dropped" in err
+
+
+def test_keep_tied_keeps_the_tied_item_without_a_target(files, capsys):
+    assert hf_defer_main(["annotations", *FLAGS, "--keep_tied"]) == 0
+    rows = read_rows(files / "wide.csv")
+    assert rows[0] == ["item", "text", "ann", "bob", "cy", "dee", "labels", "labels_tied"]
+    assert [row[-2:] for row in rows[1:]] == [["abusive", "False"], ["fine", "False"], ["abusive", "False"],
+                                              ["fine", "False"], ["", "True"], ["fine", "False"]]
+    assert rows[5][:6] == ["5", "i hate you", "abusive", "", "", "fine"]
+    assert "--label_column_name labels " in capsys.readouterr().out
+
+
+def test_leave_one_out_scores_each_annotator_against_the_others(files, capsys):
+    assert hf_defer_main(["annotations", *FLAGS, "--method", "leave_one_out", "--output", "loo.csv"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == ("--train_file loo.csv --text_column_name text --label_column_name labels "
+                           "--expert_correct_columns ann,bob,cy,dee --missing_expert mask")
+    rows = read_rows(files / "loo.csv")
+    assert rows[0] == ["item", "text", "ann_answer", "bob_answer", "cy_answer", "dee_answer", "labels",
+                       "ann", "bob", "cy", "dee"]
+    assert [row[2:7] for row in rows[1:]] == [row[2:] for row in WIDE[1:]]  # the answers and the full majority
+    # against the others: item 1 ann<->bob agree; 2 ann<->cy agree; 3 cy against bob+dee's abusive is wrong, while
+    # bob's others (cy, dee) and dee's others (bob, cy) tie: left empty; 4 cy<->dee and 6 bob<->dee agree
+    assert [row[7:] for row in rows[1:]] == [["1.0", "1.0", "", ""], ["1.0", "", "1.0", ""], ["", "", "0.0", ""],
+                                             ["", "", "1.0", "1.0"], ["", "1.0", "", "1.0"]]
+    assert "2 answer(s) left unscored" in err
+
+
+def test_item_level_columns_of_a_jsonl_export_and_repeated_answers(tmp_path, capsys):
+    export = tmp_path / "export.jsonl"
+    lines = [{"id": "a", "who": "ann", "said": "pos", "text": "fine"}, {"id": "a", "who": "bob", "said": "neg",
+             "text": "fine"}, {"id": "a", "who": "bob", "said": "pos", "text": "fine"},  # bob changed his mind
+             {"id": "b", "who": "ann", "said": "neg", "text": "awful"}]
+    export.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["annotations", "--annotations_file", str(export), "--item_column", "id", "--annotator_column", "who",
+            "--answer_column", "said", "--output", str(tmp_path / "wide.csv")]
+    assert hf_defer_main(argv) == 2
+    assert "annotator 'bob' answered item 'a' 2 times" in one_error_line(capsys.readouterr().err, "annotations")
+    assert hf_defer_main([*argv, "--duplicates", "last", "--keep_columns", "text"]) == 0
+    assert read_rows(tmp_path / "wide.csv") == [["id", "text", "ann", "bob", "labels"],
+                                                ["a", "fine", "pos", "pos", "pos"], ["b", "awful", "neg", "", "neg"]]
+    assert "--text_column_name text" in capsys.readouterr().out
+
+
+def test_an_existing_output_is_refused_without_overwrite(files, capsys):
+    (files / "wide.csv").write_text("my own file")
+    assert hf_defer_main(["annotations", *FLAGS, "--label_column_name", "label"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "--output 'wide.csv' exists; pass --overwrite" in one_error_line(captured.err, "annotations")
+    assert (files / "wide.csv").read_text() == "my own file"
+    assert hf_defer_main(["annotations", *FLAGS, "--label_column_name", "label", "--overwrite"]) == 0
+    assert read_rows(files / "wide.csv") == WIDE
+
+
+@pytest.mark.parametrize("change, message", [
+    (["--annotations_file", "nope.csv"], "--annotations_file 'nope.csv' does not exist"),
+    (["--answer_column", "label"], "--answer_column 'label' is not a column of --annotations_file annotations.csv"),
+    (["--items_file", "some_texts.csv"], "--items_file some_texts.csv lacks 2 item(s) of --annotations_file "
+                                         "annotations.csv (column 'item'), e.g. [3, 5]"),
+    (["--annotations_file", "header.csv"], "--annotations_file 'header.csv' holds no data rows"),
+    # tied.csv holds item 5 only: it ties, and items 1-4, 6 and 7 of texts.csv have no answer
+    (["--annotations_file", "tied.csv"], "--annotations_file tied.csv: no item is left with a target (1 tied, 6 "
+                                         "without an answer)"),
+    (["--label_column_name", "text"], "--label_column_name 'text': the table already has the column(s) ['text']"),
+    (["--method", "leave_one_out", "--annotations_file", "one.csv"], "--method leave_one_out needs two or more "
+                                                                     "annotators"),
+])
+def test_mistakes_are_one_line_naming_the_flag(files, capsys, change, message):
+    write_csv(files / "some_texts.csv", ("item", "text"), [row for row in TEXTS if row[0] not in (3, 5)])
+    (files / "header.csv").write_text("item,annotator,answer\n")
+    write_csv(files / "tied.csv", ("item", "annotator", "answer"), ANSWERS[9:11])
+    write_csv(files / "one.csv", ("item", "annotator", "answer"), [(1, "ann", "fine"), (2, "ann", "abusive")])
+    argv = FLAGS.copy()
+    for flag, value in zip(change[::2], change[1::2]):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    assert hf_defer_main(["annotations", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and message in one_error_line(captured.err, "annotations")
+    assert not (files / "wide.csv").exists()
+
+
+@pytest.mark.parametrize("method", ["majority", "leave_one_out"])
+def test_the_printed_flags_train(files, capsys, method):
+    save_tiny_bert(files / "encoder", WORDS)
+    assert hf_defer_main(["annotations", *FLAGS, "--method", method]) == 0
+    printed = shlex.split(capsys.readouterr().out.strip())
+    out = files / "model"
+    assert hf_defer_main(["train", *printed, "--model_name_or_path", str(files / "encoder"), "--validation_file",
+                          "wide.csv", "--do_train", "--do_eval", "--num_train_epochs", "1", "--max_seq_length", "8",
+                          "--output_dir", str(out), "--report_to", "none", "--use_cpu", "--save_strategy", "no",
+                          "--disable_tqdm", "true", "--per_device_train_batch_size", "8"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["expert_names"] == ["ann", "bob", "cy", "dee"]
+    assert sorted(config["id2label"].values()) == ["abusive", "fine"]
