@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import shlex
 import sys
 from collections.abc import Iterator, Sequence
@@ -17,36 +16,11 @@ from .outputs import check_output_file
 
 __all__ = ["read_frame", "run_annotations", "training_flags", "write_training_file"]
 
-_READERS = {"csv": "read_csv", "json": "read_json", "jsonl": "read_json", "parquet": "read_parquet"}
-
-
 def read_frame(path: str, flag: str) -> Any:
-    """A csv, json, jsonl or parquet file as a `pandas.DataFrame` (a `.json` file may hold JSON lines); a missing,
-    empty, unreadable or header-only file is an error naming `flag` and the file."""
-    import pandas as pd
+    """[`read_table`] (csv, json, jsonl or parquet; errors name `flag` and the file) as a `pandas.DataFrame`."""
+    from .inputs import read_table
 
-    extension = str(path).rsplit(".", 1)[-1].lower()
-    if extension not in _READERS:
-        raise ValueError(f"{flag} must be a csv, json, jsonl or parquet file, got {path!r}.")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{flag} {path!r} does not exist" + (" (it is a folder)." if os.path.isdir(path)
-                                                                       else "."))
-    if os.path.getsize(path) == 0:
-        raise ValueError(f"{flag} {path!r} is empty; give a file with a header and data rows.")
-    read = getattr(pd, _READERS[extension])
-    try:
-        try:
-            frame = read(path, **({"lines": True} if extension == "jsonl" else {}))
-        except ValueError:
-            if extension != "json":
-                raise
-            frame = read(path, lines=True)
-    except Exception as error:  # pandas' and pyarrow's own errors
-        reason = " ".join(str(error).split())[:300] or type(error).__name__
-        raise ValueError(f"{flag} {path!r} cannot be read as {extension}: {reason}") from error
-    if frame.empty:
-        raise ValueError(f"{flag} {path!r} holds no data rows (only a header?); give a file with data rows.")
-    return frame
+    return read_table(path, flag).to_pandas()
 
 
 def _in_file(error: ValueError, where: str) -> ValueError:
