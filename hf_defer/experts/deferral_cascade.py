@@ -270,8 +270,8 @@ class DeferralCascade:
         costs2 = check_expert_costs(stage2_costs, c2.num_experts, "stage2_costs") if stage2_costs is not None else \
             getattr(c2, "expert_costs", None)
         threshold, threshold1 = check_defer_threshold(stage2_threshold), check_defer_threshold(stage1_threshold)
-        if stage2_min_confidence is not None and not (isinstance(stage2_min_confidence, (int, float)) and
-                                                      0.0 <= stage2_min_confidence <= 1.0):
+        if stage2_min_confidence is not None and (isinstance(stage2_min_confidence, bool) or not (
+                isinstance(stage2_min_confidence, (int, float)) and 0.0 <= stage2_min_confidence <= 1.0)):
             raise ValueError(f"stage2_min_confidence must be a probability in [0, 1], got {stage2_min_confidence!r}.")
         n, k = len(x), len(self.labels)
         if self.first_expert is not None:

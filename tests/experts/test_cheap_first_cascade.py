@@ -87,8 +87,9 @@ def test_stage2_costs_and_confidence_rule() -> None:
     # ... and below 0.6 both are escalated.
     outputs = cascade(NO_FEATURES, team(), inputs=TEXTS, stage2_min_confidence=0.6)
     assert [o["answered_by"] for o in outputs] == ["cheap", "person", "person", "person"]
-    with pytest.raises(ValueError, match="stage2_min_confidence"):
-        cascade(NO_FEATURES, team(), inputs=TEXTS, stage2_min_confidence=1.5)
+    for bad in (1.5, float("nan"), True):
+        with pytest.raises(ValueError, match="stage2_min_confidence"):
+            cascade(NO_FEATURES, team(), inputs=TEXTS, stage2_min_confidence=bad)
 
 
 def test_save_load_and_pipeline_on_raw_texts(tmp_path) -> None:
