@@ -3,7 +3,8 @@
 Written after `results/hatespeech_cascade.md` showed the confidence cascade ahead (so after its test areas were seen);
 this probe never touches the test tweets. Per seed (the report's splits, annotator draws and prices), the validation
 tweets are cut in two halves; each method's settings are chosen on one half (its Pareto front) and its area under the
-error-cost staircase (log cost, 1 to 100) is measured on the other, both ways, and averaged. Variants:
+error-cost staircase (log cost, 1 to 100; then split at 11, the cheap and the costly price, into the budgets where at
+most the two models are paid and those above) is measured on the other, both ways, and averaged. Variants:
 
 - `confidence cascade`: the report's baseline.
 - `A-SM stage 1 / costly max`: the report's learned cascade with stage 2 replaced by a threshold on the costly model's
@@ -19,8 +20,8 @@ error-cost staircase (log cost, 1 to 100) is measured on the other, both ways, a
   too): its classifier stacks the two models; it pays the person by the cost rule (a_person - d > max p + t) or by the
   confidence rule (max p < threshold). The last row, without log-probabilities and with the confidence rule, runs the
   report's own code for the cheap-first cascade (`hf_defer.experiments.cascade._cheap_first_cascade`,
-  `DeferralCascade(..., first_expert=...)` with `stage2_min_confidence`): it was added to the report as the best of these
-  on validation (with the stacked answer, within 0.01 point) that `DeferralCascade` can run.
+  `DeferralCascade(..., first_expert=...)` with `stage2_min_confidence`): it was added to the report as the best of
+  these on validation (with the stacked answer, within 0.01 point) that `DeferralCascade` can run.
 
     python scripts/cascade_validation_probe.py   # about a minute on 2 cores; writes results/hatespeech_cascade_probe.md
 """
@@ -50,16 +51,18 @@ def halves_of(val: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return val[order[: len(val) // 2]], val[order[len(val) // 2 :]]
 
 
-def split_area(curve_of, grid: np.ndarray, val: np.ndarray, base: list[float], seed: int) -> float:
-    """Settings chosen on one half of `val`, area measured on the other, both ways, averaged."""
+def split_area(curve_of, grid: np.ndarray, val: np.ndarray, base: list[float], seed: int) -> np.ndarray:
+    """Settings chosen on one half of `val`, areas measured on the other, both ways, averaged ([`mean_area`])."""
     halves = halves_of(val, seed)
     return mean_area(cx._select_on_validation(curve_of, grid, choose, measure, base)  # the report's choice
                      for choose, measure in (halves, halves[::-1]))
 
 
-def mean_area(curves) -> float:
-    areas = [area_under_error_cost(np.log(curve.cost), curve.error, 0.0, np.log(PRICES[2])) for curve in curves]
-    return float(np.mean(areas))
+def mean_area(curves) -> np.ndarray:
+    """Mean over `curves` of the areas from the cheap price to the person's, up to cheap + costly, and above it."""
+    ranges = ((PRICES[0], PRICES[2]), (PRICES[0], PRICES[0] + PRICES[1]), (PRICES[0] + PRICES[1], PRICES[2]))
+    return np.mean([[area_under_error_cost(np.log(curve.cost), curve.error, np.log(low), np.log(high))
+                     for low, high in ranges] for curve in curves], axis=0)
 
 
 def probe(features, costly, labels, persons, seeds, stage1_epochs: int) -> dict[str, list[float]]:
@@ -87,7 +90,7 @@ def probe(features, costly, labels, persons, seeds, stage1_epochs: int) -> dict[
             lambda rows, g: confidence_cascade_curve(conf[rows], answers[rows], labels[rows], list(PRICES), g),
             grid, val, [0.0, 0.0], seed)}
 
-        def learned(top, accuracy, gain, wrong) -> float:
+        def learned(top, accuracy, gain, wrong) -> np.ndarray:
             levels = np.unique(np.concatenate([[-2.0], np.quantile(gain, np.linspace(0, 1, 24)), [2.0]]))
             cascade_grid = np.array([(a, b, t) for a, b in pairs for t in levels])
             return split_area(lambda rows, g: cx._learned_cascade_curve(top[rows], accuracy[rows], gain[rows],
@@ -131,7 +134,7 @@ def probe(features, costly, labels, persons, seeds, stage1_epochs: int) -> dict[
             for choose, measure in (halves, halves[::-1]))
         for method, value in variants.items():
             out.setdefault(method, []).append(value)
-        print(f"seed {seed}: " + ", ".join(f"{m} {100 * v:.2f}" for m, v in variants.items()), file=sys.stderr)
+        print(f"seed {seed}: " + ", ".join(f"{m} {100 * v[0]:.2f}" for m, v in variants.items()), file=sys.stderr)
     return out
 
 
@@ -155,13 +158,16 @@ def main(argv: list[str] | None = None) -> int:
                for s in args.seeds}
     out = probe(features, np.asarray(payload["probs"], dtype=np.float32), labels, persons, args.seeds,
                 args.stage1_epochs)
-    reference = np.asarray(out["confidence cascade"])
-    rows = ["| Method | area (%), validation halves | per seed | lower than the confidence cascade in |",
-            "|---|---|---|---|"]
+    reference = np.asarray(out["confidence cascade"])[:, 0]
+    cut = f"{PRICES[0] + PRICES[1]:g}"
+    rows = ["| Method | area (%), validation halves | per seed | lower than the confidence cascade in | budgets up to "
+            f"{cut} | above {cut} |", "|---|---|---|---|---|---|"]
     for method, values in out.items():
         values = np.asarray(values)
-        rows.append(f"| {method} | {100 * values.mean():.2f} | {' '.join(f'{100 * v:.2f}' for v in values)} | "
-                    f"{int((values < reference).sum())} of {len(values)} seeds |")
+        per_seed = " ".join(f"{100 * v:.2f}" for v in values[:, 0])
+        below = int((values[:, 0] < reference).sum())
+        rows.append(f"| {method} | {100 * values[:, 0].mean():.2f} | {per_seed} | {below} of {len(values)} seeds | "
+                    f"{100 * values[:, 1].mean():.2f} | {100 * values[:, 2].mean():.2f} |")
     text = "\n".join([
         "# HateSpeech cascade: a validation-only probe of learned cascades",
         "",
