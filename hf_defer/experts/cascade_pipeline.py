@@ -22,7 +22,8 @@ from transformers import Pipeline
 from ..modeling.modeling_deferral import EncoderForDeferral
 from ..modeling.pipeline_options import CASCADE_CONFIG_NAME, _check_device
 from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs
-from .deferral_cascade import DeferralCascade, cascade_options, cascade_stage_folders, read_cascade_config
+from .deferral_cascade import (DeferralCascade, cascade_options, cascade_stage_folders, check_min_confidence,
+                               read_cascade_config)
 
 __all__ = ["CASCADE_TASK", "DeferralCascadePipeline"]
 
@@ -87,7 +88,7 @@ class DeferralCascadePipeline(Pipeline):
     - **answered_by** (`str`) -- `"model"` (a classifier of the cascade, stage 2's stacked answer included) or the
       answering expert's name.
     - **experts_called** (`list[str]`) -- the experts paid, in order.
-    - **paid** (`float`) -- the classifier's price plus the price of each expert called (`cascade_config.json`).
+    - **paid** (`float`) -- the price of `"model"` plus that of each expert called (`cascade_config.json`).
 
     Call parameters (all but `inputs` also accepted when building the pipeline):
 
@@ -194,11 +195,7 @@ class DeferralCascadePipeline(Pipeline):
                 except ValueError:
                     raise ValueError(f"{name} must be a finite number, got {value!r}.") from None
         if stage2_min_confidence is not None:
-            if isinstance(stage2_min_confidence, bool) or not isinstance(stage2_min_confidence, (int, float)) or \
-                    not 0.0 <= stage2_min_confidence <= 1.0:
-                raise ValueError(f"stage2_min_confidence must be a probability in [0, 1], got "
-                                 f"{stage2_min_confidence!r}.")
-            forward["stage2_min_confidence"] = float(stage2_min_confidence)
+            forward["stage2_min_confidence"] = check_min_confidence(stage2_min_confidence)
         return {}, forward, {}
 
     def __call__(self, features: Any, **kwargs: Any) -> dict[str, Any] | list[dict[str, Any]]:

@@ -41,7 +41,7 @@ from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs
 from .model_experts import answers_to_ids
 
 __all__ = ["CASCADE_CONFIG_NAME", "MODEL_ANSWER", "DeferralCascade", "cascade_options", "cascade_stage_folders",
-           "escalation_features", "read_cascade_config"]
+           "check_min_confidence", "escalation_features", "read_cascade_config"]
 
 STAGE_FOLDERS = (".", "stage2")
 """Where `save_pretrained` puts stage 1 (the folder's root) and stage 2, relative to the cascade folder."""
@@ -88,6 +88,14 @@ def escalation_features(features: Any, expert_probs: Any) -> np.ndarray:
     clipped = np.clip(top, 1e-6, 1 - 1e-6)
     log_odds = np.clip(np.log(clipped) - np.log1p(-clipped), -12.0, 12.0)
     return np.concatenate([x, p, top, entropy, log_odds], axis=1).astype(np.float32)
+
+
+def check_min_confidence(value: Any) -> float | None:
+    """`stage2_min_confidence`: `None`, or a probability in [0, 1] (not a bool), as a float."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or
+                              not 0.0 <= value <= 1.0):
+        raise ValueError(f"stage2_min_confidence must be a probability in [0, 1], got {value!r}.")
+    return None if value is None else float(value)
 
 
 def _check_prices(prices: Any, names: Sequence[str]) -> dict[str, float]:
@@ -270,9 +278,7 @@ class DeferralCascade:
         costs2 = check_expert_costs(stage2_costs, c2.num_experts, "stage2_costs") if stage2_costs is not None else \
             getattr(c2, "expert_costs", None)
         threshold, threshold1 = check_defer_threshold(stage2_threshold), check_defer_threshold(stage1_threshold)
-        if stage2_min_confidence is not None and (isinstance(stage2_min_confidence, bool) or not (
-                isinstance(stage2_min_confidence, (int, float)) and 0.0 <= stage2_min_confidence <= 1.0)):
-            raise ValueError(f"stage2_min_confidence must be a probability in [0, 1], got {stage2_min_confidence!r}.")
+        stage2_min_confidence = check_min_confidence(stage2_min_confidence)
         n, k = len(x), len(self.labels)
         if self.first_expert is not None:
             if first_probs is None:

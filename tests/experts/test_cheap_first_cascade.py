@@ -102,6 +102,10 @@ def test_save_load_and_pipeline_on_raw_texts(tmp_path) -> None:
     runner = pipeline("deferral-cascade", model=str(tmp_path / "cascade"), device="cpu", experts=team())
     assert runner(TEXTS) == expected  # no feature vectors: the texts are what the experts read
     assert runner("d") == expected[3]
+    assert runner(TEXTS, stage2_min_confidence=0.6) == cascade(NO_FEATURES, team(), inputs=TEXTS,
+                                                               stage2_min_confidence=0.6)
+    with pytest.raises(ValueError, match="stage2_min_confidence must be a probability"):
+        runner(TEXTS, stage2_min_confidence=2)
     with pytest.raises(TypeError, match="reads no feature vectors"):
         runner(TEXTS, inputs=TEXTS)
 
