@@ -98,6 +98,16 @@ def test_leave_one_out_scores_each_annotator_against_the_others(files, capsys):
     assert "2 answer(s) left unscored" in err
 
 
+def test_dawid_skene_agrees_where_the_annotators_do(files, capsys):
+    """crowd-kit's EM may settle item 3 (2 against 1) and item 5 (a tie) either way, but an item whose annotators all
+    gave one answer gets that answer whatever the confusion matrices."""
+    assert hf_defer_main(["annotations", *FLAGS, "--method", "dawid_skene", "--output", "ds.csv"]) == 0
+    rows = {row[0]: row for row in read_rows(files / "ds.csv")[1:]}
+    assert {item: rows[item][-1] for item in ("1", "2", "4", "6")} == {"1": "abusive", "2": "fine", "4": "fine",
+                                                                         "6": "fine"}
+    assert "7" not in rows and {row[-1] for row in rows.values()} <= {"abusive", "fine"}
+
+
 def test_item_level_columns_of_a_jsonl_export_and_repeated_answers(tmp_path, capsys):
     export = tmp_path / "export.jsonl"
     lines = [{"id": "a", "who": "ann", "said": "pos", "text": "fine"}, {"id": "a", "who": "bob", "said": "neg",
