@@ -4,7 +4,6 @@ of the HateSpeech data, and writes the JSON the GPU run writes."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import numpy as np
 import torch
 
 import peft  # noqa: F401  (a test dependency, pyproject [test])
+from script_loader import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "finetune_decoder_lora.py"
 WORDS = "you are so bad good the a hate love this that what is not very big small dog cat day night".split()
@@ -46,9 +46,7 @@ def run_script(argv: list[str]) -> None:
 def test_the_gpu_model_is_qwen2_0_5b_sized():
     # built on the meta device (no memory): the backbone has Qwen2-0.5B's published 494,032,768 parameters, and the
     # head adds 896 x (3 + 1) weights and 4 biases
-    spec = importlib.util.spec_from_file_location("finetune_decoder_lora", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(SCRIPT.name)
     model = script.build_model(types.SimpleNamespace(eos_token_id=0), tiny=False, device=torch.device("meta"))
     assert sum(p.numel() for p in model.encoder.parameters()) == 494_032_768
     assert sum(p.numel() for p in model.parameters()) == 494_032_768 + 896 * 4 + 4

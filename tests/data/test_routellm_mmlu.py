@@ -5,7 +5,6 @@ from __future__ import annotations
 import doctest
 import gzip
 import hashlib
-import importlib.util
 import io
 import json
 import tarfile
@@ -17,9 +16,9 @@ import pytest
 import hf_defer.data.bundled_data as bundled
 import hf_defer.data.routellm_mmlu as module
 from hf_defer.data import ROUTELLM_MMLU_STRONG, ROUTELLM_MMLU_WEAK, load_routellm_mmlu
+from script_loader import load_script
 
 NAME = "routellm-mmlu/routellm_mmlu.tar"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +79,7 @@ def test_the_pack_script_rebuilds_the_shipped_archive_byte_for_byte(tmp_path):
     for name, data in bundled.bundled_tar_members(NAME, module.ROUTELLM_MMLU_MEMBER_SHA256).items():
         (tmp_path / "mmlu" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "mmlu" / name).write_bytes(data)
-    spec = importlib.util.spec_from_file_location("pack", REPO_ROOT / "scripts" / "pack_routellm_mmlu.py")
-    pack = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pack)
+    pack = load_script("pack_routellm_mmlu.py")
     pack.main([str(tmp_path / "mmlu"), "--output", str(tmp_path / "out.tar.gz")])
     assert (tmp_path / "out.tar.gz").read_bytes() == bundled.bundled_path(NAME).read_bytes()
     (tmp_path / "mmlu" / "responses" / "mmlu_virology.csv").write_bytes(b"prompt\n")

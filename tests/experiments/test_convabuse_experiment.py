@@ -3,7 +3,6 @@ first rows of each split, one seed, one epoch, the report rendered by the script
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from hf_defer import deferral_metrics
 from hf_defer.experiments.convabuse import (METHODS, ConvAbuseArguments, experts_of, item_errors, pooled_expert,
                                             run_convabuse, scoring_targets)
 from hf_defer.experiments.convabuse_report import convabuse_markdown, item_difference
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,13 +99,6 @@ def test_item_difference_brackets_the_mean_difference():
     assert item_difference([1.0, 0.0], [1.0, 0.0]) == {"mean": 0.0, "low": 0.0, "high": 0.0}
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("convabuse_script", ROOT / "scripts" / "convabuse.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_one_reduced_run_end_to_end(tmp_path):
     arguments = ConvAbuseArguments(seeds=[0], epochs=1, context=False, max_rows=80, cache_dir=str(tmp_path / "cache"),
                                    output_dir=str(tmp_path))
@@ -125,7 +118,7 @@ def test_one_reduced_run_end_to_end(tmp_path):
     assert num_train["masked_asm"] == record["data"]["labelled"]["train"]  # every labelled row, answered or not
     # The script renders the report from the JSON alone.
     (tmp_path / "convabuse.md").unlink(missing_ok=True)
-    assert _script().main(["--render_only", "--output_dir", str(tmp_path), "--overwrite"]) == 0
+    assert load_script("convabuse.py").main(["--render_only", "--output_dir", str(tmp_path), "--overwrite"]) == 0
     text = (tmp_path / "convabuse.md").read_text()
     assert text == convabuse_markdown(json.loads((tmp_path / "convabuse.json").read_text()))
     assert "| A-SM, 8 annotators masked |" in text and "Annotator8" in text

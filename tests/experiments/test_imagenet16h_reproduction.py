@@ -5,7 +5,6 @@ pytest imports test files by their base name."""
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import json
 import math
 import shutil
@@ -16,6 +15,7 @@ from scipy import stats
 
 from hf_defer.data import load_imagenet16h
 from hf_defer.experiments import imagenet16h, runs
+from script_loader import load_script
 from test_imagenet16h import write_imagenet16h_folder  # tests/data: the synthetic folder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,17 +132,10 @@ def test_reproduction_arguments_for_imagenet16h():
         runs.ReproductionArguments(imagenet16h="folder", imagenet16h_epochs=0)
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("reproduce_hatespeech", ROOT / "scripts" / "reproduce_hatespeech.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_script_runs_imagenet16h_and_render_only_rewrites_it(tmp_path):
     data = write_imagenet16h_folder(tmp_path / "data", num_images=32)
     out = tmp_path / "out"
-    script = _script()
+    script = load_script("reproduce_hatespeech.py")
     assert script.main(["--skip-main", "--quick", "--imagenet16h", str(data["root"]), "--imagenet16h_noise", "95",
                         "--surrogates", "asm", "--seeds", "0", "--output-dir", str(out)]) == 0
     written = (out / "imagenet16h.md").read_text()
