@@ -19,7 +19,7 @@ most the two models are paid and those above) is measured on the other, both way
   as expert, on `escalation_features` of both models' probabilities (with, or without, both models' log-probabilities
   too): its classifier stacks the two models; it pays the person by the cost rule (a_person - d > max p + t) or by the
   confidence rule (max p < threshold). The last row, without log-probabilities and with the confidence rule, runs the
-  report's own code for the cheap-first cascade (`hf_defer.experiments.cascade._cheap_first_cascade`,
+  report's own code for the cheap-first cascade (`hf_defer.experiments.cascade._cheap_first_estimates`,
   `DeferralCascade(..., first_expert=...)` with `stage2_min_confidence`): it was added to the report as the best of
   these on validation (with the stacked answer, within 0.01 point) that `DeferralCascade` can run.
 
@@ -46,14 +46,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PRICES = (1.0, 10.0, 100.0)
 
 
-def halves_of(val: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    order = np.random.default_rng(100 + seed).permutation(len(val))
-    return val[order[: len(val) // 2]], val[order[len(val) // 2 :]]
-
-
 def split_area(curve_of, grid: np.ndarray, val: np.ndarray, base: list[float], seed: int) -> np.ndarray:
     """Settings chosen on one half of `val`, areas measured on the other, both ways, averaged ([`mean_area`])."""
-    halves = halves_of(val, seed)
+    order = np.random.default_rng(100 + seed).permutation(len(val))
+    halves = val[order[: len(val) // 2]], val[order[len(val) // 2 :]]
     return mean_area(cx._select_on_validation(curve_of, grid, choose, measure, base)  # the report's choice
                      for choose, measure in (halves, halves[::-1]))
 
@@ -91,11 +87,9 @@ def probe(features, costly, labels, persons, seeds, stage1_epochs: int) -> dict[
             grid, val, [0.0, 0.0], seed)}
 
         def learned(top, accuracy, gain, wrong) -> np.ndarray:
-            levels = np.unique(np.concatenate([[-2.0], np.quantile(gain, np.linspace(0, 1, 24)), [2.0]]))
-            cascade_grid = np.array([(a, b, t) for a, b in pairs for t in levels])
             return split_area(lambda rows, g: cx._learned_cascade_curve(top[rows], accuracy[rows], gain[rows],
                                                                          wrong[rows], PRICES, g),
-                              cascade_grid, val, [1.0, 1.0, 2.0], seed)
+                              cx._escalation_grid(pairs, gain), val, [1.0, 1.0, 2.0], seed)
 
         experts = np.stack([costly_answer, person], 1)
         probs, accuracy = cx._fit_deferral(features[train], labels[train], experts[train], "asm", seed, 30)(features)
@@ -127,11 +121,9 @@ def probe(features, costly, labels, persons, seeds, stage1_epochs: int) -> dict[
             if suffix:
                 variants[f"{name} / A-SM stage 2{suffix}, confidence rule"] = learned(
                     estimate[:, 0], estimate[:, 1:], -p2.max(1), wrong)
-        halves = halves_of(val, seed)  # the report's cheap-first cascade, its own code
-        variants[f"{name} / A-SM stage 2, confidence rule (the cheap-first cascade)"] = mean_area(
-            cx._cheap_first_cascade(cheap, crossfit, costly, labels, person, correct.astype(np.float32),
-                                    (train, choose, measure), seed, 30, PRICES, pairs)
-            for choose, measure in (halves, halves[::-1]))
+        variants[f"{name} / A-SM stage 2, confidence rule (the cheap-first cascade)"] = learned(  # the report's code
+            *cx._cheap_first_estimates(cheap, crossfit, costly, labels, person, correct.astype(np.float32), train, seed,
+                                       30))
         for method, value in variants.items():
             out.setdefault(method, []).append(value)
         print(f"seed {seed}: " + ", ".join(f"{m} {100 * v[0]:.2f}" for m, v in variants.items()), file=sys.stderr)

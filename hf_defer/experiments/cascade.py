@@ -275,7 +275,7 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
     route-only head over the three members (the cheap model's correctness cross-fitted on the training rows), the
     learned cascade (the A-SM head as stage 1; stage 2 a route-only head over (costly model, annotator) on
     [`escalation_features`] of the features and the costly model's probabilities) and the cheap-first cascade
-    ([`_cheap_first_cascade`]). Every method's settings (decision costs, thresholds) are swept on the validation
+    ([`_cheap_first_estimates`]). Every method's settings (decision costs, thresholds) are swept on the validation
     rows; those on the validation Pareto front are evaluated on the test rows. Prices: `prices = (cheap, costly,
     person)` per tweet; the cheap model's features are paid by every method that reads them.
 
@@ -355,14 +355,15 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
         gain = np.diff(stage2(escalation_all), axis=1)[:, 0]  # a_person - a_costly
         probs, accuracy = stage1
         stage1_wrong = np.stack([probs.argmax(1) != labels, wrong_of[:, 1], wrong_of[:, 2]], axis=1)
-        levels = np.unique(np.concatenate([[-2.0], np.quantile(gain, np.linspace(0, 1, 24)), [2.0]]))
-        cascade_grid = np.array([(a, b, t) for a, b in grid for t in levels])
         curves["learned cascade"] = _select_on_validation(
             lambda rows, g: _learned_cascade_curve(probs[rows].max(1), accuracy[rows], gain[rows], stage1_wrong[rows],
-                                                   prices, g), cascade_grid, val, test, base=[1.0, 1.0, 2.0])
-        curves["cheap-first cascade"] = _cheap_first_cascade(
-            cheap_probs, crossfit, costly_probs, labels, person, correct, (train, val, test), seed, head_epochs, prices,
-            grid)
+                                                   prices, g), _escalation_grid(grid, gain), val, test,
+            base=[1.0, 1.0, 2.0])
+        first = _cheap_first_estimates(cheap_probs, crossfit, costly_probs, labels, person, correct, train, seed,
+                                       head_epochs)
+        curves["cheap-first cascade"] = _select_on_validation(
+            lambda rows, g: _learned_cascade_curve(*(a[rows] for a in first), prices, g),
+            _escalation_grid(grid, first[2]), val, test, base=[1.0, 1.0, 2.0])
         members = {"cheap model alone": (cheap_price, float(np.mean(answers[test, 0] != labels[test]))),
                    "costly model alone": (costly_price, float(np.mean(costly_answer[test] != labels[test]))),
                    "annotator alone": (person_price, float(np.mean(person[test] != labels[test])))}
@@ -375,30 +376,31 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
             "rows": n}
 
 
-def _cheap_first_cascade(cheap: np.ndarray, crossfit: np.ndarray, costly: np.ndarray, labels: np.ndarray,
-                         person: np.ndarray, correct: np.ndarray, rows: tuple[np.ndarray, ...], seed: int, epochs: int,
-                         prices: Sequence[float], grid: np.ndarray) -> Any:
-    """The cheap-first cascade (a [`DeferralCascade`] with `first_expert`), chosen on `rows = (train, val, test)`'s
-    validation rows, on test. Stage 1: route-only over (cheap, costly, person) on [`escalation_features`] of the cheap
-    probabilities (`crossfit` on training rows), `FIRST_STAGE_EPOCHS`. Stage 2: A-SM with classes and the person on
-    those and the costly probabilities; its classifier stacks both models, the person is paid below a confidence
-    threshold (`stage2_min_confidence`). Settings ``(d_costly, d_person, -threshold)``."""
+def _escalation_grid(pairs: np.ndarray, gain: np.ndarray) -> np.ndarray:
+    """A cascade's settings ``(d_costly, d_person, t)``: each pair of stage-1 decision costs with the stage-2 levels
+    of `gain` (always: -2, its 24 quantiles, never: 2)."""
+    levels = np.unique(np.concatenate([[-2.0], np.quantile(gain, np.linspace(0, 1, 24)), [2.0]]))
+    return np.array([(a, b, t) for a, b in pairs for t in levels])
+
+
+def _cheap_first_estimates(cheap: np.ndarray, crossfit: np.ndarray, costly: np.ndarray, labels: np.ndarray,
+                           person: np.ndarray, correct: np.ndarray, train: np.ndarray, seed: int,
+                           epochs: int) -> tuple[np.ndarray, ...]:
+    """The cheap-first cascade (a [`DeferralCascade`] with `first_expert`) trained on `train`, as the arguments
+    ``top, accuracy, gain, wrong`` of [`_learned_cascade_curve`]. Stage 1: route-only over (cheap, costly, person) on
+    [`escalation_features`] of the cheap probabilities (`crossfit` on training rows), `FIRST_STAGE_EPOCHS`. Stage 2:
+    A-SM with classes and the person on those and the costly probabilities; its classifier stacks both models, the
+    person is paid below a confidence threshold (`stage2_min_confidence`), so ``gain = -max p``."""
     from ..experts.deferral_cascade import escalation_features
 
-    train, val, test = rows
     nothing = np.zeros((len(labels), 0), dtype=np.float32)
     first_train, first_all = escalation_features(nothing, crossfit), escalation_features(nothing, cheap)
     estimate = _fit_route_only(first_train[train], correct[train], ["cheap", "costly", "person"], seed,
                                FIRST_STAGE_EPOCHS)(first_all)
-    second = escalation_features(first_train, costly)[train]
-    stacked, _ = _fit_deferral(second, labels[train], person[train, None], "asm", seed, epochs)(
-        escalation_features(first_all, costly))
+    stacked, _ = _fit_deferral(escalation_features(first_train[train], costly[train]), labels[train],
+                               person[train, None], "asm", seed, epochs)(escalation_features(first_all, costly))
     wrong = np.stack([cheap.argmax(1) != labels, stacked.argmax(1) != labels, person != labels], axis=1)
-    gain = -stacked.max(1)  # escalate iff max probability < threshold, i.e. -max > -threshold
-    levels = np.unique(np.concatenate([[-2.0], np.quantile(gain, np.linspace(0, 1, 24)), [2.0]]))
-    return _select_on_validation(
-        lambda r, g: _learned_cascade_curve(estimate[r, 0], estimate[r, 1:], gain[r], wrong[r], prices, g),
-        np.array([(a, b, t) for a, b in grid for t in levels]), val, test, base=[1.0, 1.0, 2.0])
+    return estimate[:, 0], estimate[:, 1:], -stacked.max(1), wrong  # escalate iff -max p > -threshold
 
 
 def _best_error_at(cost: Sequence[float], error: Sequence[float], budgets: np.ndarray) -> np.ndarray:
