@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from transformers import TrainingArguments
 
 from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral, prepare_deferral_dataset
@@ -165,7 +166,7 @@ def test_default_names_are_checked_by_count_and_unnamed_columns_not_at_all():
 MESSY = ["pos", "pos ", " pos", "neg", "neg\t", "neu", "Pos", "", "  ", "-1", None]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), suppress_health_check=list(HealthCheck))
 @given(st.lists(st.sampled_from(MESSY), min_size=1, max_size=8), st.lists(st.sampled_from(MESSY), max_size=4),
        st.data())
 def test_messy_labels_follow_the_rules_or_fail_naming_the_row(train_labels, test_labels, data):
