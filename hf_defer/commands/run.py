@@ -246,6 +246,9 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     label = data_args.label_column_name
     with training_args.main_process_first(desc="loading and preparing the data"):
         raw = load_raw_datasets(data_args, training_args.seed, model_args)
+        if training_args.do_predict and "test" not in raw:  # as run_classification.py: not a silent run without it
+            raise ValueError("--do_predict requires a test dataset: give --test_file (or a --dataset_name with a "
+                             "'test' split), or drop --do_predict.")
         sources = split_sources(data_args)
         expert_columns, expert_flag = data_args.expert_columns, "--expert_column_names"
         if data_args.simulated_expert:
