@@ -285,12 +285,12 @@ class DataTrainingArguments:
 
 _DEFERRAL_WORDS = ("expert", "deferral", "surrogate", "annotator", "route")
 _RENAMED = {"text_column_name": "text_column_names"}
+"""Keys of older JSON files and their flag now (the flag keeps the old name as an alias)."""
 
 
 def _given_flags(argv: Sequence[str]) -> set[str]:
     """The names of the flags written in ``argv`` (``--name value`` or ``--name=value``)."""
     return {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
-"""Keys of older JSON files and their flag now (the flag keeps the old name as an alias)."""
 
 
 def help_group(dataclass_type: type, name: str) -> str:

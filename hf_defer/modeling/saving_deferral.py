@@ -29,10 +29,11 @@ def move_saved_files(stage: str | os.PathLike, folder: str | os.PathLike, overwr
     """Moves the files saved into ``stage`` into ``folder``, never losing a file the caller did not mean to replace.
 
     A file of ``folder`` is replaced only when it has the same content (hf_defer's own code, or a second save of the
-    same model: nothing is lost), ``config.json``, ``adapter_config.json`` or a weight file with ``replace_standard=True`` (what `PreTrainedModel.save_pretrained` always
-    replaces), or with ``overwrite=True``; weight files (``model-00001-of-00002.safetensors``, the index) that the new
-    save lacks would be stale: they are deleted with ``overwrite=True`` only. Otherwise a `FileExistsError` lists the
-    files and nothing moves. Returns the names of the files moved.
+    same model: nothing is lost), when it is ``config.json``, ``adapter_config.json`` or a weight file with
+    ``replace_standard=True`` (what `PreTrainedModel.save_pretrained` always replaces), or with ``overwrite=True``;
+    weight files (``model-00001-of-00002.safetensors``, the index) that the new save lacks would be stale: they are
+    deleted with ``overwrite=True`` only. Otherwise a `FileExistsError` lists the files and nothing moves. Returns the
+    names of the files moved.
     """
     stage, folder = Path(stage), Path(folder)
     staged = sorted(path.name for path in stage.iterdir())
