@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all demo reproduce cascade mmlu-routing convabuse clean
+.PHONY: install test test-all test-explore demo reproduce cascade mmlu-routing convabuse clean
 .PHONY: test-latest test-oldest review-server review-demo test-review
 
 $(STAMP): pyproject.toml constraints.txt
@@ -22,6 +22,13 @@ test: install
 
 test-all: install
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+# Before a release: the hypothesis tests with random draws and ten times the examples (tests/hypothesis_profiles.py);
+# `make test` is derandomized, the same examples on every machine. Each failure found here becomes an @example.
+# (`-m hypothesis`: the marker hypothesis' pytest plugin gives every @given test.)
+test-explore: install
+	HYPOTHESIS_PROFILE=explore HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -m "hypothesis and not slow" -n 2 \
+		$(PYTEST_ARGS)
 
 # The default suite on two more stacks than constraints.txt's, each in its own venv and without the constraints file
 # (README, "Installing"): test-latest on the newest releases the package index offers today (upgraded at every run, as

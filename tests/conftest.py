@@ -1,5 +1,7 @@
 """The tests mirror the package's folders; helpers shared across folders (`fake_hub`, the tiny decoders, `run_script`)
-are imported by module name, so every test folder is on the path whatever runs first."""
+are imported by module name, so every test folder is on the path whatever runs first. The hypothesis profile
+(`tests/hypothesis_profiles.py`: derandomized `ci` by default, `HYPOTHESIS_PROFILE=explore` for `make test-explore`)
+is loaded here, before any test module is imported."""
 
 import sys
 from pathlib import Path
@@ -7,3 +9,9 @@ from pathlib import Path
 for folder in sorted(path for path in Path(__file__).resolve().parent.iterdir() if path.is_dir()):
     if folder.name not in {"fixtures", "scripts", "__pycache__"} and str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
+if str(Path(__file__).resolve().parent) not in sys.path:  # hypothesis_profiles, whatever the import mode
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from hypothesis_profiles import load_profile  # noqa: E402
+
+load_profile()  # before any test module builds its settings: they inherit the profile's

@@ -18,17 +18,18 @@ import pyarrow as pa
 import pytest
 import torch
 from datasets import Dataset
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from hypothesis_profiles import examples
 from transformers import BertConfig, BertTokenizer, pipeline
 
 import hf_defer
 from hf_defer import DataCollatorForDeferral, DeferralConfig, EncoderForDeferral, calibrate_deferral, deferral_metrics
 from hf_defer.data.checks import check_deferral_dataset
 
-PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
-SLOW_PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+PROPERTY = settings(max_examples=examples(200), suppress_health_check=list(HealthCheck))
+SLOW_PROPERTY = settings(max_examples=examples(100), suppress_health_check=list(HealthCheck))
 PACKAGE = str(Path(hf_defer.__file__).parent)
 D = 4
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat is good bad very".split()]
@@ -138,8 +139,19 @@ def curve_arguments(draw) -> tuple[str, dict]:
     return kind, arguments
 
 
+def _two_rows(**changed) -> dict:
+    """Valid error_cost_curve arguments for 2 inputs, K = 2 classes and M = 2 experts, with ``changed`` replaced."""
+    return {"class_probs": np.full((2, 2), 0.5), "expert_accuracy": np.full((2, 2), 0.5), "labels": np.array([0, 1]),
+            "expert_labels": np.array([[0, 1], [1, 1]]), "expert_costs": [0.0, 0.1], "scales": [0.0],
+            "threshold": 0.0, **changed}
+
+
 @SLOW_PROPERTY
 @given(curve_arguments())
+@example(("error_cost", _two_rows(expert_costs=[[], [0]])))  # drawn on a CI machine: numpy's ragged-array error
+@example(("error_cost", _two_rows(expert_costs=[[0.0], [0.1]])))  # nested: was flattened and accepted
+@example(("router", {"member_answers": np.array([[0, 1], [1, 1]]), "labels": np.array([0, 1]), "prices": [[], [0]],
+                     "score": np.array([0.2, 0.7]), "thresholds": np.array([[0.5]])}))
 def test_error_cost_and_routing_curves(case):
     from hf_defer.evaluation.costs import error_cost_curve
     from hf_defer.evaluation.routing import confidence_cascade_curve, router_curve

@@ -177,8 +177,10 @@ def training_flags(output: str, label_column_name: str, experts: Sequence[str], 
     ```
     """
     expert_flag = "--expert_correct_columns" if method == "leave_one_out" else "--expert_column_names"
-    return ["--train_file", output, *(["--text_column_name", "text"] if text else []),
-            "--label_column_name", label_column_name, expert_flag, ",".join(experts), "--missing_expert", "mask"]
+    pairs = [("--train_file", output), *([("--text_column_name", "text")] if text else []),
+             ("--label_column_name", label_column_name), (expert_flag, ",".join(experts)), ("--missing_expert", "mask")]
+    # A value that starts with "-" (an annotator named "-dash") would read as a flag: "--flag=-dash,zed" parses.
+    return [part for flag, value in pairs for part in ([f"{flag}={value}"] if value.startswith("-") else [flag, value])]
 
 
 def run_annotations(args: argparse.Namespace) -> int:

@@ -27,6 +27,10 @@ __all__ = ["DataTrainingArguments", "ModelArguments", "build_run_parser", "parse
 _DATA_EXTENSIONS = ("csv", "json", "jsonl", "parquet")
 
 
+HEAD_ONLY_LEARNING_RATE = 1e-3
+"""The learning rate of a head-only run (`--freeze_encoder`) unless `--learning_rate` is given."""
+
+
 def _names(value: str | None) -> list[str]:
     return [name.strip() for name in value.split(",") if name.strip()] if value else []
 
@@ -77,7 +81,9 @@ class ModelArguments:
     freeze_encoder: bool = field(
         default=False,
         metadata={"help": "Train the head only. Text: on cached sentence embeddings (the paper's protocol), then "
-                          "the head is put on the encoder. Images: the encoder runs frozen."},
+                          "the head is put on the encoder. Images: the encoder runs frozen. The learning rate defaults "
+                          f"to {HEAD_ONLY_LEARNING_RATE:g} here (a linear head barely moves at the fine-tuning default "
+                          "5e-5); --learning_rate sets another."},
     )
     embedding_cache_dir: str | None = field(
         default=None, metadata={"help": "Cache of the sentence embeddings (--freeze_encoder on text)."}
@@ -282,6 +288,11 @@ _RENAMED = {"text_column_name": "text_column_names"}
 """Keys of older JSON files and their flag now (the flag keeps the old name as an alias)."""
 
 
+def _given_flags(argv: Sequence[str]) -> set[str]:
+    """The names of the flags written in ``argv`` (``--name value`` or ``--name=value``)."""
+    return {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
+
+
 def help_group(dataclass_type: type, name: str) -> str:
     """The `--help` group of a flag: `deferral` for every flag about experts, the surrogate or the deferral budget,
     else `model`, `data` or `training` after its dataclass."""
@@ -336,7 +347,8 @@ def parse_run_arguments(
 ) -> tuple[ModelArguments, DataTrainingArguments, TrainingArguments]:
     """Parses flags (or one `.json` file holding them) into the three argument dataclasses.
 
-    `--text_column_name` (and the key `text_column_name` of a JSON file) is `--text_column_names`;
+    `--text_column_name` (and the key `text_column_name` of a JSON file) is `--text_column_names`; `--freeze_encoder`
+    without `--learning_rate` trains at `HEAD_ONLY_LEARNING_RATE` (1e-3), not the fine-tuning default 5e-5;
     `--resume_from_checkpoint true` resumes from the newest complete checkpoint of `--output_dir`.
 
     Args:
@@ -373,11 +385,16 @@ def parse_run_arguments(
             raise ValueError(f"the flags file {argv[0]!r} must hold one JSON object of flag names and values.")
         values = {_RENAMED.get(key, key): value for key, value in values.items()}
         model_args, data_args, training_args = parser.parse_dict(values)
+        given = set(values)
     else:
         model_args, data_args, training_args, unknown = parser.parse_args_into_dataclasses(
             args=argv, return_remaining_strings=True)
         if unknown:
             raise ValueError(f"unrecognized arguments: {' '.join(unknown)}; `{parser.prog} --help` lists the flags.")
+        given = _given_flags(argv)
+    # The head alone: the fine-tuning default 5e-5 trains nothing. (argparse also takes "--learning_r", a prefix.)
+    if model_args.freeze_encoder and not any(name and "learning_rate".startswith(name) for name in given):
+        training_args.learning_rate = HEAD_ONLY_LEARNING_RATE
     if data_args.route_only and model_args.surrogate != "asm":  # the default; other values would be ignored
         raise ValueError(f"--surrogate {model_args.surrogate!r} does not apply with --route_only: a route-only model "
                          "has no class head and trains each expert's estimate with the binary log loss; drop "

@@ -246,6 +246,9 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     label = data_args.label_column_name
     with training_args.main_process_first(desc="loading and preparing the data"):
         raw = load_raw_datasets(data_args, training_args.seed, model_args)
+        if training_args.do_predict and "test" not in raw:  # as run_classification.py: not a silent run without it
+            raise ValueError("--do_predict requires a test dataset: give --test_file (or a --dataset_name with a "
+                             "'test' split), or drop --do_predict.")
         sources = split_sources(data_args)
         expert_columns, expert_flag = data_args.expert_columns, "--expert_column_names"
         if data_args.simulated_expert:
@@ -325,8 +328,13 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
         train_dataset=splits.get("train") if training_args.do_train else None,
         eval_dataset=splits.get("validation") if training_args.do_eval else None)
     results: dict[str, float] = {}
+    flat = None  # a warning at the end when training did not move the loss
     if training_args.do_train:
+        from ..training.loss_check import flat_loss_warning, probe_loss
+
+        before = probe_loss(trainer, splits["train"])
         trained = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        flat = flat_loss_warning(before, probe_loss(trainer, splits["train"]), training_args.learning_rate)
         _record(trainer, "train", {**trained.metrics, "train_samples": len(splits["train"]),
                                    "train_steps": trained.global_step}, results)
         trainer.save_state()
@@ -394,6 +402,8 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
                    "summary_file": str(folder / RUN_SUMMARY)}
         output.write_summary(summary)
         print(format_summary(summary))
+        if flat:
+            logger.warning(flat)
         if training_args.push_to_hub:
             push_to_hub(final, repo_id, processing_class=processor, card_data=card,
                         token=training_args.hub_token, private=training_args.hub_private_repo)

@@ -164,9 +164,17 @@ def class_names(splits: Mapping[Any, datasets.Dataset], label_column: str, label
                 )
     if len(names) < 2:
         where = "" if label_names is not None or len(splits) == 1 else f" in the training split {train!r}"
+        unlabelled = ""
+        if label_names is None and _kind(splits[train].features[label_column]) != "classlabel":
+            rows = [row for row, value in enumerate(splits[train][label_column][:]) if is_missing(_clean(value))]
+            if rows:  # not counted as a class: say so, or the error hides the rows that were set aside
+                unlabelled = (f"; {len(rows)} of its {len(splits[train])} rows have no label and were not counted "
+                              f"(rows {rows[:5]}{' ...' if len(rows) > 5 else ''}: None, NaN, -1, '-1' or '' mark a "
+                              "missing label, and CSV readers read NA, N/A, null and nan as NaN): fill them in, or "
+                              "rename such a class")
         raise ValueError(
-            f"label column {label_column!r} has {len(names)} class(es) {names}{where}; learning to defer needs at "
-            "least 2."
+            f"label column {label_column!r} has {len(names)} class(es) {names}{where}{unlabelled}; learning to defer "
+            "needs at least 2."
         )
     return names
 

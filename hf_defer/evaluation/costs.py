@@ -132,7 +132,8 @@ def mean_cost(defer: Any, expert: Any, expert_costs: Sequence[float], model_cost
         raise ValueError(
             f"`defer` and `expert` must be non-empty and of one length, got {defer.size} and {expert.size}."
         )
-    costs = np.asarray(check_expert_costs(list(np.ravel(expert_costs)), int(np.size(expert_costs))))
+    # One flat cost per expert: a nested or ragged expert_costs is refused by check_expert_costs, naming it.
+    costs = np.asarray(check_expert_costs(expert_costs, len(expert_costs) if hasattr(expert_costs, "__len__") else 1))
     if expert[defer].size and (expert[defer].min() < 0 or expert[defer].max() >= costs.size):
         raise ValueError(f"`expert` must index `expert_costs` (0..{costs.size - 1}) where deferred.")
     check_expert_costs([model_cost], 1, "model_cost")
@@ -280,7 +281,7 @@ def error_cost_curve(
             "N > 0 inputs."
         )
     experts = _per_row("expert_labels", expert_labels, n, m, probs.shape[1], ids=True)
-    prices = np.asarray(check_expert_costs(list(np.ravel(expert_costs)), m), dtype=np.float64)
+    prices = np.asarray(check_expert_costs(expert_costs, m), dtype=np.float64)  # flat: nested or ragged is refused
     threshold = check_defer_threshold(threshold)
     if decision_costs is None:
         if scales is None:

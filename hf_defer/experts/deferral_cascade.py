@@ -38,7 +38,7 @@ import torch
 from ..modeling.modeling_deferral import EncoderForDeferral
 from ..modeling.pipeline_options import CASCADE_CONFIG_NAME
 from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs
-from .model_experts import answers_to_ids
+from .model_experts import answers_to_ids, one_answer_per_input
 
 __all__ = ["CASCADE_CONFIG_NAME", "MODEL_ANSWER", "DeferralCascade", "cascade_options", "cascade_stage_folders",
            "check_min_confidence", "escalation_features", "read_cascade_config"]
@@ -371,7 +371,8 @@ class DeferralCascade:
         label2id = {name: i for i, name in enumerate(self.labels)}
         for name in dict.fromkeys(final.values()):
             rows = [i for i, who in final.items() if who == name]
-            answer[rows] = answers_to_ids(list(experts[name]([items[i] for i in rows])), label2id, expert=name)
+            given = one_answer_per_input(experts[name]([items[i] for i in rows]), len(rows), name, rows)
+            answer[rows] = answers_to_ids(given, label2id, expert=name, rows=rows)
         return [{"label": self.labels[int(answer[i])], "answered_by": answered_by[i], "experts_called": called[i],
                  "paid": self.prices[MODEL_ANSWER] + math.fsum(self.prices[e] for e in called[i])} for i in range(n)]
 

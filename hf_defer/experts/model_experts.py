@@ -167,14 +167,20 @@ def _answers(predictor: BatchPredictor, inputs: Sequence[Any], expert: str, rows
             f"expert {expert!r} failed on the batch starting at row {rows[0] if rows else None}: "
             f"{type(err).__name__}: {err}"
         ) from err
+    return one_answer_per_input(answers, len(batch), expert, rows)
+
+
+def one_answer_per_input(answers: Any, count: int, expert: str, rows: Sequence[int]) -> list[Any]:
+    """An expert's answers as a list, or an error naming the expert, the batch's first row and both counts: one
+    answer for several inputs is refused, never broadcast."""
     if hasattr(answers, "tolist"):
         answers = answers.tolist()
-    if isinstance(answers, (str, bytes)) or not hasattr(answers, "__len__") or len(answers) != len(batch):
+    if isinstance(answers, (str, bytes)) or not hasattr(answers, "__len__") or len(answers) != count:
         got = len(answers) if hasattr(answers, "__len__") and not isinstance(answers, str) else type(answers).__name__
         raise ValueError(
             f"expert {expert!r} must return one answer per input: the batch starting at row "
             f"{rows[0] if rows else None} has "
-            f"{len(batch)} inputs, the expert returned {got}."
+            f"{count} inputs, the expert returned {got}."
         )
     return list(answers)
 

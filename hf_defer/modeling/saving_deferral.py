@@ -28,17 +28,18 @@ def move_saved_files(stage: str | os.PathLike, folder: str | os.PathLike, overwr
                      replace_standard: bool = False) -> list[str]:
     """Moves the files saved into ``stage`` into ``folder``, never losing a file the caller did not mean to replace.
 
-    A file of ``folder`` is replaced only when it is a code file (``.py``) with the same content (hf_defer's own),
-    ``config.json``, ``adapter_config.json`` or a weight file with ``replace_standard=True`` (what `PreTrainedModel.save_pretrained` always
-    replaces), or with ``overwrite=True``; weight files (``model-00001-of-00002.safetensors``, the index) that the new
-    save lacks would be stale: they are deleted with ``overwrite=True`` only. Otherwise a `FileExistsError` lists the
-    files and nothing moves. Returns the names of the files moved.
+    A file of ``folder`` is replaced only when it has the same content (hf_defer's own code, or a second save of the
+    same model: nothing is lost), when it is ``config.json``, ``adapter_config.json`` or a weight file with
+    ``replace_standard=True`` (what `PreTrainedModel.save_pretrained` always replaces), or with ``overwrite=True``;
+    weight files (``model-00001-of-00002.safetensors``, the index) that the new save lacks would be stale: they are
+    deleted with ``overwrite=True`` only. Otherwise a `FileExistsError` lists the files and nothing moves. Returns the
+    names of the files moved.
     """
     stage, folder = Path(stage), Path(folder)
     staged = sorted(path.name for path in stage.iterdir())
     standard = {name for name in staged if replace_standard and (name in STANDARD_CONFIGS or WEIGHTS_FILE.fullmatch(name))}
     clash = [name for name in staged if (folder / name).exists() and name not in standard
-             and not (name.endswith(".py") and filecmp.cmp(stage / name, folder / name, shallow=False))]
+             and not ((folder / name).is_file() and filecmp.cmp(stage / name, folder / name, shallow=False))]
     stale = [name for name in sorted(os.listdir(folder)) if name not in staged and WEIGHTS_FILE.fullmatch(name)]
     if (clash or stale) and not overwrite:
         raise FileExistsError(

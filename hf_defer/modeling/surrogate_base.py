@@ -71,6 +71,9 @@ def check_expert_costs(costs: Any, num_experts: int, argument: str = "expert_cos
         raise TypeError(f"{argument} must be a sequence of {num_experts} numbers (one per expert), got "
                         f"{type(costs).__name__} {costs!r}.")
     costs = list(costs)
+    if any(isinstance(cost, (list, tuple)) or getattr(cost, "ndim", 0) >= 1 for cost in costs):
+        raise ValueError(f"{argument} must be a flat sequence of {num_experts} numbers (one per expert), got a nested "
+                         f"or ragged one: {costs!r}.")
     if len(costs) != num_experts:
         raise ValueError(f"{argument} must have one cost per expert (num_experts={num_experts}), got {costs!r}.")
     if not all(_is_finite_number(cost) and cost >= 0 for cost in costs):

@@ -4,7 +4,7 @@
   of a file and send the inputs it defers to a Label Studio project (created for the model's classes if missing).
 - `hf-defer review pull --url URL --project NAME --output answers.csv [--columns_output reviewers.csv]`: append the
   answers given since the last pull to `answers.csv` (item, annotator, answer, time, ...) and write one column per
-  reviewer to `reviewers.csv`.
+  reviewer to `reviewers.csv` (an existing one is replaced only with `--overwrite`).
 
 The API token is read from the environment variable named by `--token_env` (`LABEL_STUDIO_API_KEY` by default); no
 flag takes the token itself, so it never lands in a shell history, a file or a log.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +51,9 @@ def add_review_parser(subparsers: Any) -> argparse.ArgumentParser:
     pull.add_argument("--output", default="answers.csv", help="the long table of answers, kept across pulls")
     pull.add_argument("--columns_output", default=None,
                       help="also write one column per reviewer (None where they did not review) to this CSV")
+    pull.add_argument("--overwrite", action="store_true",
+                      help="replace an existing --columns_output file (rebuilt from --output: columns you added to it, "
+                           "such as your own labels, are lost)")
     pull.add_argument("--min_answers", type=int, default=1, help="reviewers with fewer answers get no column")
     pull.add_argument("--model", default=None, help="check the project against this model's classes")
     review.set_defaults(handler=run_review)
@@ -78,6 +82,10 @@ def _pull(options: argparse.Namespace) -> str:
     from .client import connect
     from .pulling import pull_to_csv, read_answers, reviews_to_columns
 
+    if options.columns_output and os.path.exists(options.columns_output) and not options.overwrite:
+        raise FileExistsError(  # before the server is asked: nothing pulled, nothing written
+            f"--columns_output {options.columns_output!r} exists, and may hold columns you added (such as your own "
+            f"labels); pass --overwrite to rebuild it from {options.output!r}, or name another file.")
     id2label = None
     if options.model is not None:
         from transformers import AutoConfig
@@ -102,7 +110,7 @@ def run_review(options: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         print(_push(options) if options.review_command == "push" else _pull(options))
-    except (ValueError, ReviewServerError, FileNotFoundError) as error:
+    except (ValueError, ReviewServerError, FileNotFoundError, FileExistsError) as error:
         print(f"hf-defer review {options.review_command}: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -181,3 +181,19 @@ def test_the_printed_flags_train(files, capsys, method):
     config = json.loads((out / "config.json").read_text())
     assert config["expert_names"] == ["ann", "bob", "cy", "dee"]
     assert sorted(config["id2label"].values()) == ["abusive", "fine"]
+
+
+def test_an_annotator_named_like_a_flag_prints_flags_that_parse(tmp_path, capsys, monkeypatch):
+    # "--expert_column_names -dash,zed" read "-dash,zed" as a flag; "--expert_column_names=-dash,zed" parses.
+    from hf_defer.commands.arguments import parse_run_arguments
+
+    monkeypatch.chdir(tmp_path)
+    write_csv(tmp_path / "long.csv", ("item", "annotator", "answer", "text"),
+              [(1, "-dash", "a", "x"), (1, "zed", "a", "x"), (2, "-dash", "b", "y"), (2, "zed", "b", "y")])
+    assert hf_defer_main(["annotations", "--annotations_file", "long.csv", "--item_column", "item",
+                          "--annotator_column", "annotator", "--answer_column", "answer", "--keep_columns", "text"]) == 0
+    printed = shlex.split(capsys.readouterr().out.strip())
+    assert "--expert_column_names=-dash,zed" in printed
+    _, data_args, _ = parse_run_arguments([*printed, "--model_name_or_path", "m", "--output_dir", "out"])
+    assert data_args.expert_columns == ["-dash", "zed"] and data_args.train_file == "wide.csv"
+    assert read_rows(tmp_path / "wide.csv")[0][:4] == ["item", "text", "-dash", "zed"]

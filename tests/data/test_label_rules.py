@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from transformers import TrainingArguments
 
 from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral, prepare_deferral_dataset
@@ -70,6 +71,25 @@ def test_one_set_of_missing_markers_in_labels_and_answers(marker):
     with pytest.raises(ValueError, match=r"label column 'label' has no label in rows \[1\] \(None, NaN, -1"):
         prepare_deferral_dataset(data, "label", "e")
     assert not is_missing(0) and not is_missing("0") and not is_missing(False) and not is_missing("n/a")
+
+
+def test_fewer_than_two_classes_says_which_rows_had_no_label(tmp_path):
+    # A CSV whose second class is "NA": pandas reads it as NaN, so only 'yes' is a class. The error used to say "has 1
+    # class(es)" and nothing of the rows set aside as missing.
+    (tmp_path / "train.csv").write_text("text,label,e\na,yes,yes\nb,NA,yes\nc,yes,NA\nd,NA,yes\n")
+    train = datasets.load_dataset("csv", data_files=str(tmp_path / "train.csv"), split="train")
+    assert train["label"][:] == ["yes", None, "yes", None]
+    with pytest.raises(ValueError, match=re.escape(
+            "label column 'label' has 1 class(es) ['yes']; 2 of its 4 rows have no label and were not counted "
+            "(rows [1, 3]: None, NaN")) as refusal:
+        prepare_deferral_dataset(datasets.DatasetDict(train=train), "label", "e", text_column="text")
+    assert "NA, N/A, null and nan" in str(refusal.value)
+    numbers = datasets.Dataset.from_dict({"label": [1.0, float("nan"), 1.0], "e": [1, 1, 0]})
+    with pytest.raises(ValueError, match=re.escape("has 1 class(es) ['1']; 1 of its 3 rows have no label and were "
+                                                   "not counted (rows [1]")):
+        prepare_deferral_dataset(numbers, "label", "e")
+    with pytest.raises(ValueError, match=re.escape("has 1 class(es) ['yes']; learning to defer needs at least 2.")):
+        prepare_deferral_dataset(datasets.Dataset.from_dict({"label": ["yes"] * 3, "e": ["yes"] * 3}), "label", "e")
 
 
 def test_one_based_integer_labels_make_no_phantom_class():
@@ -165,7 +185,7 @@ def test_default_names_are_checked_by_count_and_unnamed_columns_not_at_all():
 MESSY = ["pos", "pos ", " pos", "neg", "neg\t", "neu", "Pos", "", "  ", "-1", None]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), suppress_health_check=list(HealthCheck))
 @given(st.lists(st.sampled_from(MESSY), min_size=1, max_size=8), st.lists(st.sampled_from(MESSY), max_size=4),
        st.data())
 def test_messy_labels_follow_the_rules_or_fail_naming_the_row(train_labels, test_labels, data):

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from transformers import pipeline
 
 import hf_defer  # noqa: F401  (registers the "deferral" task)
@@ -24,7 +25,7 @@ def threshold_for(margins: np.ndarray, rate: float) -> float:
     return _threshold_between(margins, budget_deferrals(margins > 0, margins, rate))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300))
 @given(st.lists(st.one_of(st.sampled_from([0.0, 0.25, 0.5, -0.25]),  # exact ties, and ties at 0
                           st.floats(-1, 1, allow_nan=False)), min_size=1, max_size=12),
        st.floats(0.01, 1.0), st.floats(-0.9 * MARGIN_TOLERANCE, 0.9 * MARGIN_TOLERANCE))
@@ -40,7 +41,7 @@ def test_no_margin_can_round_its_way_past_the_budget(values, rate, jitter):
     assert (margins + jitter > threshold).sum() <= budget
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(st.lists(st.integers(-50, 50), min_size=1, max_size=30, unique=True), st.floats(0.01, 1.0))
 def test_well_separated_margins_use_the_whole_budget(steps, rate):
     # Margins 0.01 apart and none at 0: no ties, so exactly min(floor(bN), #positive) are deferred, those with the

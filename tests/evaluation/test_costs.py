@@ -197,6 +197,21 @@ def test_mean_cost_refuses_fractional_experts_and_non_boolean_decisions():
     assert mean_cost([1, 0], [1, 0], PRICES) == 5.0  # 0/1 are booleans: row 0 pays expert 1's 10
 
 
+@pytest.mark.parametrize("costs", [[[], [0]], [[1.0], [10.0]], [[1.0, 10.0]], np.array([[1.0, 10.0]]), [1.0, [10.0]]])
+def test_nested_or_ragged_costs_are_refused_naming_the_argument(costs):
+    # [[], [0]] was drawn by hypothesis: numpy's "setting an array element with a sequence" escaped from np.ravel, and
+    # [[1.0], [10.0]] was flattened into two costs without a word.
+    with pytest.raises(ValueError, match="expert_costs must be a flat sequence of 2 numbers"):
+        error_cost_curve(PROBS, ACCURACY, LABELS, EXPERT_LABELS, costs)
+    with pytest.raises(ValueError, match="expert_costs must be a flat sequence"):
+        mean_cost([True, False], [1, 0], costs)
+    answers = [[0, 1], [1, 1], [1, 0]]
+    with pytest.raises(ValueError, match="prices must be a flat sequence of 2 numbers"):
+        router_curve([0.2, 0.7, 0.4], answers, LABELS, costs, [[0.5]])
+    with pytest.raises(ValueError, match="prices must be a flat sequence of 2 numbers"):
+        confidence_cascade_curve([[0.9], [0.5], [0.3]], answers, LABELS, costs, [[0.8]])
+
+
 def test_plot_error_cost_curves_writes_a_png(tmp_path):
     path = tmp_path / "curve.png"
     plot_error_cost_curves({"A-SM": ([0.0, 1.0], [0.2, 0.1])}, path, points={"person": (5.0, 0.09)}, log_cost=False)

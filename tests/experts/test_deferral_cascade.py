@@ -76,6 +76,23 @@ def test_calls_and_payments_by_hand() -> None:
     assert llm.batches == [["b", "d"]] and person.batches == [["c", "d"]]  # each expert once, on its rows only
 
 
+@pytest.mark.parametrize("answers", [["yes"], ["yes", "no", "no"], "yes"])
+def test_an_expert_with_the_wrong_number_of_answers_is_named_with_the_counts(answers) -> None:
+    # The person is routed rows c and d (2 inputs). One answer used to be broadcast to both, silently; three gave
+    # numpy's "shape mismatch".
+    llm = Recorder(LLM_PROBS)
+    person = lambda texts: answers  # noqa: E731
+    got = len(answers) if isinstance(answers, list) else "str"
+    with pytest.raises(ValueError, match=r"expert 'person' must return one answer per input: the batch starting at "
+                                         rf"row 2 has 2 inputs, the expert returned {got}\."):
+        build()(FEATURES, {"llm": llm, "person": person}, inputs=TEXTS)
+
+
+def test_an_answer_outside_the_labels_names_the_expert_and_the_row() -> None:
+    with pytest.raises(ValueError, match=r"expert 'person' answered 'maybe' for row 3, which is not a label"):
+        build()(FEATURES, {"llm": Recorder(LLM_PROBS), "person": lambda texts: ["yes", "maybe"]}, inputs=TEXTS)
+
+
 def test_decision_costs_at_call_time() -> None:
     # stage 2: a person cost of 0.5 makes 0.5 - 0.5 = 0 < a_llm 0.18, so "d" keeps the llm's answer (class 0).
     outputs, _, person = run(build(), stage2_costs=[0.0, 0.5])

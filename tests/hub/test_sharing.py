@@ -95,11 +95,19 @@ def test_pipeline_save_pretrained_writes_the_same_remote_code_folder(saved, tmp_
 
 def test_save_for_hub_does_not_overwrite_without_asking(saved):
     folder, model, tokenizer = saved
-    before = (folder / "model.safetensors").read_bytes()
-    with pytest.raises(FileExistsError, match="overwrite=True"):
+    files = {name: (folder / name).read_bytes() for name in os.listdir(folder)}
+    # The same model again: every file is byte-identical, nothing would be lost (the docstring's "files with the same
+    # content excepted"), so the save goes through and leaves the folder as it was.
+    assert sorted(save_for_hub(model, folder, tokenizer)) == sorted(files)
+    assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == files
+    with torch.no_grad():
+        model.head[-1].bias += 1.0  # another model: its weights would replace the saved ones
+    with pytest.raises(FileExistsError, match=r"overwrite=True") as refusal:
         save_for_hub(model, folder, tokenizer)
-    assert (folder / "model.safetensors").read_bytes() == before
+    assert "model.safetensors" in str(refusal.value) and "tokenizer_config.json" not in str(refusal.value)
+    assert {name: (folder / name).read_bytes() for name in os.listdir(folder)} == files
     save_for_hub(model, folder, tokenizer, overwrite=True)
+    assert (folder / "model.safetensors").read_bytes() != files["model.safetensors"]
     with pytest.raises(ValueError, match="deferral model"):
         save_for_hub(torch.nn.Linear(2, 2), folder / "other")
 

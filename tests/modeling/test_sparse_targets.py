@@ -184,7 +184,9 @@ def _old_surrogates():
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("M", [1, 3])
-def test_with_every_answer_present_losses_gradients_and_decisions_are_bit_for_bit_the_old_ones(name, M):
+def test_with_every_answer_present_losses_gradients_and_decisions_are_the_old_ones(name, M):
+    # Two implementations: the losses and gradients agree to float32 rounding (another kernel may sum in another
+    # order on another CPU), the decisions exactly.
     K, B = 5, 64
     rng = np.random.default_rng(NAMES.index(name) * 7 + M)
     logits = (rng.normal(size=(B, K + M)) * rng.choice([0.5, 3.0, 30.0], size=(B, 1))).astype(np.float32)
@@ -201,14 +203,16 @@ def test_with_every_answer_present_losses_gradients_and_decisions_are_bit_for_bi
             loss = surrogate.loss(u, torch.tensor(labels), torch.tensor(answers), reduction=reduction)
             loss.sum().backward()
             results.append((loss.detach(), u.grad))
-        assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+        torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-6, atol=1e-7)
     u = torch.tensor(logits)
     for costs, threshold in ((None, 0.0), ([0.05] * M, 0.02)):
         want = old.decide(u, costs, threshold)
         for available in (None, torch.ones(B, M, dtype=torch.bool), [True] * M):
             got = new.decide(u, costs, threshold, available=available)
             assert all(torch.equal(a, b) for a, b in zip(want, got))
-        assert torch.equal(old.deferral_margin(u, costs)[0], new.deferral_margin(u, costs, available=[True] * M)[0])
+        torch.testing.assert_close(new.deferral_margin(u, costs, available=[True] * M)[0], old.deferral_margin(u, costs)[0],
+                                   rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("name", NAMES)

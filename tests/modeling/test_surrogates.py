@@ -18,13 +18,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from hf_defer import get_surrogate
 
 NAMES = ("asm", "ssm", "sova", "aova")
 IGNORE = -100
 
-HYP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HYP = settings(max_examples=examples(40), suppress_health_check=[HealthCheck.too_slow])
 
 
 # --------------------------------------------------------------------------------------------

@@ -170,3 +170,22 @@ def test_the_command_says_what_is_wrong_in_one_line_and_exits_2(monkeypatch, cap
     assert main(["pull", "--url", url, "--project", "p", "--output", "unused.csv"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("hf-defer review pull: error: cannot reach the Label Studio server") and TOKEN not in error
+
+
+def test_pull_refuses_to_replace_a_reviewer_columns_file_without_overwrite(tmp_path, capsys):
+    # The README invites users to add their labels to reviewers.csv; a second pull rebuilt it from answers.csv and
+    # the labels were gone. Refused before the server is asked; with --overwrite the pull goes on (to an unreachable
+    # server here).
+    from hf_defer.review.cli import main
+
+    columns = tmp_path / "reviewers.csv"
+    columns.write_text("item,text,ann@example.com,label\nid:2,tweet one,hate_speech,hate_speech\n")
+    url = f"http://127.0.0.1:{free_port()}"
+    pull = ["pull", "--url", url, "--project", "p", "--output", str(tmp_path / "answers.csv"),
+            "--columns_output", str(columns)]
+    assert main(pull) == 2
+    error = capsys.readouterr().err
+    assert f"--columns_output {str(columns)!r} exists" in error and "pass --overwrite" in error
+    assert columns.read_text().endswith("hate_speech,hate_speech\n") and not (tmp_path / "answers.csv").exists()
+    assert main([*pull, "--overwrite"]) == 2
+    assert "cannot reach the Label Studio server" in capsys.readouterr().err
