@@ -29,9 +29,14 @@ def check_stages(training_args: TrainingArguments) -> None:
 def default_stages(training_args: TrainingArguments, splits: Any) -> list[str]:
     """Without `--do_train`, `--do_eval` and `--do_predict` (or with `--eval_strategy` alone), the run does what a
     newcomer who gave data files expects: it trains on the `train` split, evaluates on `validation` and predicts on
-    `test`, those that `splits` has, and logs it. Returns the flags it turned on."""
-    if not _no_stage_named(training_args) or "train" not in splits:
+    `test`, those that `splits` has, and logs it. Returns the flags it turned on. Data without a `train` split then
+    leaves nothing to run: a `ValueError` says so (a run never saves an untrained head)."""
+    if not _no_stage_named(training_args):
         return []
+    if "train" not in splits:
+        raise ValueError(f"nothing to train: the data has the split(s) {', '.join(splits)} but no training split; give "
+                         "--train_file (or a --dataset_name with a train split) and --do_train. To evaluate or use a "
+                         "deferral model saved before, run `hf-defer evaluate` or `hf-defer predict --model FOLDER`.")
     chosen = [flag for flag, split in (("do_train", "train"), ("do_eval", "validation"), ("do_predict", "test"))
               if split in splits and not getattr(training_args, flag)]
     for flag in chosen:

@@ -72,9 +72,7 @@ def check_model_source(name: str, flag: str = "--model", token: str | None = Non
     Example:
 
     ```python
-    >>> import os
     >>> from hf_defer.hub.model_source import check_model_source
-    >>> os.environ["HF_HUB_OFFLINE"] = "1"  # doctest: +SKIP
     >>> check_model_source("./ann-modle")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     FileNotFoundError: --model './ann-modle': no folder 'ann-modle' exists in ..., and './ann-modle' is not a Hub id...

