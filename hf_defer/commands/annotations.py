@@ -91,7 +91,8 @@ def write_training_file(annotations_file: str, item_column: str, annotator_colum
             raise ValueError(f"{flag} {column!r} is not a column of {source}; its columns are {list(long.columns)}.")
     items = read_frame(items_file, "--items_file") if items_file is not None else None
     keep_columns, dropped = _kept_columns(long, item_column, annotator_column, answer_column, keep_columns,
-                                          list(items.columns) if items is not None else [])
+                                          [*(items.columns if items is not None else []), label_column_name,
+                                           f"{label_column_name}_tied"])
     try:
         wide = annotations_to_columns(long, item_column, annotator_column, answer_column, duplicates=duplicates,
                                       keep_columns=list(keep_columns))
@@ -166,15 +167,16 @@ def write_training_file(annotations_file: str, item_column: str, annotator_colum
 
 
 def _kept_columns(long: Any, item_column: str, annotator_column: str, answer_column: str,
-                  keep_columns: Sequence[str] | None, items_columns: Sequence[str]) -> tuple[list[str], list[str]]:
+                  keep_columns: Sequence[str] | None, taken: Sequence[str]) -> tuple[list[str], list[str]]:
     """The columns of the export carried over, and those left out: `keep_columns` as given, or by default every
-    column with one value per item that is neither an annotator's name nor a column of the items file."""
+    column with one value per item that is neither an annotator's name nor `taken` (the items file's columns, the
+    target's)."""
     others = [str(column) for column in long.columns if column not in (item_column, annotator_column, answer_column)]
     if keep_columns is not None:
         return list(keep_columns), [column for column in others if column not in keep_columns]
     per_item = long.groupby(item_column, dropna=False, sort=False)
     annotators = {str(name) for name in long[annotator_column].dropna().unique()}
-    kept = [column for column in others if column not in annotators and str(column) not in map(str, items_columns)
+    kept = [column for column in others if column not in annotators and column not in map(str, taken)
             and bool((per_item[column].nunique(dropna=False) <= 1).all())]
     return kept, [column for column in others if column not in kept]
 
@@ -209,7 +211,8 @@ def run_annotations(args: argparse.Namespace) -> int:
                                   args.overwrite, args.duplicates, keep)
     if summary["dropped_columns"]:
         why = ("not named by --keep_columns" if args.keep_columns else
-               "they vary within an item, or --items_file has them; --keep_columns names the item-level ones to keep")
+               "they vary within an item, or --items_file or the target has them; --keep_columns names the "
+               "item-level ones to keep")
         print(f"left out column(s) {', '.join(summary['dropped_columns'])} of {args.annotations_file} ({why}).",
               file=sys.stderr)
     if summary["no_answer"]:

@@ -201,9 +201,9 @@ def test_the_exports_item_level_columns_are_kept_by_default_and_the_others_named
     """The issue's case: the text in the export itself, no --items_file, no --keep_columns; a time stamp per answer
     varies within an item and is left out, by name."""
     export = tmp_path / "export.csv"
-    write_csv(export, ("id", "who", "said", "text", "when"),
-              [("a", "ann", "pos", "fine", 1), ("a", "bob", "pos", "fine", 2), ("b", "ann", "neg", "awful", 3),
-               ("b", "bob", "neg", "awful", 4)])
+    write_csv(export, ("id", "who", "said", "text", "when", "labels"),  # labels: the tool's own, the target's name
+              [("a", "ann", "pos", "fine", 1, "x"), ("a", "bob", "pos", "fine", 2, "x"),
+               ("b", "ann", "neg", "awful", 3, "y"), ("b", "bob", "neg", "awful", 4, "y")])
     argv = ["annotations", "--annotations_file", str(export), "--item_column", "id", "--annotator_column", "who",
             "--answer_column", "said", "--output", str(tmp_path / "wide.csv")]
     assert hf_defer_main(argv) == 0
@@ -212,7 +212,7 @@ def test_the_exports_item_level_columns_are_kept_by_default_and_the_others_named
                                                                                        "pos"],
                                                 ["b", "awful", "neg", "neg", "neg"]]
     assert "--text_column_name text" in out and "no column named 'text'" not in err
-    assert f"left out column(s) when of {export} (they vary within an item" in err
+    assert f"left out column(s) when, labels of {export} (they vary within an item" in err
     # named columns: only those, and the others said
     assert hf_defer_main([*argv, "--keep_columns", "text", "--overwrite"]) == 0
-    assert "left out column(s) when of" in capsys.readouterr().err
+    assert "left out column(s) when, labels of" in capsys.readouterr().err
