@@ -221,6 +221,12 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     (truncating at `--max_seq_length`), code and card; write `predictions.csv` for every test row; write
     `hf_defer_run.json` and print a summary; `--push_to_hub`: upload the folder.
 
+    Before anything is loaded: `--do_eval` / `--do_predict` without `--do_train` are refused ([`check_stages`]: the
+    head would be untrained), and the model's name must be a folder here or a Hub id that can be loaded
+    ([`check_model_source`]). With no stage flag, the run trains, evaluates and predicts on the splits it has
+    ([`default_stages`]). `hf_defer_run.json` ends `completed`, or `failed` with the error, or `interrupted`; an upload
+    that fails leaves the saved folder and ends in a `ConnectionError` that names it.
+
     Args:
         model_args ([`ModelArguments`]), data_args ([`DataTrainingArguments`]), training_args
             (`transformers.TrainingArguments`): see [`parse_run_arguments`].
@@ -427,4 +433,3 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
                     f"{repo_id!r} failed ({first_line(error)}); upload it later with `hf upload {repo_id} {folder}` "
                     "(after `hf auth login`).") from error
     return results
-
