@@ -13,8 +13,10 @@
 The data is the copy of HateSpeech shipped inside hf_defer (MIT license; the tweets contain offensive language).
 The saved card states the licenses: the model under --license (default apache-2.0, the encoder's), the data MIT.
 
-Usage: python scripts/demo.py [--output-dir demo_model] [--epochs 50] [--max-rows N] [--overwrite]
-A folder the demo wrote before is replaced; any other existing folder needs --overwrite.
+Usage: python scripts/demo.py [--output-dir DIR] [--epochs 50] [--max-rows N] [--overwrite]
+The full run writes demo_model/, a quick one (--max-rows N) demo_model_<N>rows/ unless --output-dir says otherwise.
+A folder the demo wrote before is replaced by a run at least as full (as many tweets and epochs); a fuller model there,
+or any folder the demo did not write, needs --overwrite.
 """
 
 from __future__ import annotations
@@ -38,12 +40,44 @@ from hf_defer.commands.run import head_on_sentence_encoder, sentence_encoder_max
 from hf_defer.modeling.surrogates import surrogate_class
 
 MARKER = ".written_by_hf_defer_demo"
+"""Marks a folder the demo wrote; holds the run's `max_rows` (None: every tweet) and `epochs`."""
+DEFAULT_EPOCHS = 50.0
 CONTENT_WARNING = ("Content warning: the HateSpeech tweets printed below contain racist, sexist, homophobic and "
                    "otherwise offensive language.")
 LICENSE_NOTES = ("Base encoder: sentence-transformers/all-MiniLM-L6-v2, Apache-2.0. Training data: HateSpeech "
                  "(Davidson et al., 2017), MIT License, Copyright (c) 2017 Tom Davidson.")
 METRICS = ("system_error", "coverage", "classifier_error", "expert_ece", "budgeted_error_10", "budgeted_error_20",
            "budgeted_error_30")
+
+
+def default_output_dir(max_rows: int | None) -> str:
+    """`demo_model` for the full run; a quick run gets a folder of its own, `demo_model_<N>rows`, so that it never
+    takes the place of the full model."""
+    return "demo_model" if max_rows is None else f"demo_model_{max_rows}rows"
+
+
+def output_refusal(output_dir: Path, max_rows: int | None, epochs: float, overwrite: bool) -> str | None:
+    """Why the demo may not write `output_dir`, or None. Without `overwrite`: a non-empty folder the demo did not
+    write is refused, and so is one holding a demo model fuller than this run's (more tweets, `max_rows` None being
+    all of them, or more epochs; a marker from an older demo that does not say counts as all tweets, 50 epochs)."""
+    if overwrite or not output_dir.exists() or not any(output_dir.iterdir()):
+        return None
+    marker = output_dir / MARKER
+    if not marker.exists():
+        return (f"{output_dir} exists, is not empty and was not written by this demo; pass --overwrite to replace "
+                "it, or choose another --output-dir.")
+    try:
+        before = json.loads(marker.read_text() or "{}")
+    except ValueError:
+        before = {}
+    rows, ran = before.get("max_rows"), float(before.get("epochs", DEFAULT_EPOCHS))
+    fewer_rows = (rows is None and max_rows is not None) or (None not in (rows, max_rows) and max_rows < rows)
+    if fewer_rows or epochs < ran:
+        return (f"{output_dir} holds a fuller demo model ({'all' if rows is None else rows} tweets, {ran:g} epochs) "
+                "than this run would train "
+                f"({'all' if max_rows is None else max_rows} tweets, {epochs:g} epochs); choose another --output-dir "
+                f"(a quick run writes {default_output_dir(max_rows)} by default), or pass --overwrite to replace it.")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,19 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rows", type=int, default=None,
                         help="use a random subset of this many tweets (a quick run; the splits keep their shares)")
     parser.add_argument("--encoder", default=DEFAULT_ENCODER)
-    parser.add_argument("--output-dir", default="demo_model")
-    parser.add_argument("--epochs", type=float, default=50.0)
+    parser.add_argument("--output-dir", default=None,
+                        help="where to save the model (default: demo_model, or demo_model_<N>rows with --max-rows N)")
+    parser.add_argument("--epochs", type=float, default=DEFAULT_EPOCHS)
     parser.add_argument("--surrogate", default="asm", choices=hf_defer.SURROGATES)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
     parser.add_argument("--license", default="apache-2.0", help="license of the saved model, for its card")
     options = parser.parse_args(argv)
 
-    output_dir = Path(options.output_dir)
-    ours = (output_dir / MARKER).exists()
-    if output_dir.exists() and any(output_dir.iterdir()) and not (ours or options.overwrite):
-        print(f"{output_dir} exists, is not empty and was not written by this demo; pass --overwrite to replace "
-              "it, or choose another --output-dir.", file=sys.stderr)
+    output_dir = Path(options.output_dir or default_output_dir(options.max_rows))
+    refusal = output_refusal(output_dir, options.max_rows, options.epochs, options.overwrite)
+    if refusal:
+        print(refusal, file=sys.stderr)
         return 2
     torch.manual_seed(options.seed)
     print(CONTENT_WARNING + "\n")
@@ -127,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer.model_max_length = sentence_encoder_max_length(encoder_path) or tokenizer.model_max_length
     hf_defer.save_for_hub(text_model, output_dir, processing_class=tokenizer, card_data=card, overwrite=True)
     (output_dir / "test_metrics.json").write_text(json.dumps(metrics, indent=2))
-    (output_dir / MARKER).touch()
+    (output_dir / MARKER).write_text(json.dumps({"max_rows": options.max_rows, "epochs": options.epochs}) + "\n")
 
     examples = splits["test"].select(range(8))
     classifier = pipeline("deferral", model=str(output_dir))

@@ -42,10 +42,13 @@ def _quiet_ties() -> Iterator[None]:
 def write_training_file(annotations_file: str, item_column: str, annotator_column: str, answer_column: str,
                         items_file: str | None = None, method: str = "majority", label_column_name: str = "labels",
                         keep_tied: bool = False, output: str = "wide.csv", overwrite: bool = False,
-                        duplicates: str = "error", keep_columns: Sequence[str] = ()) -> dict[str, Any]:
+                        duplicates: str = "error", keep_columns: Sequence[str] | None = None) -> dict[str, Any]:
     """Pivots a long table of annotations into one answer column per annotator ([`annotations_to_columns`]), merges the
     items file on `item_column`, builds the target with [`aggregate_labels`] and writes the CSV `output`.
 
+    - `keep_columns` (default: every item-level column of `annotations_file`, one value per item, such as the text)
+      are carried over; the other columns (they vary within an item, e.g. a time stamp per answer) are dropped and
+      named in the summary, as are those that `items_file` also has (its own are kept).
     - Every annotated item must be in `items_file` (one row per item). A row without any answer (an item of
       `items_file` nobody annotated, or whose every answer is empty) has no target: it is dropped and counted.
     - `method="majority"` or `"dawid_skene"`: the target in `label_column_name`, the experts are the answer columns,
@@ -58,10 +61,10 @@ def write_training_file(annotations_file: str, item_column: str, annotator_colum
       (`hf-defer train` refuses a row without a label: drop or fix them before training).
 
     Returns:
-        `{"rows", "experts", "tied", "tied_items", "no_answer", "unscored", "flags"}`: the rows written, the expert
-        columns, the tied rows (dropped unless `keep_tied`) and their items, the rows dropped for want of an answer,
-        the answers left unscored because the others tie (`leave_one_out`), and the `hf-defer train` flags that read
-        `output` ([`training_flags`]).
+        `{"rows", "experts", "tied", "tied_items", "no_answer", "unscored", "flags", "dropped_columns"}`: the rows
+        written, the expert columns, the tied rows (dropped unless `keep_tied`) and their items, the rows dropped for
+        want of an answer, the answers left unscored because the others tie (`leave_one_out`), the `hf-defer train`
+        flags that read `output` ([`training_flags`]), and the columns of `annotations_file` left out.
 
     Raises:
         ValueError / OSError: a missing or unreadable file, a missing column, an item missing from `items_file`, a
@@ -82,10 +85,14 @@ def write_training_file(annotations_file: str, item_column: str, annotator_colum
     source = f"--annotations_file {annotations_file}"
     long = read_frame(annotations_file, "--annotations_file")
     named = [("--item_column", item_column), ("--annotator_column", annotator_column),
-             ("--answer_column", answer_column), *(("--keep_columns", column) for column in keep_columns)]
+             ("--answer_column", answer_column), *(("--keep_columns", column) for column in keep_columns or ())]
     for flag, column in named:
         if column not in long.columns:
             raise ValueError(f"{flag} {column!r} is not a column of {source}; its columns are {list(long.columns)}.")
+    items = read_frame(items_file, "--items_file") if items_file is not None else None
+    keep_columns, dropped = _kept_columns(long, item_column, annotator_column, answer_column, keep_columns,
+                                          [*(items.columns if items is not None else []), label_column_name,
+                                           f"{label_column_name}_tied"])
     try:
         wide = annotations_to_columns(long, item_column, annotator_column, answer_column, duplicates=duplicates,
                                       keep_columns=list(keep_columns))
@@ -100,9 +107,8 @@ def write_training_file(annotations_file: str, item_column: str, annotator_colum
     if method == "leave_one_out" and len(experts) < 2:
         raise ValueError(f"--method leave_one_out needs two or more annotators; {source} has {experts}.")
     unannotated = 0
-    if items_file is not None:
+    if items is not None:
         where = f"--items_file {items_file}"
-        items = read_frame(items_file, "--items_file")
         if item_column not in items.columns:
             raise ValueError(f"--item_column {item_column!r} is not a column of {where}; its columns are "
                              f"{list(items.columns)}.")
@@ -157,14 +163,29 @@ def write_training_file(annotations_file: str, item_column: str, annotator_colum
     wide.to_csv(output, index=False)
     flags = training_flags(output, label_column_name, experts, method, text="text" in wide.columns)
     return {"rows": len(wide), "experts": experts, "tied": len(tied_items), "tied_items": tied_items,
-            "no_answer": no_answer, "unscored": unscored, "flags": flags}
+            "no_answer": no_answer, "unscored": unscored, "flags": flags, "dropped_columns": dropped}
+
+
+def _kept_columns(long: Any, item_column: str, annotator_column: str, answer_column: str,
+                  keep_columns: Sequence[str] | None, taken: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The columns of the export carried over, and those left out: `keep_columns` as given, or by default every
+    column with one value per item that is neither an annotator's name nor `taken` (the items file's columns, the
+    target's)."""
+    others = [str(column) for column in long.columns if column not in (item_column, annotator_column, answer_column)]
+    if keep_columns is not None:
+        return list(keep_columns), [column for column in others if column not in keep_columns]
+    per_item = long.groupby(item_column, dropna=False, sort=False)
+    annotators = {str(name) for name in long[annotator_column].dropna().unique()}
+    kept = [column for column in others if column not in annotators and column not in map(str, taken)
+            and bool((per_item[column].nunique(dropna=False) <= 1).all())]
+    return kept, [column for column in others if column not in kept]
 
 
 def training_flags(output: str, label_column_name: str, experts: Sequence[str], method: str = "majority",
                    text: bool = False) -> list[str]:
-    """The `hf-defer train` flags that read the file [`write_training_file`] wrote: the experts as answers
-    (`--expert_column_names`) or, after `method="leave_one_out"`, as correctness (`--expert_correct_columns`), masked
-    where missing.
+    """The `hf-defer train` flags that read the file [`write_training_file`] wrote and train on it: the experts as
+    answers (`--expert_column_names`) or, after `method="leave_one_out"`, as correctness (`--expert_correct_columns`),
+    masked where missing, and `--do_train`; `hf-defer train` needs `--model_name_or_path` (and `--output_dir`) too.
 
     Example:
 
@@ -172,7 +193,7 @@ def training_flags(output: str, label_column_name: str, experts: Sequence[str], 
     >>> from hf_defer.commands.annotations import training_flags
     >>> training_flags("wide.csv", "labels", ["ann", "bob"], text=True)  # doctest: +NORMALIZE_WHITESPACE
     ['--train_file', 'wide.csv', '--text_column_name', 'text', '--label_column_name', 'labels',
-     '--expert_column_names', 'ann,bob', '--missing_expert', 'mask']
+     '--expert_column_names', 'ann,bob', '--missing_expert', 'mask', '--do_train']
 
     ```
     """
@@ -180,15 +201,22 @@ def training_flags(output: str, label_column_name: str, experts: Sequence[str], 
     pairs = [("--train_file", output), *([("--text_column_name", "text")] if text else []),
              ("--label_column_name", label_column_name), (expert_flag, ",".join(experts)), ("--missing_expert", "mask")]
     # A value that starts with "-" (an annotator named "-dash") would read as a flag: "--flag=-dash,zed" parses.
-    return [part for flag, value in pairs for part in ([f"{flag}={value}"] if value.startswith("-") else [flag, value])]
+    flags = [part for flag, value in pairs for part in ([f"{flag}={value}"] if value.startswith("-") else [flag, value])]
+    return [*flags, "--do_train"]
 
 
 def run_annotations(args: argparse.Namespace) -> int:
     """`hf-defer annotations`: what was dropped and written on stderr, the `hf-defer train` flags on stdout."""
-    keep = [name.strip() for name in args.keep_columns.split(",") if name.strip()] if args.keep_columns else []
+    keep = [name.strip() for name in args.keep_columns.split(",") if name.strip()] if args.keep_columns else None
     summary = write_training_file(args.annotations_file, args.item_column, args.annotator_column, args.answer_column,
                                   args.items_file, args.method, args.label_column_name, args.keep_tied, args.output,
                                   args.overwrite, args.duplicates, keep)
+    if summary["dropped_columns"]:
+        why = ("not named by --keep_columns" if args.keep_columns else
+               "they vary within an item, or --items_file or the target has them; --keep_columns names the "
+               "item-level ones to keep")
+        print(f"left out column(s) {', '.join(summary['dropped_columns'])} of {args.annotations_file} ({why}).",
+              file=sys.stderr)
     if summary["no_answer"]:
         print(f"dropped {summary['no_answer']} item(s) without any answer: no target there.", file=sys.stderr)
     if summary["tied"]:
@@ -202,7 +230,9 @@ def run_annotations(args: argparse.Namespace) -> int:
     if "--text_column_name" not in summary["flags"]:
         print("no column named 'text': bring the inputs with --items_file or --keep_columns, and name their column "
               "with --text_column_name when you train.", file=sys.stderr)
-    print(f"wrote {summary['rows']} rows, {len(summary['experts'])} annotators, to {args.output}; train on it with:",
+    print(f"wrote {summary['rows']} rows, {len(summary['experts'])} annotators, to {args.output}; train on it with "
+          "`hf-defer train --model_name_or_path ENCODER --output_dir FOLDER` and the flags below (ENCODER "
+          "sentence-transformers/all-MiniLM-L6-v2 with --freeze_encoder trains only a head: quick on a CPU):",
           file=sys.stderr)
     print(shlex.join(summary["flags"]))
     return 0

@@ -240,6 +240,11 @@ def _main(argv: list[str]) -> int:
             raise
         print(f"{PROG} {command.name}: error: {_one_line(error)} (--debug shows the traceback)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT (a run's record says so too)
+        if debug:
+            raise
+        print(f"{PROG} {command.name}: interrupted", file=sys.stderr)
+        return 130
 
 
 def run_train(argv: list[str]) -> int:

@@ -7,11 +7,12 @@ spreadsheets ([`spreadsheet_safe`]).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,7 @@ class OutputFolder:
         self.before = self._stat()
         summary = self._read_summary()
         self.previous_files = list(summary.get("files", [])) if summary is not None else None
+        self._started = False
 
     def _stat(self) -> dict[str, tuple[int, int]]:
         if not self.path.is_dir():
@@ -176,11 +178,53 @@ class OutputFolder:
         """Marks the folder as a run's (before the first checkpoint) and removes the results of an earlier run there,
         so that `all_results.json` holds this run's metrics only."""
         self.path.mkdir(parents=True, exist_ok=True)
+        self._started = True
         if self.previous_files is not None:
             for name in self.previous_files:
                 if name.endswith("_results.json"):
                     (self.path / name).unlink(missing_ok=True)
         self.write_summary({"status": "running"})
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Around a run: once the run has started ([`start`]), `hf_defer_run.json` says how it ended, `"failed"` with
+        the error (one line) or `"interrupted"` (Ctrl-C), next to what the run had recorded; a run that succeeds
+        writes its own `"completed"` summary. Before [`start`] nothing is written (the folder is not the run's yet).
+
+        Example:
+
+        ```python
+        >>> import json, tempfile, pathlib
+        >>> from hf_defer.commands.outputs import OutputFolder
+        >>> run = OutputFolder(pathlib.Path(tempfile.mkdtemp()) / "out")
+        >>> try:
+        ...     with run.recording():
+        ...         run.start()
+        ...         raise ConnectionError("the Hub cannot be reached")
+        ... except ConnectionError:
+        ...     pass
+        >>> summary = json.loads((run.path / "hf_defer_run.json").read_text())
+        >>> summary["status"], summary["error"]
+        ('failed', 'ConnectionError: the Hub cannot be reached')
+
+        ```
+        """
+        try:
+            yield
+        except KeyboardInterrupt:
+            self._end("interrupted", "KeyboardInterrupt: stopped by the user (Ctrl-C)")
+            raise
+        except Exception as error:
+            self._end("failed", f"{type(error).__name__}: {' '.join(str(error).split())}".rstrip(": "))
+            raise
+
+    def _end(self, status: str, error: str) -> None:
+        last = self._read_summary() if (self.path / RUN_SUMMARY).is_file() and self._started else None
+        if last is None:
+            return
+        last.pop("files", None)
+        last.pop("written_by", None)
+        self.write_summary({**last, "status": status, "error": error})
 
     def written(self) -> list[str]:
         """The entries this run wrote or changed, and those an earlier run into the folder wrote."""

@@ -18,10 +18,14 @@ logger = logging.getLogger(__name__)
 
 def load_pipeline(model: str, trust_remote_code: bool = False) -> Any:
     """`pipeline("deferral", model=model)` (the installed hf_defer), or with `trust_remote_code` the pipeline whose
-    code was saved with the model."""
+    code was saved with the model. A `model` that is neither a folder here nor a Hub id that can be loaded fails
+    first, at once ([`check_model_source`])."""
     import hf_defer  # noqa: F401  (registers the "deferral" task)
     from transformers import pipeline
 
+    from ..hub.model_source import check_model_source
+
+    check_model_source(model, "--model")  # a mistyped folder fails here, naming the folder and the Hub id tried
     if trust_remote_code:
         return pipeline("deferral-remote-code", model=model, trust_remote_code=True)
     return pipeline("deferral", model=model)
@@ -122,7 +126,9 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
         from transformers import AutoConfig
 
         import hf_defer  # noqa: F401  (registers the model type)
+        from ..hub.model_source import check_model_source
 
+        check_model_source(model, "--model")
         config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
         pipeline_kwargs["expert_costs"] = parse_expert_costs(pipeline_kwargs["expert_costs"], config.expert_names)
     pipe = load_pipeline(model, trust_remote_code)

@@ -25,9 +25,11 @@ from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, Training
 from .arguments import DataTrainingArguments, ModelArguments
 from .inputs import check_splits, join_text_columns, load_raw_datasets, pipeline_inputs, split_sources
 from .outputs import RUN_SUMMARY, OutputFolder, format_summary, stage_metrics, write_predictions
+from .run_checks import check_stages, default_stages, first_line, hub_repository_error
 from ..evaluation.calibration import calibrate_deferral
 from ..modeling.configuration_deferral import DeferralConfig
 from ..experts.simulated import annotator_expert, class_subset_expert
+from ..hub.model_source import check_model_source
 from ..hub.sharing import push_to_hub, save_for_hub
 from ..modeling.modeling_deferral import EncoderForDeferral
 from ..data.preparation import prepare_deferral_dataset
@@ -219,6 +221,12 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     (truncating at `--max_seq_length`), code and card; write `predictions.csv` for every test row; write
     `hf_defer_run.json` and print a summary; `--push_to_hub`: upload the folder.
 
+    Before anything is loaded: `--do_eval` / `--do_predict` without `--do_train` are refused ([`check_stages`]: the
+    head would be untrained), and the model's name must be a folder here or a Hub id that can be loaded
+    ([`check_model_source`]). With no stage flag, the run trains, evaluates and predicts on the splits it has
+    ([`default_stages`]). `hf_defer_run.json` ends `completed`, or `failed` with the error, or `interrupted`; an upload
+    that fails leaves the saved folder and ends in a `ConnectionError` that names it.
+
     Args:
         model_args ([`ModelArguments`]), data_args ([`DataTrainingArguments`]), training_args
             (`transformers.TrainingArguments`): see [`parse_run_arguments`].
@@ -241,11 +249,24 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     setup_logging(training_args)
     output = OutputFolder(training_args.output_dir, overwrite=data_args.overwrite_output_dir)
     output.check()  # every process, before anything is written
+    check_stages(training_args)
+    for flag, name in (("--model_name_or_path", model_args.model_name_or_path),
+                       ("--config_name", model_args.config_name), ("--tokenizer_name", model_args.tokenizer_name)):
+        if name:  # a mistyped local folder fails now, not after the data is prepared or a minute of Hub retries
+            check_model_source(name, flag, model_args.token, model_args.model_revision, model_args.cache_dir)
+    with output.recording():  # hf_defer_run.json says how the run ended: completed, failed (and why) or interrupted
+        return _run_deferral(model_args, data_args, training_args, output)
+
+
+def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, training_args: TrainingArguments,
+                  output: OutputFolder) -> dict[str, float]:
+    """[`run_deferral`] once `--output_dir`, the stages and the model's source are checked."""
     set_seed(training_args.seed)
     hub = _hub_kwargs(model_args)
     label = data_args.label_column_name
     with training_args.main_process_first(desc="loading and preparing the data"):
         raw = load_raw_datasets(data_args, training_args.seed, model_args)
+        default_stages(training_args, raw)
         if training_args.do_predict and "test" not in raw:  # as run_classification.py: not a silent run without it
             raise ValueError("--do_predict requires a test dataset: give --test_file (or a --dataset_name with a "
                              "'test' split), or drop --do_predict.")
@@ -323,6 +344,14 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
             **names)
     if model_args.use_lora:
         model = with_lora(model, model_args)
+    repo_id = training_args.hub_model_id or os.path.basename(os.path.normpath(training_args.output_dir))
+    push = training_args.push_to_hub
+    if push and training_args.process_index == 0:  # the Trainer would create the repository: fail here, train on
+        unreachable = hub_repository_error(repo_id, training_args)
+        if unreachable:
+            logger.warning(f"--push_to_hub: {unreachable}; training goes on and saves the model to "
+                           f"{Path(training_args.output_dir).resolve()}, and the upload is tried again at the end.")
+            training_args.push_to_hub = False  # no checkpoint uploads during training
     trainer = DeferralTrainer(
         model=model, args=training_args, processing_class=None if frozen_text else processor,
         train_dataset=splits.get("train") if training_args.do_train else None,
@@ -366,7 +395,6 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
         tested = trainer.evaluate(splits["test"], metric_key_prefix="test")
         _record(trainer, "test", {**tested, "test_samples": len(splits["test"])}, results)
 
-    repo_id = training_args.hub_model_id or os.path.basename(os.path.normpath(training_args.output_dir))
     card = trainer.model_card_data(base_model=model_args.model_name_or_path, model_name=repo_id.split("/")[-1],
                                    input_kind="image" if image_column else "text",
                                    defer_threshold=float(final.config.defer_threshold),
@@ -394,7 +422,8 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
                                      ids=test[id_column] if id_column else None, id_column=id_column or "row",
                                      columns={name: test[name] for name in data_args.copied_columns},
                                      route_only=final.config.route_only is True)
-        summary = {"status": "done", "model": str(folder), "predictions": str(predictions) if predictions else None,
+        summary = {"status": "completed", "model": str(folder),
+                   "predictions": str(predictions) if predictions else None,
                    "predicted_rows": rows, "defer_threshold": float(final.config.defer_threshold),
                    "max_deferral_rate": data_args.max_deferral_rate,
                    "metrics": {stage: stage_metrics(results, stage) for stage in STAGES
@@ -404,7 +433,13 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
         print(format_summary(summary))
         if flat:
             logger.warning(flat)
-        if training_args.push_to_hub:
-            push_to_hub(final, repo_id, processing_class=processor, card_data=card,
-                        token=training_args.hub_token, private=training_args.hub_private_repo)
+        if push:
+            try:
+                push_to_hub(final, repo_id, processing_class=processor, card_data=card,
+                            token=training_args.hub_token, private=training_args.hub_private_repo)
+            except Exception as error:  # no network, no token, no write access: the model stays here
+                raise ConnectionError(
+                    f"--push_to_hub: the model is saved in {folder}, but uploading it to the Hub repository "
+                    f"{repo_id!r} failed ({first_line(error)}); upload it later with `hf upload {repo_id} {folder}` "
+                    "(after `hf auth login`).") from error
     return results

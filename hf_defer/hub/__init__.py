@@ -4,6 +4,7 @@
 Imports modeling, evaluation, data and training's adapter helpers; never commands, review or experiments.
 """
 
+from .model_source import check_model_source
 from .sharing import push_to_hub, save_for_hub
 
-__all__ = ["push_to_hub", "save_for_hub"]
+__all__ = ["check_model_source", "push_to_hub", "save_for_hub"]

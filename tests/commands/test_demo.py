@@ -64,3 +64,38 @@ def test_demo_warns_first_names_the_absolute_folder_and_the_upload_command(tmp_p
     hf = Path(sys.executable).parent / "hf"
     help_text = subprocess.run([str(hf), "upload", "--help"], capture_output=True, text=True, timeout=120)
     assert help_text.returncode == 0 and "REPO_ID [LOCAL_PATH]" in help_text.stdout
+
+
+def test_a_quick_run_writes_its_own_folder_and_never_replaces_a_fuller_model(tmp_path, monkeypatch, capsys):
+    """`make demo DEMO_ARGS="--max-rows 3000"` next to the full demo's demo_model/ (issue 36)."""
+    from script_loader import load_script
+
+    demo = load_script("demo.py")
+    assert demo.default_output_dir(None) == "demo_model"
+    assert demo.default_output_dir(3000) == "demo_model_3000rows"
+    full = tmp_path / "demo_model"
+    full.mkdir()
+    (full / "model.safetensors").write_text("the full model")
+    (full / demo.MARKER).write_text('{"max_rows": null, "epochs": 50.0}\n')
+    # what may replace the full model, and what may not
+    assert demo.output_refusal(full, None, 50.0, overwrite=False) is None  # an as-full run
+    refusal = demo.output_refusal(full, 3000, 50.0, overwrite=False)
+    assert refusal.startswith(f"{full} holds a fuller demo model (all tweets, 50 epochs) than this run would train "
+                              "(3000 tweets, 50 epochs)") and "demo_model_3000rows" in refusal
+    assert "fuller" in demo.output_refusal(full, None, 1.0, overwrite=False)  # fewer epochs
+    assert demo.output_refusal(full, 3000, 50.0, overwrite=True) is None
+    quick = tmp_path / "quick"
+    quick.mkdir()
+    (quick / demo.MARKER).write_text('{"max_rows": 3000, "epochs": 50.0}\n')
+    assert demo.output_refusal(quick, 5000, 50.0, overwrite=False) is None  # more tweets: fuller
+    assert "fuller" in demo.output_refusal(quick, 2000, 50.0, overwrite=False)
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / demo.MARKER).touch()  # an older demo's marker says nothing: all tweets, 50 epochs
+    assert demo.output_refusal(older, None, 50.0, overwrite=False) is None
+    assert "fuller" in demo.output_refusal(older, 3000, 50.0, overwrite=False)
+    # the script itself: refused with one line and status 2, the full model untouched
+    monkeypatch.chdir(tmp_path)
+    assert demo.main(["--max-rows", "3000", "--output-dir", "demo_model"]) == 2
+    assert capsys.readouterr().err.startswith("demo_model holds a fuller demo model")
+    assert (full / "model.safetensors").read_text() == "the full model"
