@@ -201,7 +201,8 @@ def training_flags(output: str, label_column_name: str, experts: Sequence[str], 
     pairs = [("--train_file", output), *([("--text_column_name", "text")] if text else []),
              ("--label_column_name", label_column_name), (expert_flag, ",".join(experts)), ("--missing_expert", "mask")]
     # A value that starts with "-" (an annotator named "-dash") would read as a flag: "--flag=-dash,zed" parses.
-    flags = [part for flag, value in pairs for part in ([f"{flag}={value}"] if value.startswith("-") else [flag, value])]
+    flags = [part for flag, value in pairs
+             for part in ([f"{flag}={value}"] if value.startswith("-") else [flag, value])]
     return [*flags, "--do_train"]
 
 
