@@ -194,7 +194,9 @@ class DataTrainingArguments:
     shuffle_train_dataset: bool = field(default=False, metadata={"help": "Shuffle the training rows once, seeded."})
     shuffle_seed: int = field(default=42, metadata={"help": "Seed of --shuffle_train_dataset."})
     validation_split_percentage: int = field(
-        default=10, metadata={"help": "Share of train held out for validation when the data has no validation split."}
+        default=10, metadata={"help": "Share of train held out for validation when the data has no validation split "
+                                      "and something uses it (--do_eval, --max_deferral_rate); else train keeps every "
+                                      "row."}
     )
     max_deferral_rate: float | None = field(
         default=None,

@@ -245,7 +245,10 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     hub = _hub_kwargs(model_args)
     label = data_args.label_column_name
     with training_args.main_process_first(desc="loading and preparing the data"):
-        raw = load_raw_datasets(data_args, training_args.seed, model_args)
+        uses = [use for needed, use in ((training_args.do_eval, "evaluation (--do_eval, --eval_strategy)"),
+                                        (data_args.max_deferral_rate is not None,
+                                         "calibrating the deferral threshold (--max_deferral_rate)")) if needed]
+        raw = load_raw_datasets(data_args, training_args.seed, model_args, hold_out_for=" and ".join(uses) or None)
         sources = split_sources(data_args)
         expert_columns, expert_flag = data_args.expert_columns, "--expert_column_names"
         if data_args.simulated_expert:
