@@ -22,6 +22,8 @@ from typing import Any
 
 from transformers import HfArgumentParser, TrainingArguments
 
+from .flag_check import closest_flag, unknown_flags, unknown_flags_message
+
 __all__ = ["DataTrainingArguments", "ModelArguments", "build_run_parser", "parse_run_arguments"]
 
 _DATA_EXTENSIONS = ("csv", "json", "jsonl", "parquet")
@@ -374,8 +376,18 @@ def parse_run_arguments(
         if not isinstance(values, dict):
             raise ValueError(f"the flags file {argv[0]!r} must hold one JSON object of flag names and values.")
         values = {_RENAMED.get(key, key): value for key, value in values.items()}
+        fields = {action.dest for action in parser._actions}
+        unknown = [key for key in values if key not in fields]
+        if unknown:
+            raise ValueError(f"the flags file {argv[0]!r} has unknown keys: " + ", ".join(
+                f"{key!r}" + (f" (did you mean {hint[2:]!r}?)" if (hint := closest_flag(f"--{key}", [
+                    f"--{field}" for field in fields])) else "") for key in unknown))
         model_args, data_args, training_args = parser.parse_dict(values)
     else:
+        unknown = unknown_flags(argv, parser._option_string_actions)  # first: before any other complaint
+        if unknown:
+            raise ValueError(f"{unknown_flags_message(unknown, parser._option_string_actions)}; `{parser.prog} "
+                             "--help` lists the flags.")
         model_args, data_args, training_args, unknown = parser.parse_args_into_dataclasses(
             args=argv, return_remaining_strings=True)
         if unknown:

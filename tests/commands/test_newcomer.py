@@ -3,9 +3,13 @@ answered before torch is imported, a Hub name offline, the README's folders, the
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -49,3 +53,88 @@ def test_rows_are_held_out_only_when_something_uses_them(data, tmp_path, caplog)
     results = json.loads((tmp_path / "held" / "all_results.json").read_text())
     assert results["train_samples"] + results["eval_samples"] == kept_rows(data / "train.csv")
     assert results["eval_samples"] <= held
+
+
+# ------------------------------------------------------------------ 3. and 4. unknown flags first, before torch
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "transformers", "datasets")
+
+
+def answer_without_heavy_imports(argv: list[str], script: bool = False) -> tuple[int, str, list[str]]:
+    """Runs `hf-defer ARGV` (or `scripts/run_deferral.py ARGV`) in a fresh interpreter as the console script does,
+    and returns its exit status, stderr and which of torch, transformers and datasets it imported."""
+    if script:
+        call = (f"sys.argv = [{str(ROOT / 'scripts' / 'run_deferral.py')!r}, *{argv!r}]\n"
+                f"try:\n    runpy.run_path(sys.argv[0], run_name='__main__'); code = 0\n"
+                f"except SystemExit as exit:\n    code = exit.code\n")
+    else:
+        call = f"import hf_defer_cli\nsys.argv = ['hf-defer', *{argv!r}]\ncode = hf_defer_cli.main()\n"
+    probe = (f"import runpy, sys\n{call}"
+             f"print(code, sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r}))")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    code, heavy = done.stdout.strip().splitlines()[-1].split(" ", 1)
+    return int(code), done.stderr.strip(), ast.literal_eval(heavy)
+
+
+def test_a_misspelled_flag_is_named_with_the_closest_one_before_anything_else_and_before_torch(tmp_path):
+    # the issue's case: without the fix, the missing data files were reported, never --train_fiel
+    code, err, heavy = answer_without_heavy_imports(
+        ["train", "--model_name_or_path", "x", "--train_fiel", "train.csv", "--output_dir", str(tmp_path / "o")])
+    assert (code, heavy) == (2, [])
+    assert err == ("hf-defer train: error: unrecognized argument: --train_fiel (did you mean --train_file?) "
+                   "(see `hf-defer train --help`)")
+    # a TrainingArguments flag, two at once, and a data file that does not exist
+    code, err, heavy = answer_without_heavy_imports(
+        ["train", "--model_name_or_path", "x", "--learning_rte", "1e-3", "--num_epochs", "2", "--output_dir", "o"])
+    assert (code, heavy) == (2, []) and err.splitlines() == [
+        "hf-defer train: error: unrecognized arguments: --learning_rte (did you mean --learning_rate?), "
+        "--num_epochs (did you mean --num_train_epochs?) (see `hf-defer train --help`)"]
+    code, err, heavy = answer_without_heavy_imports(
+        ["train", "--model_name_or_path", "x", "--train_file", str(tmp_path / "nothere.csv"), "--output_dir", "o"])
+    assert (code, heavy) == (2, [])
+    assert err == (f"hf-defer train: error: --train_file {str(tmp_path / 'nothere.csv')!r} does not exist. "
+                   "(see `hf-defer train --help`)")
+    # the other commands: the unknown flag comes before argparse's "the following arguments are required"
+    code, err, heavy = answer_without_heavy_imports(["predict", "--model", "m", "--inptu", "x.csv"])
+    assert (code, heavy) == (2, [])
+    assert err == ("hf-defer predict: error: unrecognized argument: --inptu (did you mean --input?) "
+                   "(see `hf-defer predict --help`)")
+    code, err, _ = answer_without_heavy_imports(["annotations", "--annotations_file", "a.csv", "--itme_column", "i"])
+    assert code == 2 and "--itme_column (did you mean --item_column?)" in err and len(err.splitlines()) == 1
+
+
+def test_the_script_answers_as_hf_defer_train_does(tmp_path):
+    code, err, heavy = answer_without_heavy_imports(
+        ["--model_name_or_path", "x", "--train_file", "t.csv", "--per_device_train_batchsize", "8",
+         "--output_dir", "o"], script=True)
+    assert (code, heavy) == (2, [])
+    assert err == ("run_deferral.py: error: unrecognized argument: --per_device_train_batchsize (did you mean "
+                   "--per_device_train_batch_size?) (see `run_deferral.py --help`)")
+
+
+def test_a_flags_file_with_a_misspelled_key_and_the_full_parse_name_it_too(tmp_path):
+    from hf_defer.commands.arguments import parse_run_arguments
+
+    flags = tmp_path / "flags.json"
+    flags.write_text(json.dumps({"model_name_or_path": "x", "train_fiel": "train.csv", "output_dir": "o"}))
+    code, err, heavy = answer_without_heavy_imports(["train", str(flags)])
+    assert (code, heavy) == (2, [])
+    assert f"the flags file {str(flags)!r} has unknown keys: 'train_fiel' (did you mean 'train_file'?)" in err
+    with pytest.raises(ValueError, match=r"unknown keys: 'train_fiel' \(did you mean 'train_file'\?\)"):
+        parse_run_arguments([str(flags)])
+    # the full parse (scripts importing parse_run_arguments) names the flag before the dataclasses' own checks
+    with pytest.raises(ValueError, match=r"^unrecognized argument: --train_fiel \(did you mean --train_file\?\)"):
+        parse_run_arguments(["--model_name_or_path", "x", "--train_fiel", "train.csv", "--output_dir", "o"])
+
+
+def test_the_flags_read_from_the_source_are_the_parsers():
+    from hf_defer.commands.arguments import build_run_parser
+    from hf_defer.commands.flag_check import COMMAND_OPTIONS, run_options
+
+    parsed = set(build_run_parser()._option_string_actions)
+    read = set(run_options())
+    assert parsed <= read, parsed - read
+    extra = read - parsed - set(COMMAND_OPTIONS)  # --no_<flag> of every boolean, accepted only for the defaults True
+    assert extra and all(option.startswith(("--no_", "--no-")) for option in extra), extra

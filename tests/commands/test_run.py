@@ -58,7 +58,7 @@ def data_flags(data: Path) -> list[str]:
 
 def run_script(argv: list[str]) -> None:
     saved = sys.argv
-    sys.argv = [str(SCRIPT), *argv]
+    sys.argv = [str(SCRIPT), *argv, "--debug"]  # mistakes raise here (without it: one line and exit status 2)
     try:
         runpy.run_path(str(SCRIPT), run_name="__main__")
     finally:
