@@ -146,8 +146,9 @@ class DataTrainingArguments:
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Replace and delete files in --output_dir that no hf_defer run wrote. Without it such files "
-                          "stop the run before anything is written (a folder a run wrote is run into again)."},
+        metadata={"help": "Replace and delete files in --output_dir that no hf_defer run or save wrote. Without it "
+                          "such files stop the run before anything is written (a folder a run or save wrote is run "
+                          "into again)."},
     )
     class_names: str | None = field(
         default=None, metadata={"help": "Comma-separated class names in class-id order (default: from the data)."}

@@ -208,7 +208,7 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
                  training_args: TrainingArguments) -> dict[str, float]:
     """Runs what the flags ask and saves a Hub-ready folder to `--output_dir`.
 
-    In order: check `--output_dir` ([`OutputFolder`]: files no hf_defer run wrote stop the run unless
+    In order: check `--output_dir` ([`OutputFolder`]: files no hf_defer run or save wrote stop the run unless
     `--overwrite_output_dir`); load the splits ([`load_raw_datasets`]); add a simulated expert if asked; check every
     split, test included ([`check_splits`]), and prepare them ([`prepare_deferral_dataset`]): all data errors come
     here, before any model is loaded; build the model (with `--freeze_encoder` on text: a head on cached sentence

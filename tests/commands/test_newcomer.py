@@ -138,3 +138,77 @@ def test_the_flags_read_from_the_source_are_the_parsers():
     assert parsed <= read, parsed - read
     extra = read - parsed - set(COMMAND_OPTIONS)  # --no_<flag> of every boolean, accepted only for the defaults True
     assert extra and all(option.startswith(("--no_", "--no-")) for option in extra), extra
+
+
+# ------------------------------------------------------------------ 6. folders any hf_defer save wrote
+def test_a_folder_any_hf_defer_save_wrote_is_recognised_and_the_script_refuses_others_in_one_line(tmp_path):
+    from transformers import BertTokenizer, TrainingArguments
+
+    import hf_defer
+    from hf_defer.commands.outputs import OutputFolder, hf_defer_saved_files
+
+    model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=4, num_labels=2, expert_names=["ann"]))
+    trainer_folder = tmp_path / "by-trainer"
+    trainer = hf_defer.DeferralTrainer(model=model, args=TrainingArguments(str(trainer_folder), report_to=[],
+                                                                           use_cpu=True))
+    trainer.save_model()
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good"]
+    hub_folder = tmp_path / "by-save-for-hub"
+    hf_defer.save_for_hub(model, hub_folder, processing_class=BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}))
+    plain_folder = tmp_path / "by-save-pretrained"
+    model.save_pretrained(plain_folder)
+    for folder in (trainer_folder, hub_folder, plain_folder):
+        assert {"config.json", "model.safetensors", "configuration_deferral.py"} <= hf_defer_saved_files(folder)
+        assert OutputFolder(folder).foreign() == [], folder  # a run may write into it
+    assert {"README.md", "training_args.bin"} <= hf_defer_saved_files(trainer_folder)  # the deferral card
+    assert "tokenizer_config.json" in hf_defer_saved_files(hub_folder)
+    (trainer_folder / "notes.txt").write_text("mine")
+    (hub_folder / "README.md").write_text("my own card")  # not hf_defer's card: the user's
+    assert OutputFolder(trainer_folder).foreign() == ["notes.txt"]
+    assert OutputFolder(hub_folder).foreign() == ["README.md"]
+    # a folder of another library's model is the user's, file by file
+    other = tmp_path / "bert"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (other / "configuration_deferral.py").write_text("# not ours")
+    assert OutputFolder(other).foreign() == ["config.json", "configuration_deferral.py"]
+    # scripts/run_deferral.py refuses it as `hf-defer train` does: one line, exit status 2, before torch
+    argv = ["--model_name_or_path", "x", "--output_dir", str(trainer_folder)]
+    for script in (True, False):
+        code, err, heavy = answer_without_heavy_imports(argv if script else ["train", *argv], script=script)
+        prog = "run_deferral.py" if script else "hf-defer train"
+        assert (code, heavy, len(err.splitlines())) == (2, [], 1)
+        assert err.startswith(f"{prog}: error: --output_dir {str(trainer_folder)!r} holds files that no hf_defer run "
+                              "or save wrote: notes.txt.")
+
+
+# ------------------------------------------------------------------ 7. the margin in predictions.csv
+def test_predict_writes_each_rows_margin_and_the_threshold_it_was_compared_with(data, tmp_path, capsys):
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    import hf_defer
+
+    model = hf_defer.EncoderForDeferral.from_encoder_pretrained(
+        str(data / "encoder"), num_labels=3, num_experts=2, expert_names=["alice", "bob"], pooling="mean").eval()
+    with torch.no_grad():  # spread the estimates so that some rows are deferred and some not
+        model.head[-1].weight.normal_(0, 3, generator=torch.Generator().manual_seed(0))
+    model.config.defer_threshold, model.config.expert_costs = 0.05, [0.0, 0.1]
+    folder = tmp_path / "model"
+    hf_defer.save_for_hub(model, folder, processing_class=AutoTokenizer.from_pretrained(data / "encoder"))
+    frame = pd.read_csv(data / "test.csv")
+    out = tmp_path / "decisions.csv"
+    assert hf_defer_main(["predict", "--model", str(folder), "--input", str(data / "test.csv"),
+                          "--text_column_names", "review", "--output", str(out)]) == 0
+    assert capsys.readouterr().err.strip().endswith("deferred where margin > the deferral threshold 0.05")
+    rows = pd.read_csv(out)
+    assert list(rows.columns[rows.columns.get_loc("class_score") + 1:]) == ["margin", "expert_accuracy_alice",
+                                                                          "expert_accuracy_bob"]
+    # the margin by its definition, max_j (a_j - c_j) - max_y p(y|x), from the model's own estimates
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    with torch.no_grad():
+        output = model(**tokenizer(list(frame["review"]), padding=True, truncation=True, return_tensors="pt"))
+    expected = (output.expert_accuracy.numpy() - np.array([0.0, 0.1])).max(1) - output.class_probs.numpy().max(1)
+    np.testing.assert_allclose(rows["margin"], expected, atol=1e-5)
+    assert list(rows["defer"]) == list(rows["margin"] > 0.05) and 0 < rows["defer"].sum() < len(rows)
