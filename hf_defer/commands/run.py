@@ -28,6 +28,7 @@ from .outputs import RUN_SUMMARY, OutputFolder, format_summary, stage_metrics, w
 from ..evaluation.calibration import calibrate_deferral
 from ..modeling.configuration_deferral import DeferralConfig
 from ..experts.simulated import annotator_expert, class_subset_expert
+from ..hub.hub_ids import offline_model_path
 from ..hub.sharing import push_to_hub, save_for_hub
 from ..modeling.modeling_deferral import EncoderForDeferral
 from ..data.preparation import prepare_deferral_dataset
@@ -45,7 +46,7 @@ budget, `calibrated_eval` on it after, `test` with the saved model (after calibr
 
 def setup_logging(training_args: TrainingArguments) -> None:
     """Log levels as transformers' example scripts set them: `--log_level` (and `--log_level_replica`) for this
-    module, transformers and datasets, then a one-line summary of the process. Logs go to stderr."""
+    module, transformers and datasets, then a one-line summary of the process (at INFO). Logs go to stderr."""
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%m/%d/%Y %H:%M:%S",
                         handlers=[logging.StreamHandler(sys.stderr)])
     log_level = training_args.get_process_log_level()
@@ -54,7 +55,7 @@ def setup_logging(training_args: TrainingArguments) -> None:
     transformers.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.enable_default_handler()
     transformers.utils.logging.enable_explicit_format()
-    logger.warning(f"Process rank: {training_args.process_index}, device: {training_args.device}, n_gpu: "
+    logger.info(f"Process rank: {training_args.process_index}, device: {training_args.device}, n_gpu: "
                    f"{training_args.n_gpu}, distributed training: {training_args.parallel_mode.value == 'distributed'}"
                    f", 16-bits training: {training_args.fp16 or training_args.bf16}")
     logger.info(f"Training/evaluation parameters {training_args}")
@@ -242,6 +243,10 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     output = OutputFolder(training_args.output_dir, overwrite=data_args.overwrite_output_dir)
     output.check()  # every process, before anything is written
     set_seed(training_args.seed)
+    for flag in ("model_name_or_path", "config_name", "tokenizer_name"):  # offline: fail fast, or the shipped copy
+        if getattr(model_args, flag):
+            setattr(model_args, flag, offline_model_path(getattr(model_args, flag), f"--{flag}",
+                                                         model_args.model_revision, model_args.cache_dir))
     hub = _hub_kwargs(model_args)
     label = data_args.label_column_name
     with training_args.main_process_first(desc="loading and preparing the data"):

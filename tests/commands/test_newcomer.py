@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -33,12 +34,18 @@ def train_only_flags(data: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------- 2. held-out rows
-def test_rows_are_held_out_only_when_something_uses_them(data, tmp_path, caplog):
+def test_rows_are_held_out_only_when_something_uses_them_and_a_run_is_quiet(data, tmp_path, caplog, capfd):
     base = ["train", "--model_name_or_path", str(data / "encoder"), *train_only_flags(data), "--do_train",
             "--num_train_epochs", "1", *COMMON]
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         assert hf_defer_main([*base, "--output_dir", str(tmp_path / "all")]) == 0
     assert "held out" not in caplog.text
+    # 8. no news, no noise: the process line is at INFO, the tokenizer's special tokens are copied silently, and
+    # nothing is pinned on a CPU (torch's pin_memory warning)
+    err = capfd.readouterr().err
+    assert "Process rank" not in caplog.text and "PAD/BOS/EOS" not in err + caplog.text
+    assert not [w for w in caught if "pin_memory" in str(w.message)], [str(w.message) for w in caught]
     results = json.loads((tmp_path / "all" / "all_results.json").read_text())
     assert results["train_samples"] == kept_rows(data / "train.csv")  # every row trains
     caplog.clear()
