@@ -219,3 +219,21 @@ def test_predict_writes_each_rows_margin_and_the_threshold_it_was_compared_with(
     expected = (output.expert_accuracy.numpy() - np.array([0.0, 0.1])).max(1) - output.class_probs.numpy().max(1)
     np.testing.assert_allclose(rows["margin"], expected, atol=1e-5)
     assert list(rows["defer"]) == list(rows["margin"] > 0.05) and 0 < rows["defer"].sum() < len(rows)
+
+
+# ------------------------------------------------------------------ 8. a short help, the essential flags first
+def test_train_help_starts_with_the_essential_flags_and_help_all_shows_the_rest(capsys):
+    from hf_defer.commands.arguments import ESSENTIAL_FLAGS
+
+    assert hf_defer_main(["train", "--help"]) == 0
+    short = capsys.readouterr().out
+    assert short.startswith("usage: hf-defer train --model_name_or_path MODEL")
+    titles = [line for line in short.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert titles == ["options:", "essential:", "command:"], titles
+    assert all(f"--{name} " in short for name in ESSENTIAL_FLAGS) and 15 <= len(ESSENTIAL_FLAGS) <= 25
+    assert "--weight_decay" not in short and "--surrogate" not in short and "--lora_r" not in short
+    assert "`hf-defer train --help-all` lists" in short and len(short.splitlines()) < 150
+    assert hf_defer_main(["train", "--help-all"]) == 0
+    full = capsys.readouterr().out
+    assert "--weight_decay" in full and "--surrogate" in full and full.index("\nessential:\n") < full.index("\nmodel:\n")
+    assert len(full.splitlines()) > 3 * len(short.splitlines())
