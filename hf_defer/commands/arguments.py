@@ -1,9 +1,9 @@
 """The flags of `scripts/run_deferral.py` and `hf-defer train`, as transformers' example scripts name them.
 
 [`parse_run_arguments`] reads them with `HfArgumentParser` over [`ModelArguments`], [`DataTrainingArguments`] and
-`transformers.TrainingArguments`, from command-line flags or from one JSON file. `--help` lists the flags a first run
-needs ([`ESSENTIAL_FLAGS`]); `--help-all` every flag, in groups: essential, model, data, deferral (every other flag about
-experts, the surrogate and the deferral budget) and training.
+`transformers.TrainingArguments`, from command-line flags or from one JSON file. `--help` lists the flags a first
+run needs ([`ESSENTIAL_FLAGS`]); `--help-all` every flag, in groups: essential, model, data, deferral (every other
+flag about experts, the surrogate and the deferral budget) and training.
 
 The flags of transformers' `run_classification.py` carry over under their names, except those left out on purpose
 (the README lists them): `--do_regression`, `--metric_name` (the deferral metrics are fixed), `--pad_to_max_length`
