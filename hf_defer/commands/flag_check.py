@@ -11,12 +11,16 @@ read from the source of the argument dataclasses ([`run_options`]): `ModelArgume
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import importlib.util
 import json
 import os
+import sys
+import types
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = ["check_run_flags", "closest_flag", "run_options", "unknown_flags", "unknown_flags_message"]
 
@@ -143,6 +147,89 @@ def _flag_values(argv: Sequence[str], options: dict[str, str]) -> dict[str, str]
     return values
 
 
+_LIGHT_CLASSES = ("ModelArguments", "DataTrainingArguments")
+_TRUE, _FALSE = ("yes", "true", "t", "y", "1"), ("no", "false", "f", "n", "0")
+
+
+def _light_dataclasses(source: Path) -> dict[str, type]:
+    """`ModelArguments` and `DataTrainingArguments` built from the source of `arguments.py` without its imports of
+    transformers: its standard-library imports, literal constants, module-level functions and these two classes
+    (whose checks need nothing else)."""
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    kept: list[ast.stmt] = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if node.__dict__.get("level", 0) == 0 and all(name.split(".")[0] in sys.stdlib_module_names
+                                                          or name == "__future__" for name in modules):
+                kept.append(node)
+        elif isinstance(node, ast.FunctionDef) or (isinstance(node, ast.ClassDef) and node.name in _LIGHT_CLASSES):
+            kept.append(node)
+        elif isinstance(node, ast.Assign):
+            try:
+                ast.literal_eval(node.value)
+            except ValueError:
+                continue
+            kept.append(node)
+    module = sys.modules.setdefault("_hf_defer_light_arguments", types.ModuleType("_hf_defer_light_arguments"))
+    exec(compile(ast.Module(body=kept, type_ignores=[]), str(source), "exec"), module.__dict__)  # noqa: S102
+    return {name: getattr(module, name) for name in _LIGHT_CLASSES}
+
+
+def _value(annotation: str, text: str) -> Any:
+    """A flag's text as `HfArgumentParser` converts it for the annotation (bool, int, float or str)."""
+    if "bool" in annotation:
+        if text.lower() not in _TRUE + _FALSE:
+            raise ValueError(text)
+        return text.lower() in _TRUE
+    return int(text) if "int" in annotation else float(text) if "float" in annotation else text
+
+
+def _check_values(argv: Sequence[str], values: dict[str, Any] | None, options: dict[str, str]) -> str | None:
+    """The error of `ModelArguments` / `DataTrainingArguments`' own checks on the flags (or the JSON file's values),
+    or None: when they pass, or when the flags cannot be read here as the full parser would (an abbreviated flag, a
+    value that does not convert, a missing --model_name_or_path): the full parse then speaks."""
+    try:
+        classes = _light_dataclasses(Path(__file__).with_name("arguments.py"))
+    except Exception:  # the source changed shape: leave it to the full parse
+        return None
+    if values is None:
+        values = {}
+        for index, token in enumerate(argv):
+            if not token.startswith("--"):
+                continue
+            name, equals, text = token.partition("=")
+            if name not in options:
+                return None  # an abbreviation: argparse resolves it against every flag
+            following = argv[index + 1] if index + 1 < len(argv) else None
+            values[options[name]] = (text if equals else following if following is not None
+                                     and not following.startswith("--") else None, name.startswith("--no"))
+    kwargs: dict[str, dict[str, Any]] = {name: {} for name in _LIGHT_CLASSES}
+    for class_name, cls in classes.items():
+        for item in dataclasses.fields(cls):
+            if item.name not in values:
+                continue
+            value = values[item.name]
+            if isinstance(value, tuple):  # from the command line: (text, a --no_ flag)
+                text, negated = value
+                try:
+                    value = (not negated) if text is None and "bool" in str(item.type) else _value(str(item.type),
+                                                                                                     text)
+                except (TypeError, ValueError):
+                    return None
+            kwargs[class_name][item.name] = value
+    if "model_name_or_path" not in kwargs["ModelArguments"]:
+        return None
+    try:
+        for class_name, cls in classes.items():
+            cls(**kwargs[class_name])
+    except ValueError as error:
+        return " ".join(str(error).split())
+    except Exception:  # not a check of ours (a value of another type in a JSON file...): the full parse says it
+        return None
+    return None
+
+
 def _missing_file(flag: str, path: str) -> str | None:
     if not path or "://" in path or any(char in path for char in "*?[") or os.path.isfile(path):
         return None
@@ -151,7 +238,8 @@ def _missing_file(flag: str, path: str) -> str | None:
 
 def check_run_flags(argv: Sequence[str], check_output_dir: Callable[[str], None] | None = None) -> str | None:
     """The first mistake in the flags of a run that needs no heavy import to see, as one line, or None: unknown flags
-    (or keys of a JSON flags file), each with the closest known one, then data files that do not exist; then, unless
+    (or keys of a JSON flags file), each with the closest known one, then data files that do not exist, then the
+    checks of `ModelArguments` and `DataTrainingArguments` on their values; then, unless
     `--overwrite_output_dir` is given, `check_output_dir(output_dir)` runs (it raises on a folder the run must not
     write into).
 
@@ -167,7 +255,8 @@ def check_run_flags(argv: Sequence[str], check_output_dir: Callable[[str], None]
     options = run_options()
     if options is None or any(token in ("-h", "--help", "--help-all") for token in argv):
         return None
-    if len(argv) == 1 and argv[0].endswith(".json"):
+    json_file = len(argv) == 1 and argv[0].endswith(".json")
+    if json_file:
         try:
             with open(argv[0], encoding="utf-8") as handle:
                 values = json.load(handle)
@@ -191,6 +280,9 @@ def check_run_flags(argv: Sequence[str], check_output_dir: Callable[[str], None]
         problem = _missing_file(flag, given.get(flag, ""))
         if problem:
             return problem
+    problem = _check_values(argv, values if json_file else None, options)
+    if problem:
+        return problem
     if check_output_dir is not None and given.get("output_dir") and "overwrite_output_dir" not in given:
         check_output_dir(given["output_dir"])
     return None

@@ -103,6 +103,13 @@ def test_a_misspelled_flag_is_named_with_the_closest_one_before_anything_else_an
     assert (code, heavy) == (2, [])
     assert err == (f"hf-defer train: error: --train_file {str(tmp_path / 'nothere.csv')!r} does not exist. "
                    "(see `hf-defer train --help`)")
+    # the flags' own checks (ModelArguments, DataTrainingArguments) run before torch too
+    (tmp_path / "train.csv").write_text("text,label,alice\ngood,pos,pos\n")
+    code, err, heavy = answer_without_heavy_imports(
+        ["train", "--model_name_or_path", "x", "--train_file", str(tmp_path / "train.csv"), "--expert_column_names",
+         "alice", "--max_deferral_rate", "2", "--output_dir", "o"])
+    assert (code, heavy) == (2, [])
+    assert err == "hf-defer train: error: --max_deferral_rate must lie in (0, 1], got 2.0. (see `hf-defer train --help`)"
     # the other commands: the unknown flag comes before argparse's "the following arguments are required"
     code, err, heavy = answer_without_heavy_imports(["predict", "--model", "m", "--inptu", "x.csv"])
     assert (code, heavy) == (2, [])
