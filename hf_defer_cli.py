@@ -12,12 +12,19 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 _MODULE = "hf_defer.commands.cli"
 
 
 def main() -> int:
     """Runs `hf_defer.commands.cli.main` on `sys.argv[1:]` and returns its exit status."""
+    return command_module().main()
+
+
+def command_module() -> Any:
+    """`hf_defer.commands.cli`, run from its file without importing the `hf_defer` package (`scripts/run_deferral.py`
+    uses it too, so that its mistakes are answered before torch is imported)."""
     module = sys.modules.get(_MODULE)
     if module is None:
         package = importlib.util.find_spec("hf_defer")  # finds the package without running its __init__
@@ -32,7 +39,7 @@ def main() -> int:
         except BaseException:
             del sys.modules[_MODULE]
             raise
-    return module.main()
+    return module
 
 
 if __name__ == "__main__":

@@ -23,17 +23,25 @@ the package.
 
 from __future__ import annotations
 
+import os
 import sys
-
-from hf_defer.commands.arguments import parse_run_arguments
-from hf_defer.commands.run import run_deferral
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Parses the flags and runs them; returns the metrics of every stage (for use from Python)."""
+    from hf_defer.commands.arguments import parse_run_arguments
+    from hf_defer.commands.run import run_deferral
+
     # HfArgumentParser over (ModelArguments, DataTrainingArguments, TrainingArguments): flags, or one JSON file.
     model_args, data_args, training_args = parse_run_arguments(argv)
     return run_deferral(model_args, data_args, training_args)  # sets the log levels from training_args first
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # As `hf-defer train`: mistakes (unknown flags, missing files, a folder of your own as --output_dir) are answered
+    # in one line with exit status 2, before torch is imported; a bare --debug shows the traceback instead.
+    import hf_defer_cli
+
+    status = hf_defer_cli.command_module().run_script(sys.argv[1:], prog=os.path.basename(sys.argv[0]))
+    if status:
+        raise SystemExit(status)

@@ -134,11 +134,17 @@ def test_every_python_block_runs(tmp_path, monkeypatch):
         ran += 1
     assert ran >= 5
     # "Your own data": the saved model speaks the data's names.
-    config = json.loads((tmp_path / "my-deferral-model" / "config.json").read_text())
+    config = json.loads((tmp_path / "my-reviews-model" / "config.json").read_text())
     assert config["expert_names"] == ["alice", "bob"]
     assert sorted(config["id2label"].values()) == ["negative", "neutral", "positive"]
-    out = pipeline("deferral", model=str(tmp_path / "my-deferral-model"))("good movie")
+    out = pipeline("deferral", model=str(tmp_path / "my-reviews-model"))("good movie")
     assert out["class_label"] in ("negative", "neutral", "positive")
+    # the folders the Python examples save are not those the command lines write, and a run into one would be let in
+    from hf_defer.commands.outputs import OutputFolder
+
+    written = set(re.findall(r'TrainingArguments\("([^"]+)"', README))
+    assert written and not written & set(re.findall(r"--output_dir ([\w./-]+)", README))
+    assert OutputFolder(tmp_path / "my-reviews-model").foreign() == []
 
 
 def bash_command(marker: str) -> list[str]:

@@ -1,8 +1,9 @@
 """The flags of `scripts/run_deferral.py` and `hf-defer train`, as transformers' example scripts name them.
 
 [`parse_run_arguments`] reads them with `HfArgumentParser` over [`ModelArguments`], [`DataTrainingArguments`] and
-`transformers.TrainingArguments`, from command-line flags or from one JSON file. `--help` lists them in four groups:
-model, data, deferral (every flag about experts, the surrogate and the deferral budget) and training.
+`transformers.TrainingArguments`, from command-line flags or from one JSON file. `--help` lists the flags a first
+run needs ([`ESSENTIAL_FLAGS`]); `--help-all` every flag, in groups: essential, model, data, deferral (every other
+flag about experts, the surrogate and the deferral budget) and training.
 
 The flags of transformers' `run_classification.py` carry over under their names, except those left out on purpose
 (the README lists them): `--do_regression`, `--metric_name` (the deferral metrics are fixed), `--pad_to_max_length`
@@ -12,6 +13,7 @@ The flags of transformers' `run_classification.py` carry over under their names,
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -21,6 +23,8 @@ import json
 from typing import Any
 
 from transformers import HfArgumentParser, TrainingArguments
+
+from .flag_check import closest_flag, unknown_flags, unknown_flags_message
 
 __all__ = ["DataTrainingArguments", "ModelArguments", "build_run_parser", "parse_run_arguments"]
 
@@ -150,8 +154,9 @@ class DataTrainingArguments:
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Replace and delete files in --output_dir that no hf_defer run wrote. Without it such files "
-                          "stop the run before anything is written (a folder a run wrote is run into again)."},
+        metadata={"help": "Replace and delete files in --output_dir that no hf_defer run or save wrote. Without it "
+                          "such files stop the run before anything is written (a folder a run or save wrote is run "
+                          "into again)."},
     )
     class_names: str | None = field(
         default=None, metadata={"help": "Comma-separated class names in class-id order (default: from the data)."}
@@ -200,7 +205,9 @@ class DataTrainingArguments:
     shuffle_train_dataset: bool = field(default=False, metadata={"help": "Shuffle the training rows once, seeded."})
     shuffle_seed: int = field(default=42, metadata={"help": "Seed of --shuffle_train_dataset."})
     validation_split_percentage: int = field(
-        default=10, metadata={"help": "Share of train held out for validation when the data has no validation split."}
+        default=10, metadata={"help": "Share of train held out for validation when the data has no validation split "
+                                      "and something uses it (--do_eval, --max_deferral_rate); else train keeps every "
+                                      "row."}
     )
     max_deferral_rate: float | None = field(
         default=None,
@@ -293,21 +300,69 @@ def _given_flags(argv: Sequence[str]) -> set[str]:
     return {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
 
 
+ESSENTIAL_FLAGS = ("model_name_or_path", "freeze_encoder", "dataset_name", "train_file", "validation_file", "test_file",
+                   "text_column_names", "label_column_name", "expert_column_names", "expert_correct_columns",
+                   "missing_expert", "route_only", "default_expert", "max_deferral_rate", "max_seq_length",
+                   "output_dir", "overwrite_output_dir", "do_train", "do_eval", "do_predict", "num_train_epochs",
+                   "learning_rate", "per_device_train_batch_size", "push_to_hub")
+"""The flags a first run needs, which `--help` shows alone (`--help-all` adds the others, in their groups)."""
+
+
 def help_group(dataclass_type: type, name: str) -> str:
-    """The `--help` group of a flag: `deferral` for every flag about experts, the surrogate or the deferral budget,
-    else `model`, `data` or `training` after its dataclass."""
+    """The `--help` group of a flag: `essential` for [`ESSENTIAL_FLAGS`], `deferral` for every other flag about
+    experts, the surrogate or the deferral budget, else `model`, `data` or `training` after its dataclass."""
+    if name in ESSENTIAL_FLAGS:
+        return "essential"
     if dataclass_type in (ModelArguments, DataTrainingArguments) and any(w in name for w in _DEFERRAL_WORDS):
         return "deferral"
     return {ModelArguments: "model", DataTrainingArguments: "data"}.get(dataclass_type, "training")
 
 
-class RunArgumentParser(HfArgumentParser):
-    """`HfArgumentParser` over the three dataclasses whose `--help` shows the flags in groups (model, data, deferral,
-    training) and whose usage errors are one line naming the flag."""
+class _HelpAllAction(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
-    _GROUPS = {"model": "the encoder and the saved model", "data": "the data files or Hub dataset, and predictions",
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        parser.print_help(full=True)
+        parser.exit()
+
+
+class RunArgumentParser(HfArgumentParser):
+    """`HfArgumentParser` over the three dataclasses whose `--help` shows the essential flags ([`ESSENTIAL_FLAGS`])
+    and `--help-all` every flag in groups (essential, model, data, deferral, training), as `git` and `pip` keep their
+    first help short; its usage errors are one line naming the flag."""
+
+    _GROUPS = {"essential": "what a first run needs", "model": "the encoder and the saved model",
+               "data": "the data files or Hub dataset, and predictions",
                "deferral": "experts, surrogate loss and deferral budget",
                "training": "transformers.TrainingArguments (see its documentation)"}
+    _SHORT = ("essential", "command")
+    """The groups `--help` shows (`command`: the flags `hf-defer train` adds)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("--help-all", action=_HelpAllAction, help="show every flag, in groups, and exit")
+
+    def print_help(self, file: Any = None, full: bool = False) -> None:  # type: ignore[override]
+        self._print_message(self.format_help(full), file or sys.stdout)
+
+    def format_help(self, full: bool = False) -> str:  # type: ignore[override]
+        """The help: every group with `full`, else usage, the short groups and how many flags `--help-all` adds."""
+        if full:
+            return super().format_help()
+        formatter = self._get_formatter()
+        formatter.add_usage(self.usage, self._actions, self._mutually_exclusive_groups)
+        shown = [group for group in self._action_groups if group.title in self._SHORT or group.title == "options"]
+        for group in shown:
+            formatter.start_section(group.title)
+            formatter.add_text(group.description)
+            formatter.add_arguments(group._group_actions)
+            formatter.end_section()
+        hidden = [(group.title, len(group._group_actions)) for group in self._action_groups if group not in shown
+                  and group._group_actions]
+        formatter.add_text(f"`{self.prog} --help-all` lists {sum(n for _, n in hidden)} more flags: "
+                           + ", ".join(f"{title} ({n})" for title, n in hidden) + ".")
+        return formatter.format_help()
 
     def _add_dataclass_arguments(self, dtype: Any) -> None:
         groups = getattr(self, "_run_groups", None)
@@ -384,9 +439,19 @@ def parse_run_arguments(
         if not isinstance(values, dict):
             raise ValueError(f"the flags file {argv[0]!r} must hold one JSON object of flag names and values.")
         values = {_RENAMED.get(key, key): value for key, value in values.items()}
+        fields = {action.dest for action in parser._actions}
+        unknown = [key for key in values if key not in fields]
+        if unknown:
+            raise ValueError(f"the flags file {argv[0]!r} has unknown keys: " + ", ".join(
+                f"{key!r}" + (f" (did you mean {hint[2:]!r}?)" if (hint := closest_flag(f"--{key}", [
+                    f"--{field}" for field in fields])) else "") for key in unknown))
         model_args, data_args, training_args = parser.parse_dict(values)
         given = set(values)
     else:
+        unknown = unknown_flags(argv, parser._option_string_actions)  # first: before any other complaint
+        if unknown:
+            raise ValueError(f"{unknown_flags_message(unknown, parser._option_string_actions)}; `{parser.prog} "
+                             "--help` lists the flags.")
         model_args, data_args, training_args, unknown = parser.parse_args_into_dataclasses(
             args=argv, return_remaining_strings=True)
         if unknown:

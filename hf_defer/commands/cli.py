@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["COMMANDS", "Command", "build_parser", "main"]
+__all__ = ["COMMANDS", "Command", "build_parser", "main", "run_script"]
 
 PROG = "hf-defer"
 USER_ERRORS = (ValueError, OSError, ImportError)
@@ -230,15 +232,26 @@ def _main(argv: list[str]) -> int:
         debug = args.debug or bare_debug
         call: Callable[[], int] = lambda: _resolve(command.run)(rest)  # noqa: E731
     else:
+        sub = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction)).choices[
+            command.name]
+        flags = _light("flag_check")
+        unknown = flags.unknown_flags(rest, sub._option_string_actions)
+        if unknown:  # before the missing-flag errors argparse gives first: the mistyped flag is the news
+            sub.error(flags.unknown_flags_message(unknown, sub._option_string_actions))
         args = parser.parse_args(argv)
         debug = args.debug
         call = lambda: _resolve(command.run)(args)  # noqa: E731
+    return _guarded(call, f"{PROG} {command.name}", debug)
+
+
+def _guarded(call: Callable[[], int], prog: str, debug: bool) -> int:
+    """`call()`, a user's mistake ([`USER_ERRORS`]) shown as one line and exit status 2 (raised with `debug`)."""
     try:
         return call()
     except USER_ERRORS as error:
         if debug:
             raise
-        print(f"{PROG} {command.name}: error: {_one_line(error)} (--debug shows the traceback)", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(error)} (--debug shows the traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT (a run's record says so too)
         if debug:
@@ -247,14 +260,43 @@ def _main(argv: list[str]) -> int:
         return 130
 
 
-def run_train(argv: list[str]) -> int:
-    """`hf-defer train [--json] FLAGS | CONFIG.json`: [`run_deferral`] with the flags of `scripts/run_deferral.py`.
-    The run's final JSON goes to `<output_dir>/hf_defer_run.json`; with `--json` it is all that stdout gets."""
-    from .arguments import build_run_parser, parse_run_arguments
+def run_script(argv: Sequence[str], prog: str) -> int:
+    """`scripts/run_deferral.py FLAGS`: `hf-defer train` under the script's name, its mistakes answered the same way
+    (one line naming the flag, exit status 2; a bare `--debug` shows the traceback)."""
+    rest, debug = _bare_debug(list(argv))
+    return _guarded(lambda: run_train(rest, prog=prog), prog, debug)
 
+
+def _light(name: str) -> Any:
+    """`hf_defer.commands.<name>`, a module of the standard library only, without importing the hf_defer package
+    (torch, transformers) when that is not imported yet: loaded from its file under a private name."""
+    if "hf_defer" in sys.modules:
+        return importlib.import_module(f"hf_defer.commands.{name}")
+    private = f"_hf_defer_light_{name}"
+    if private not in sys.modules:
+        spec = importlib.util.spec_from_file_location(private, os.path.join(os.path.dirname(__file__), f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[private] = module
+        spec.loader.exec_module(module)
+    return sys.modules[private]
+
+
+def run_train(argv: list[str], prog: str = f"{PROG} train") -> int:
+    """`hf-defer train [--json] FLAGS | CONFIG.json`: [`run_deferral`] with the flags of `scripts/run_deferral.py`.
+    The run's final JSON goes to `<output_dir>/hf_defer_run.json`; with `--json` it is all that stdout gets.
+
+    Unknown flags (with the closest known one), missing data files and an `--output_dir` holding files no hf_defer
+    run wrote are reported before torch and transformers are imported."""
     json_only = "--json" in argv
     argv = [arg for arg in argv if arg != "--json"]
-    parser = build_run_parser(prog=f"{PROG} train")
+    problem = _light("flag_check").check_run_flags(
+        argv, check_output_dir=lambda path: _light("outputs").OutputFolder(path).check())
+    if problem:
+        print(f"{prog}: error: {problem} (see `{prog} --help`)", file=sys.stderr)
+        return 2
+    from .arguments import build_run_parser, parse_run_arguments
+
+    parser = build_run_parser(prog=prog)
     group = parser.add_argument_group("command")
     group.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                        help="print only the run's final JSON on stdout (everything else goes to stderr); a bare "

@@ -76,9 +76,11 @@ def split_sources(data_args: Any) -> dict[str, str]:
                                                                ("test", data_args.test_file)) if path is not None}
 
 
-def load_raw_datasets(data_args: Any, seed: int = 0, model_args: Any = None) -> datasets.DatasetDict:
+def load_raw_datasets(data_args: Any, seed: int = 0, model_args: Any = None,
+                      hold_out_for: str | None = "validation") -> datasets.DatasetDict:
     """The `train` / `validation` / `test` splits named by `--dataset_name` (its `--*_split_name` splits) or the data
-    files. Without a validation split, `--validation_split_percentage` of train is held out (seeded).
+    files. Without a validation split, `--validation_split_percentage` of train is held out (seeded) when
+    `hold_out_for` says what will use it (logged with the count); with `hold_out_for=None` train keeps every row.
     `--shuffle_train_dataset` shuffles train once (`--shuffle_seed`); `--max_*_samples` keep the first rows."""
     if data_args.dataset_name is not None:
         hub = {}
@@ -108,11 +110,14 @@ def load_raw_datasets(data_args: Any, seed: int = 0, model_args: Any = None) -> 
         # one file at a time: a test file may lack the label and expert columns
         raw = datasets.DatasetDict({split: read_table(source.split(" ", 1)[1], source.split(" ", 1)[0])
                                     for split, source in sources.items()})
-    if "validation" not in raw and "train" in raw:
+    if "validation" not in raw and "train" in raw and hold_out_for:
         if len(raw["train"]) < 2:
             raise ValueError("the training data has fewer than 2 rows: nothing to hold out for validation; give "
                              "--validation_file or more rows.")
         held = raw["train"].train_test_split(test_size=data_args.validation_split_percentage / 100, seed=seed)
+        logger.warning(f"held out {len(held['test'])} of the {len(raw['train'])} training rows "
+                       f"(--validation_split_percentage {data_args.validation_split_percentage}) as the validation "
+                       f"split, for {hold_out_for}; give --validation_file to train on every row.")
         raw["train"], raw["validation"] = held["train"], held["test"]
     if getattr(data_args, "shuffle_train_dataset", False) and "train" in raw:
         raw["train"] = raw["train"].shuffle(seed=data_args.shuffle_seed)

@@ -151,9 +151,11 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
 
 def run_pipeline(pipe: Any, inputs: list[Any], batch_size: int, disable_progress_bar: bool = False,
                  **kwargs: Any) -> list[dict[str, Any]]:
-    """The pipeline's outputs for `inputs`, batch by batch, with a progress bar on stderr."""
+    """The pipeline's outputs for `inputs` (with each input's deferral `margin`), batch by batch, with a progress bar
+    on stderr."""
     from tqdm.auto import tqdm
 
+    kwargs.setdefault("return_margin", True)  # predictions.csv shows why an input was (not) deferred
     outputs = pipe((item for item in inputs), batch_size=batch_size, **kwargs)  # a generator: answers as they come
     return list(tqdm(outputs, total=len(inputs), desc="Deciding", unit="input", leave=False,
                      disable=disable_progress_bar or len(inputs) < batch_size))
@@ -173,5 +175,11 @@ def run_predict(args: argparse.Namespace) -> int:
     count = predict_file(args.model, args.input, args.output, args.batch_size, names, args.text_pair_column_name,
                          args.image_column_name, args.id_column_name, copied, args.overwrite,
                          args.text_column_delimiter, args.trust_remote_code, **extra)
-    print(f"wrote {count} decisions to {args.output}", file=sys.stderr)
+    threshold = args.defer_threshold
+    if threshold is None:  # the model's own (calibrated) threshold, as the pipeline used it
+        from transformers import AutoConfig
+
+        threshold = AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code).defer_threshold
+    print(f"wrote {count} decisions to {args.output}; deferred where margin > the deferral threshold "
+          f"{float(threshold):.6g}", file=sys.stderr)
     return 0

@@ -30,6 +30,7 @@ from ..evaluation.calibration import calibrate_deferral
 from ..modeling.configuration_deferral import DeferralConfig
 from ..experts.simulated import annotator_expert, class_subset_expert
 from ..hub.model_source import check_model_source
+from ..hub.hub_ids import offline_model_path
 from ..hub.sharing import push_to_hub, save_for_hub
 from ..modeling.modeling_deferral import EncoderForDeferral
 from ..data.preparation import prepare_deferral_dataset
@@ -47,7 +48,7 @@ budget, `calibrated_eval` on it after, `test` with the saved model (after calibr
 
 def setup_logging(training_args: TrainingArguments) -> None:
     """Log levels as transformers' example scripts set them: `--log_level` (and `--log_level_replica`) for this
-    module, transformers and datasets, then a one-line summary of the process. Logs go to stderr."""
+    module, transformers and datasets, then a one-line summary of the process (at INFO). Logs go to stderr."""
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%m/%d/%Y %H:%M:%S",
                         handlers=[logging.StreamHandler(sys.stderr)])
     log_level = training_args.get_process_log_level()
@@ -56,7 +57,7 @@ def setup_logging(training_args: TrainingArguments) -> None:
     transformers.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.enable_default_handler()
     transformers.utils.logging.enable_explicit_format()
-    logger.warning(f"Process rank: {training_args.process_index}, device: {training_args.device}, n_gpu: "
+    logger.info(f"Process rank: {training_args.process_index}, device: {training_args.device}, n_gpu: "
                    f"{training_args.n_gpu}, distributed training: {training_args.parallel_mode.value == 'distributed'}"
                    f", 16-bits training: {training_args.fp16 or training_args.bf16}")
     logger.info(f"Training/evaluation parameters {training_args}")
@@ -210,7 +211,7 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
                  training_args: TrainingArguments) -> dict[str, float]:
     """Runs what the flags ask and saves a Hub-ready folder to `--output_dir`.
 
-    In order: check `--output_dir` ([`OutputFolder`]: files no hf_defer run wrote stop the run unless
+    In order: check `--output_dir` ([`OutputFolder`]: files no hf_defer run or save wrote stop the run unless
     `--overwrite_output_dir`); load the splits ([`load_raw_datasets`]); add a simulated expert if asked; check every
     split, test included ([`check_splits`]), and prepare them ([`prepare_deferral_dataset`]): all data errors come
     here, before any model is loaded; build the model (with `--freeze_encoder` on text: a head on cached sentence
@@ -250,6 +251,10 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     output = OutputFolder(training_args.output_dir, overwrite=data_args.overwrite_output_dir)
     output.check()  # every process, before anything is written
     check_stages(training_args)
+    for flag in ("model_name_or_path", "config_name", "tokenizer_name"):  # offline: fail fast, or the shipped copy
+        if getattr(model_args, flag):
+            setattr(model_args, flag, offline_model_path(getattr(model_args, flag), f"--{flag}",
+                                                         model_args.model_revision, model_args.cache_dir))
     for flag, name in (("--model_name_or_path", model_args.model_name_or_path),
                        ("--config_name", model_args.config_name), ("--tokenizer_name", model_args.tokenizer_name)):
         if name:  # a mistyped local folder fails now, not after the data is prepared or a minute of Hub retries
@@ -265,7 +270,10 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
     hub = _hub_kwargs(model_args)
     label = data_args.label_column_name
     with training_args.main_process_first(desc="loading and preparing the data"):
-        raw = load_raw_datasets(data_args, training_args.seed, model_args)
+        uses = [use for needed, use in ((training_args.do_eval, "evaluation (--do_eval, --eval_strategy)"),
+                                        (data_args.max_deferral_rate is not None,
+                                         "calibrating the deferral threshold (--max_deferral_rate)")) if needed]
+        raw = load_raw_datasets(data_args, training_args.seed, model_args, hold_out_for=" and ".join(uses) or None)
         default_stages(training_args, raw)
         if training_args.do_predict and "test" not in raw:  # as run_classification.py: not a silent run without it
             raise ValueError("--do_predict requires a test dataset: give --test_file (or a --dataset_name with a "

@@ -153,6 +153,8 @@ def calibrate_deferral(
     deferred, margins = np.array([d for d, _ in decided], dtype=bool), np.array([m for _, m in decided])
     if np.isneginf(margins).any():  # nobody available: never deferred; below every other margin, but finite
         margins[np.isneginf(margins)] = min(0.0, float(margins[np.isfinite(margins)].min(initial=0.0))) - 1.0
+    if np.isposinf(margins).any():  # a route-only default expert left out: deferred at any threshold; above all
+        margins[np.isposinf(margins)] = max(0.0, float(margins[np.isfinite(margins)].max(initial=0.0))) + 1.0
     kept = budget_deferrals(deferred, margins, max_deferral_rate)
     threshold = _threshold_between(margins, kept)
     config = pipe.model.config

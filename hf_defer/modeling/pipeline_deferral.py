@@ -104,7 +104,9 @@ class DeferralPipeline(Pipeline):
     - **available_experts** (*optional*) -- who can answer now: expert names (or a bool mask over
       `config.expert_names`) for every input of the call, or, for a list of inputs, one such entry per input (a 2-D
       mask, or a list of name lists). Only those enter the max of the rule; an input with none is answered by the
-      model (`margin` `-inf`). All experts when not given.
+      model (`margin` `-inf`). All experts when not given. A route-only model obeys it for its default expert too:
+      left out, the input goes to the best available other expert (`margin` `+inf`); with nobody left, a
+      `ValueError`.
     - tokenizer keyword arguments (`truncation`, `max_length`, `padding`, ...) for text, image-processor ones for
       images, as in the text-classification pipeline; `batch_size` batches the forward passes.
 

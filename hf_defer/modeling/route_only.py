@@ -41,8 +41,10 @@ class RouteOnlySurrogate(DeferralSurrogate):
     Decision: with costs ``c_j`` and the default expert ``d``, route to ``argmax_j (a_j - c_j)``: the input is
     *deferred* (sent away from ``d``) iff ``max_{j != d, available} (a_j - c_j) - (a_d - c_d) > defer_threshold``, to
     ``argmax_{j != d, available} (a_j - c_j)``; otherwise ``d`` answers. With zero costs and threshold this is exactly
-    ``max_{j != d} u_j > u_d`` (the sigmoid is increasing). The default expert is the fallback and always counts as
-    available (``available[:, d]`` is not read); the others only where ``available`` allows.
+    ``max_{j != d} u_j > u_d`` (the sigmoid is increasing). ``available`` binds the default expert too: where it
+    excludes ``d`` and allows another expert, the input goes to the best available other one whatever the threshold
+    (its margin is ``+inf``); where it allows nobody, ``d`` is the fallback (margin ``-inf``, not deferred), which the
+    deferral pipeline refuses rather than route to an excluded expert.
 
     Args:
         num_experts (`int`): number of experts ``M`` (at least 2: routing needs a choice).
@@ -142,7 +144,7 @@ class RouteOnlySurrogate(DeferralSurrogate):
     def _margin(self, u: torch.Tensor, costs: torch.Tensor | None,
                 available: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``max_{j != d, available} (a_j - c_j) - (a_d - c_d)`` (float64; ``-inf`` where no other expert is
-        available) and the ``argmax`` over those other experts."""
+        available, ``+inf`` where ``d`` is not and another is) and the ``argmax`` over those other experts."""
         gains = torch.sigmoid(u.double())
         if costs is not None:
             gains = gains - costs.to(gains)
@@ -155,7 +157,11 @@ class RouteOnlySurrogate(DeferralSurrogate):
         if available is not None:
             others = others.masked_fill(~available.to(others.device), float("-inf"))
         best, expert = others.max(dim=1)
-        return best - gains[:, d], expert
+        margin = best - gains[:, d]
+        if available is not None:  # the default expert excluded: any available other one answers (margin +inf)
+            forced = ~available.to(margin.device)[:, d] & torch.isfinite(best)
+            margin = margin.masked_fill(forced, float("inf"))
+        return margin, expert
 
     def _decide(self, u: torch.Tensor, costs: torch.Tensor | None = None, defer_threshold: float = 0.0,
                 available: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
@@ -190,6 +196,10 @@ def route_only_output(surrogate: RouteOnlySurrogate, config: Any, logits: torch.
         ``c_j``), ``expert_accuracy`` (list) and ``expert_scores`` (by name); with ``return_margin``, ``margin``.
     """
     paid = surrogate.check_costs(costs)
+    if available is not None and not bool(torch.as_tensor(available).any()):
+        raise ValueError(f"available_experts leaves no expert for this input, and a route-only model has no answer of "
+                         f"its own: allow at least one of {list(config.expert_names)} (the default, "
+                         f"{config.default_expert!r}, counts only when listed).")
     defer, chosen, _ = (int(t[0]) for t in surrogate._decide(logits, paid, threshold, available))
     accuracy = [float(a) for a in torch.sigmoid(logits[0].float())]
     name = config.expert_names[chosen]

@@ -1,4 +1,5 @@
-"""Tokenizers of decoder-only backbones: a padding token for those that have none."""
+"""Tokenizers of decoder-only backbones: a padding token for those that have none; special token ids copied into the
+config without the Trainer's notice."""
 
 from __future__ import annotations
 
@@ -59,3 +60,18 @@ def ensure_pad_token(tokenizer: Any, model: Any = None) -> Any:
 
 
 __all__ = ["ensure_pad_token"]
+
+
+def align_special_tokens_quietly(model: Any, tokenizer: Any) -> None:
+    """Copies the tokenizer's PAD/BOS/EOS ids into the model's config as `Trainer.__init__` does
+    (`transformers.trainer_utils.align_special_tokens`), without the warning it logs on every run: a deferral model
+    never generates, so the change is no news. The Trainer's own call then finds nothing to change."""
+    from transformers.trainer_utils import align_special_tokens
+
+    quiet = logging.get_logger("transformers.trainer_utils")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        align_special_tokens(model, tokenizer)
+    finally:
+        quiet.setLevel(level)

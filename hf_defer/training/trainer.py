@@ -23,7 +23,7 @@ from ..data.labels import check_label_names
 from ..modeling.surrogate_base import IGNORE_INDEX
 from ..evaluation.metrics import DeferralMetrics, deferral_metrics, expert_targets as _expert_targets
 from ..hub.model_card import DeferralModelCardData, render_model_card
-from .tokenization import ensure_pad_token
+from .tokenization import align_special_tokens_quietly, ensure_pad_token
 
 logger = logging.get_logger(__name__)
 
@@ -110,6 +110,7 @@ class DeferralTrainer(Trainer):
         tokenizer = processing_class if isinstance(processing_class, PreTrainedTokenizerBase) else None
         if tokenizer is not None:
             ensure_pad_token(tokenizer, model)
+            align_special_tokens_quietly(model, tokenizer)
         self._default_collator = arguments.get("data_collator") is None
         train_dataset = arguments.get("train_dataset")
         # check_deferral_dataset reads every value of a datasets.Dataset (a streamed one only on its first rows): the
@@ -131,6 +132,8 @@ class DeferralTrainer(Trainer):
                 check_deferral_dataset(dataset, model, name, require_answers=name == "train_dataset")
                 check_label_names(dataset, config, name)  # class ids that mean the model's classes, not others
         super().__init__(**arguments)
+        if self.args.dataloader_pin_memory and self.args.device.type == "cpu":  # torch warns: nothing to pin on CPU
+            self.args.dataloader_pin_memory = False
         # The model's forward takes no `num_items_in_batch` (it returns the mean loss of its batch); this tells the
         # Trainer to count the rows of each optimizer step and pass the count to `compute_loss`, which rescales.
         self.model_accepts_loss_kwargs = True

@@ -127,7 +127,7 @@ def test_resume_from_checkpoint_true_means_the_newest_complete_checkpoint(value,
 
 
 def test_run_flag_mistakes_are_errors_naming_the_flag(tmp_path):
-    with pytest.raises(ValueError, match=r"unrecognized arguments: --bogus 1; `.*--help` lists the flags"):
+    with pytest.raises(ValueError, match=r"unrecognized argument: --bogus; `.*--help` lists the flags"):
         parse_run_arguments([*BASE, "--bogus", "1"])
     with pytest.raises(ValueError, match="--max_seq_length must be a positive number of tokens, got 0"):
         parse_run_arguments([*BASE, "--max_seq_length", "0"])

@@ -102,7 +102,7 @@ def test_output_folder_refuses_the_users_files_and_accepts_its_own(tmp_path):
     again.start()
     assert not (own / "all_results.json").exists()  # results of the last run go, so all_results.json is this run's
     (own / "notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="no hf_defer run wrote: notes.txt"):
+    with pytest.raises(FileExistsError, match="no hf_defer run or save wrote: notes.txt"):
         OutputFolder(own).check()
 
 

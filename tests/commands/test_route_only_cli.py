@@ -143,7 +143,7 @@ def test_hf_defer_train_and_predict_route_only_from_csv(project, capsys):
     assert code == 0
     with open(project / "decisions.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert list(rows[0]) == ["row", "prompt", "label", "defer", "expert", "estimated_accuracy", "cost",
+    assert list(rows[0]) == ["row", "prompt", "label", "defer", "expert", "estimated_accuracy", "cost", "margin",
                              "expert_accuracy_small_llm", "expert_accuracy_large_llm"]
     gains = a - np.array(costs)  # a_j - c_j; the default answers unless another gains more than the threshold
     expected = np.where(gains[:, 1] - gains[:, 0] > threshold, 1, 0)
@@ -155,6 +155,7 @@ def test_hf_defer_train_and_predict_route_only_from_csv(project, capsys):
         assert row["defer"] == str(bool(j == 1))
         assert float(row["estimated_accuracy"]) == pytest.approx(accuracy[j], abs=1e-5)
         assert float(row["cost"]) == costs[j]
+        assert float(row["margin"]) == pytest.approx((accuracy[1] - costs[1]) - (accuracy[0] - costs[0]), abs=1e-5)
         assert [float(row[f"expert_accuracy_{n}"]) for n in names] == pytest.approx(list(accuracy), abs=1e-5)
     # The run's own predictions.csv (saved costs: zero) follows the same rule with c = 0.
     with open(out / "predictions.csv", newline="") as handle:

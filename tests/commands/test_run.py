@@ -58,7 +58,7 @@ def data_flags(data: Path) -> list[str]:
 
 def run_script(argv: list[str]) -> None:
     saved = sys.argv
-    sys.argv = [str(SCRIPT), *argv]
+    sys.argv = [str(SCRIPT), *argv, "--debug"]  # mistakes raise here (without it: one line and exit status 2)
     try:
         runpy.run_path(str(SCRIPT), run_name="__main__")
     finally:
@@ -242,22 +242,24 @@ def test_two_processes(data, tmp_path, launcher, frozen):
 def test_help_lists_every_flag_in_groups_and_the_console_script_is_declared(capsys):
     from hf_defer.commands.arguments import DataTrainingArguments, ModelArguments
 
-    assert hf_defer_main(["train", "--help"]) == 0
+    assert hf_defer_main(["train", "--help-all"]) == 0
     text = capsys.readouterr().out
     for cls in (ModelArguments, DataTrainingArguments):
         for name in cls.__dataclass_fields__:
             assert f"--{name}" in text, name
     assert "--do_predict" in text and "--push_to_hub" in text and "--simulated_expert" in text
-    # grouped: model, data, deferral, training, in this order, each flag in its group
-    headings = [text.index(f"\n{group}:\n") for group in ("model", "data", "deferral", "training", "command")]
+    # grouped: the essential flags, then model, data, deferral, training, in this order, each flag in its group
+    headings = [text.index(f"\n{group}:\n") for group in ("essential", "model", "data", "deferral", "training",
+                                                             "command")]
     assert headings == sorted(headings)
-    model, data, deferral, training, command = (text[a:b] for a, b in zip(headings, [*headings[1:], len(text)]))
-    assert "--model_name_or_path" in model and "--tokenizer_name" in model and "--license" in model
-    assert "--train_file" in data and "--text_column_names" in data and "--expert_column_names" not in data
-    assert all(f in deferral for f in ("--expert_column_names", "--surrogate", "--max_deferral_rate",
-                                       "--simulated_expert", "--missing_expert"))
-    assert "--learning_rate" in training and "--per_device_train_batch_size" in training and "--json" in command
-    assert len(text.split("\nmodel:\n")[0].splitlines()) < 10  # a short usage, not every flag again
+    essential, model, data, deferral, training, command = (text[a:b] for a, b in zip(headings, [*headings[1:],
+                                                                                               len(text)]))
+    assert "--model_name_or_path" in essential and "--tokenizer_name" in model and "--license" in model
+    assert "--train_file" in essential and "--text_column_delimiter" in data and "--expert_column_names" not in data
+    assert all(f in deferral for f in ("--surrogate", "--simulated_expert", "--expert_k"))
+    assert all(f in essential for f in ("--expert_column_names", "--max_deferral_rate", "--missing_expert"))
+    assert "--learning_rate" in essential and "--weight_decay" in training and "--json" in command
+    assert len(text.split("\nessential:\n")[0].splitlines()) < 10  # a short usage, not every flag again
     for command, flags in (("predict", ["--model", "--input", "--output", "--overwrite", "--id_column_name"]),
                            ("evaluate", ["--label_column_name", "--expert_column_names", "--missing_expert"])):
         assert hf_defer_main([command, "--help"]) == 0

