@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["RUN_SUMMARY", "OutputFolder", "PredictionWriter", "check_output_file", "format_summary",
-           "ids_digest", "prediction_format", "prediction_header", "prediction_values", "resume_predictions", "spreadsheet_safe",
+           "prediction_format", "prediction_header", "prediction_values", "resume_predictions", "spreadsheet_safe",
            "write_predictions"]
 
 RUN_SUMMARY = "hf_defer_run.json"
@@ -174,8 +174,7 @@ class PredictionWriter:
             return
         self._handle = open(self.path, "a" if append else "w", newline="", encoding="utf-8")
         if self.format == "csv" and not append:
-            self._handle.write(_csv_line([spreadsheet_safe(name) for name in self.header]))
-            self._handle.flush()
+            self.write_rows([self.header])
 
     def write_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """Appends `rows` (lists of values in the order of the header) and flushes them."""
@@ -183,8 +182,10 @@ class PredictionWriter:
             self._write_parquet(rows)
             return
         if self.format == "csv":
-            text = "".join(_csv_line([spreadsheet_safe("" if cell is None else cell) for cell in row])
-                           for row in rows)
+            buffer = io.StringIO()
+            csv.writer(buffer).writerows([spreadsheet_safe("" if cell is None else cell) for cell in row]
+                                         for row in rows)
+            text = buffer.getvalue()
         else:
             text = "".join(json.dumps(dict(zip(self.header, row)), ensure_ascii=False, default=str) + "\n"
                            for row in rows)
@@ -197,7 +198,7 @@ class PredictionWriter:
 
         if self._parquet is None:
             fields = [(name, self.column_types[name] if name in self.column_types
-                       else getattr(pa, _ARROW_TYPES.get(name, "float64"))()) for name in self.header]
+                       else pa.type_for_alias(_ARROW_TYPES.get(name, "float64"))) for name in self.header]
             arrays = [pa.array([row[i] for row in rows], type=kind) for i, (_, kind) in enumerate(fields)]
             self._schema = pa.schema([pa.field(name, array.type) for (name, _), array in zip(fields, arrays)])
             self._parquet = pq.ParquetWriter(self.path, self._schema)
@@ -221,7 +222,7 @@ class PredictionWriter:
 
             pq.write_table(pa.table({name: pa.array([], type=self.column_types.get(name) or pa.string())
                                      if name in self.column_types else
-                                     pa.array([], type=getattr(pa, _ARROW_TYPES.get(name, "float64"))())
+                                     pa.array([], type=pa.type_for_alias(_ARROW_TYPES.get(name, "float64")))
                                      for name in self.header}), self.path)
 
     def __enter__(self) -> PredictionWriter:
@@ -231,15 +232,10 @@ class PredictionWriter:
         self.close()
 
 
-def _csv_line(cells: Sequence[Any]) -> str:
-    buffer = io.StringIO()
-    csv.writer(buffer).writerow(cells)
-    return buffer.getvalue()
-
-
 def resume_predictions(path: str | os.PathLike, header: Sequence[str]) -> tuple[int, str] | None:
     """Keeps the whole rows of a predictions file that a killed run left (CSV or JSON Lines), cuts off a partial last
-    row, and returns how many rows it holds and the [`ids_digest`] of their id cells, or None when not even the CSV
+    row, and returns how many rows it holds and a digest of their id cells (`sha256` of each cell as
+    [`PredictionWriter.id_text`] writes it, then `\\x1f`), or None when not even the CSV
     header was written (start afresh). A file with other columns than `header`, or damaged before its last row, is
     refused: it was written with other options or by another program.
 
@@ -327,15 +323,6 @@ def _resume_csv(handle: Any, path: str, header: Sequence[str], digest: Any) -> t
             digest.update(record[0].encode("utf-8", "surrogateescape") + b"\x1f")
         kept, count = consumed["end"], count + 1
     return None if kept is None else (kept, count)
-
-
-def ids_digest(ids: Iterable[str]) -> str:
-    """The digest [`resume_predictions`] gives for a file whose id cells are `ids` (as [`PredictionWriter.id_text`]
-    writes them)."""
-    digest = hashlib.sha256()
-    for text in ids:
-        digest.update(text.encode("utf-8", "surrogateescape") + b"\x1f")
-    return digest.hexdigest()
 
 
 def check_output_file(output: str | os.PathLike, inputs: Sequence[str | os.PathLike], flag: str = "--output",
