@@ -309,16 +309,17 @@ def _resume_csv(handle: Any, path: str, header: Sequence[str], digest: Any) -> t
             break
         except csv.Error:  # a quoted cell cut short at the end of the file
             break
-        whole = consumed["line"].endswith(b"\r\n") and len(record) == len(header)
-        if not whole:
-            if handle.read(1):
-                raise ValueError(f"--resume: row {count + 1} of {path!r} does not have the columns {list(header)}; "
-                                 "was it written with other options, or by another program?")
-            break
-        if count < 0 and record != expected:
+        ended = consumed["line"].endswith(b"\r\n")
+        if count < 0 and ended and record != expected:
             raise ValueError(f"--resume: {path!r} has the columns {record}, this run writes {expected}: it was "
                              "written with other options (copied columns, model); give the same ones, or run again "
                              "without --resume.")
+        if not (ended and len(record) == len(header)):
+            if handle.read(1):
+                raise ValueError(f"--resume: row {count} (counting from 0) of {path!r} does not have the columns "
+                                 f"{list(header)} in one line; was it written with other options, or by another "
+                                 "program?")
+            break
         if count >= 0:
             digest.update(record[0].encode("utf-8", "surrogateescape") + b"\x1f")
         kept, count = consumed["end"], count + 1

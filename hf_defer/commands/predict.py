@@ -246,8 +246,8 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
             if skip == size:
                 start += size
                 continue
-            inputs = to_inputs(chunk, start)[skip:]
-            outputs = _decide(pipe, inputs, batch_size, state, **pipeline_kwargs)
+            # the whole chunk, even where resumed inside it: the same batches, so the same floats, as one run
+            outputs = _decide(pipe, to_inputs(chunk, start), batch_size, state, **pipeline_kwargs)[skip:]
             if writer is not None:
                 columns = [ids, *(chunk[name] for name in copied)]
                 writer.write_rows([[column[row] for column in columns] + prediction_values(out, route_only)
