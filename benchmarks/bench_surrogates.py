@@ -30,11 +30,14 @@ import torch.nn.functional as F
 from hf_defer.modeling.surrogates import SURROGATES, get_surrogate
 
 
+CLOCK = time.perf_counter
+
+
 def _timed(step: Callable[[], None], repeats: int) -> float:
-    start = time.perf_counter()
+    start = CLOCK()
     for _ in range(repeats):
         step()
-    return (time.perf_counter() - start) / repeats
+    return (CLOCK() - start) / repeats
 
 
 def main() -> None:
@@ -44,12 +47,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--sample-ms", type=float, default=20.0, help="target length of one timed sample")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall: elapsed time; cpu: this process's CPU time (time.process_time), which leaves out "
+                             "the time the process waited for a core on a shared machine")
+    parser.add_argument("--surrogates", nargs="+", default=list(SURROGATES), choices=list(SURROGATES))
     args = parser.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
 
     print(f"{platform.platform()}; {platform.processor() or 'CPU'}; torch {torch.__version__}, "
           f"{torch.get_num_threads()} thread(s); "
-          f"{args.rounds} rounds, median of per-round ratios to F.cross_entropy (forward + backward, float32, M = 1)")
+          f"{args.clock} clock, {args.rounds} rounds, median of per-round ratios to F.cross_entropy (forward + backward, float32, M = 1)")
     columns = ["check=False", "check=True"]
     print("| surrogate | K | B | cross-entropy µs | " + " | ".join(f"{c} ×CE" for c in columns) + " |")
     print("|---|---|---|---|" + "---|" * len(columns))
@@ -61,7 +70,7 @@ def main() -> None:
             experts = torch.where(torch.rand(B, generator=generator) < 0.7, labels,
                                   torch.randint(0, K, (B,), generator=generator))
             steps: dict[str, Callable[[], None]] = {"ce": lambda: F.cross_entropy(logits, labels).backward()}
-            for name in SURROGATES:
+            for name in args.surrogates:
                 loss = get_surrogate(name, K)
                 steps[f"{name} check=False"] = lambda loss=loss: loss(logits, labels, experts, check=False).backward()
                 steps[f"{name} check=True"] = lambda loss=loss: loss(logits, labels, experts).backward()
@@ -72,7 +81,7 @@ def main() -> None:
                     logits.grad = None
                     times[key].append(_timed(step, repeats[key]))
             ce = statistics.median(times["ce"]) * 1e6
-            for name in SURROGATES:
+            for name in args.surrogates:
                 ratios = [statistics.median([t / c for t, c in zip(times[f"{name} {col}"], times["ce"])])
                           for col in columns]
                 print(f"| {name} | {K} | {B} | {ce:.0f} | " + " | ".join(f"{r:.2f}" for r in ratios) + " |", flush=True)

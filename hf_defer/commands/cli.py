@@ -68,7 +68,8 @@ def _input_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _predict_arguments(parser: argparse.ArgumentParser) -> None:
     _input_arguments(parser)
-    parser.add_argument("--output", default="predictions.csv", help="CSV to write (default: predictions.csv).")
+    parser.add_argument("--output", default="predictions.csv",
+                        help="File to write: .csv, .jsonl (or .json) or .parquet (default: predictions.csv).")
     parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
     parser.add_argument("--id_column_name", default=None,
                         help="Column of the input's own ids, copied into the CSV (default: 'id' when the input has "
@@ -80,6 +81,14 @@ def _predict_arguments(parser: argparse.ArgumentParser) -> None:
                              "costs saved with the model).")
     parser.add_argument("--defer_threshold", type=float, default=None,
                         help="Deferral margin (default: the calibrated one saved with the model).")
+    parser.add_argument("--features_column_name", default=None,
+                        help="Head-only models: the column of feature vectors (lists; JSON lists in a CSV; default: "
+                             "'features').")
+    parser.add_argument("--resume", action="store_true",
+                        help="Continue the .csv/.jsonl --output that a stopped run left, after its last whole row.")
+    parser.add_argument("--num_processes", type=int, default=1,
+                        help="Split the input between N processes (one GPU each when there are GPUs) under "
+                             "accelerate launch; the output is the one-process output.")
 
 
 def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -325,3 +334,7 @@ def __getattr__(name: str) -> Any:
     if name == "evaluate_file":
         return getattr(importlib.import_module("hf_defer.commands.evaluate"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if __name__ == "__main__":  # `accelerate launch -m hf_defer.commands.cli predict ...`
+    raise SystemExit(main())

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import datasets
 
-__all__ = ["check_splits", "empty_text_rows", "join_text_columns", "load_raw_datasets", "pipeline_inputs",
+__all__ = ["TableStream", "check_splits", "empty_text_rows", "join_text_columns", "load_raw_datasets", "pipeline_inputs",
            "read_table", "split_sources"]
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,102 @@ def read_table(path: str, flag: str = "--input") -> datasets.Dataset:
     if len(table) == 0:
         raise ValueError(f"{flag} {path!r} holds no data rows (only a header?); give a file with data rows.")
     return table
+
+
+class TableStream:
+    """A csv, json, jsonl, parquet or txt file read in chunks by `datasets` in streaming mode: memory does not grow
+    with the file. CSV cells are read as text (ids such as `007` stay as written); a `.txt` file holds one text per
+    line (column `text`, blank lines skipped). Opening it checks the file (missing, empty, unreadable, no data row:
+    errors name `flag` and the file) and reads the first chunk.
+
+    Example:
+
+    ```python
+    >>> import os, tempfile
+    >>> from hf_defer.commands.inputs import TableStream
+    >>> path = os.path.join(tempfile.mkdtemp(), "new.csv")
+    >>> _ = open(path, "w").write("id,text\\n007,good movie\\n8,bad\\n")
+    >>> stream = TableStream(path, chunk_size=1)
+    >>> stream.column_names, stream.num_rows, [chunk["id"] for chunk in stream]
+    (['id', 'text'], 2, [['007'], ['8']])
+
+    ```
+    """
+
+    def __init__(self, path: str, flag: str = "--input", chunk_size: int = 1000) -> None:
+        self.path, self.flag, self.chunk_size = str(path), flag, chunk_size
+        extension = self.path.rsplit(".", 1)[-1].lower()
+        if extension != "txt" and extension not in _BUILDERS:
+            raise ValueError(f"{flag} must be a csv, json, jsonl, parquet or txt file, got {path!r}.")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{flag} {path!r} does not exist" + (" (it is a folder)." if os.path.isdir(path)
+                                                                           else "."))
+        if os.path.getsize(path) == 0:
+            raise ValueError(f"{flag} {path!r} is empty; give a file with a header and data rows.")
+        self.extension = extension
+        options: dict[str, Any] = {}
+        if extension == "csv":
+            import csv
+
+            with open(path, newline="", encoding="utf-8") as handle:
+                names = next(csv.reader(handle), [])
+            options["features"] = datasets.Features({name: datasets.Value("string") for name in names})
+        builder = "text" if extension == "txt" else _BUILDERS[extension]
+        self.dataset = datasets.load_dataset(builder, data_files=path, split="train", streaming=True, **options)
+        self._first = next(self._chunks(), None)
+        if self._first is None:
+            raise ValueError(f"{flag} {path!r} holds no data rows (only a header?); give a file with data rows.")
+        self.column_names = list(self._first)
+        self.num_rows = self._count_rows()
+
+    @property
+    def features(self) -> datasets.Features | None:
+        """The columns' types as `datasets` read them (None where it infers them only while reading)."""
+        return self.dataset.features
+
+    def cast_column(self, column: str, feature: Any) -> None:
+        """Reads `column` as `feature` (e.g. `datasets.Image()` for a column of image paths) from the first row."""
+        self.dataset = self.dataset.cast_column(column, feature)
+        self._first = next(self._chunks(), None)
+
+    def _chunks(self) -> Iterator[dict[str, list[Any]]]:
+        try:
+            for chunk in self.dataset.iter(batch_size=self.chunk_size):
+                if self.extension == "txt":
+                    chunk = {"text": [line for line in chunk["text"] if line.strip()]}
+                    if not chunk["text"]:
+                        continue
+                yield chunk
+        except Exception as error:  # datasets wraps the reader's error (pandas, pyarrow) in its own
+            cause = error.__cause__ or error
+            reason = " ".join(str(cause).split())[:300] or type(cause).__name__
+            raise ValueError(f"{self.flag} {self.path!r} cannot be read as {self.extension}: {reason}") from error
+
+    def __iter__(self) -> Iterator[dict[str, list[Any]]]:
+        """The chunks in order, each `{column: values}` of at most `chunk_size` rows."""
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+            chunks = self._chunks()
+            next(chunks, None)  # the first chunk, already given
+            yield from chunks
+        else:
+            yield from self._chunks()
+
+    def _count_rows(self) -> int | None:
+        """The row count for the progress bar: Parquet's metadata, the lines of a JSON Lines or text file, the records
+        of a CSV file (one pass of the C `csv` reader); None where it cannot be known cheaply."""
+        if self.extension == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(self.path).metadata.num_rows
+        if self.extension in ("json", "jsonl", "txt"):
+            with open(self.path, "rb") as handle:
+                return sum(1 for line in handle if line.strip())
+        import csv
+
+        with open(self.path, newline="", encoding="utf-8", errors="replace") as handle:
+            return max(sum(1 for record in csv.reader(handle) if record) - 1, 0)
 
 
 def split_sources(data_args: Any) -> dict[str, str]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
+import io
 import itertools
 import json
 import os
@@ -17,8 +19,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RUN_SUMMARY", "OutputFolder", "check_output_file", "format_summary", "hf_defer_saved_files",
-           "spreadsheet_safe", "write_predictions"]
+__all__ = ["RUN_SUMMARY", "OutputFolder", "PredictionWriter", "check_output_file", "format_summary",
+           "prediction_format", "prediction_header", "prediction_values", "resume_predictions", "spreadsheet_safe",
+           "write_predictions"]
 
 RUN_SUMMARY = "hf_defer_run.json"
 """The final JSON of a run in its `--output_dir`: where everything went, the threshold, the metrics by stage, and the
@@ -50,13 +53,37 @@ def spreadsheet_safe(value: Any) -> Any:
     return value
 
 
+def prediction_header(expert_names: Sequence[str], id_column: str = "row", columns: Sequence[str] = (),
+                      route_only: bool = False, margin: bool = False) -> list[str]:
+    """The columns of a predictions file: the id column, the copied input `columns`, then `label, defer, expert,
+    class_label, class_score` (with `route_only`: `estimated_accuracy, cost`), with `margin` the deferral margin,
+    and one `expert_accuracy_<name>` per expert. Every writer ([`write_predictions`], `hf-defer predict`) takes its
+    columns from here and each row's values from [`prediction_values`]."""
+    decision = ("estimated_accuracy", "cost") if route_only else ("class_label", "class_score")
+    header = [id_column, *columns, "label", "defer", "expert", *decision, *(["margin"] if margin else [])]
+    header += [f"expert_accuracy_{name}" for name in expert_names]
+    if len(set(header)) != len(header):
+        raise ValueError(f"the predictions' columns must differ, got {header}: rename the copied input columns.")
+    return header
+
+
+def prediction_values(out: Mapping[str, Any], route_only: bool = False, margin: bool = False) -> list[Any]:
+    """One pipeline output as the decision cells of [`prediction_header`] (after the id and copied columns): Python
+    strings, booleans, floats and None (no expert)."""
+    chosen = ([float(out["estimated_accuracy"]), float(out["cost"])] if route_only
+              else [out["class_label"], float(out["class_score"])])
+    return [out["label"], bool(out["defer"]), out["expert"], *chosen, *([float(out["margin"])] if margin else []),
+            *(float(value) for value in out["expert_accuracy"])]
+
+
 def write_predictions(outputs: Iterable[dict[str, Any]], path: str | os.PathLike, expert_names: Sequence[str],
                       ids: Sequence[Any] | None = None, id_column: str = "row",
                       columns: Mapping[str, Sequence[Any]] | None = None, route_only: bool = False) -> int:
-    """Writes deferral-pipeline outputs as CSV with `csv.writer`: the id column (`id_column`: the input's own ids,
-    else `row`, the row number in the input), the copied input `columns`, then `label, defer, expert, class_label,
-    class_score` and one `expert_accuracy_<name>` column per expert. Text cells go through [`spreadsheet_safe`].
-    Returns the number of rows.
+    """Writes deferral-pipeline outputs as CSV (or JSON Lines, Parquet for a `.jsonl`, `.json`, `.parquet` path;
+    see [`PredictionWriter`]): the id column (`id_column`: the input's own ids, else `row`, the row number in the
+    input), the copied input `columns`, then `label, defer, expert, class_label, class_score` and one
+    `expert_accuracy_<name>` column per expert ([`prediction_header`]). CSV text cells go through
+    [`spreadsheet_safe`]. Returns the number of rows.
 
     With `route_only` (a route-only model's outputs: no class), `class_label, class_score` give way to
     `estimated_accuracy, cost`: the chosen expert's estimated accuracy and its cost. Outputs with a `margin` (the
@@ -84,25 +111,227 @@ def write_predictions(outputs: Iterable[dict[str, Any]], path: str | os.PathLike
     first = next(outputs, None)
     outputs = itertools.chain([] if first is None else [first], outputs)
     margin = first is not None and "margin" in first
-    decision = ("estimated_accuracy", "cost") if route_only else ("class_label", "class_score")
-    header = [id_column, *columns, "label", "defer", "expert", *decision, *(["margin"] if margin else [])]
-    header += [f"expert_accuracy_{name}" for name in expert_names]
-    if len(set(header)) != len(header):
-        raise ValueError(f"the predictions' columns must differ, got {header}: rename the copied input columns.")
+    header = prediction_header(expert_names, id_column, list(columns), route_only, margin)
+    extension = str(path).rsplit(".", 1)[-1].lower()
     count = 0
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([spreadsheet_safe(name) for name in header])
+    types = dict.fromkeys([id_column, *columns])
+    with PredictionWriter(path, header, format=_FORMATS.get(extension, "csv"), column_types=types) as writer:
+        rows = []
         for count, out in enumerate(outputs, start=1):
             row = count - 1
-            copied = [values[row] for values in columns.values()]
-            chosen = ([repr(float(out["estimated_accuracy"])), repr(float(out["cost"]))] if route_only
-                      else [out["class_label"], repr(float(out["class_score"]))])
-            cells = [row if ids is None else ids[row], *copied, out["label"], out["defer"], out["expert"] or "",
-                     *chosen, *([repr(float(out["margin"]))] if margin else []),
-                     *(repr(float(value)) for value in out["expert_accuracy"])]
-            writer.writerow([spreadsheet_safe(cell) for cell in cells])
+            rows.append([row if ids is None else ids[row], *(values[row] for values in columns.values()),
+                         *prediction_values(out, route_only, margin)])
+        writer.write_rows(rows)
     return count
+
+
+_FORMATS = {"csv": "csv", "jsonl": "jsonl", "json": "jsonl", "parquet": "parquet"}
+_ARROW_TYPES = {"label": "string", "defer": "bool", "expert": "string", "class_label": "string"}
+
+
+def prediction_format(path: str | os.PathLike, flag: str = "--output") -> str:
+    """`csv`, `jsonl` or `parquet`, by the extension of `path` (`.json` files are written as JSON Lines, as
+    `datasets` writes and reads them); any other extension is an error naming `flag`."""
+    extension = str(path).rsplit(".", 1)[-1].lower()
+    if extension not in _FORMATS:
+        raise ValueError(f"{flag} must end in .csv, .jsonl, .json or .parquet (the format is taken from it), got "
+                         f"{str(path)!r}.")
+    return _FORMATS[extension]
+
+
+class PredictionWriter:
+    """Writes prediction rows to CSV, JSON Lines or Parquet as they come, each [`write_rows`] call in whole rows and
+    flushed, so that a run killed at any point leaves whole rows and at most one partial last row, which
+    [`resume_predictions`] drops. CSV cells go through [`spreadsheet_safe`] (None is an empty cell); JSON Lines and
+    Parquet keep the values as they are (Parquet: one row group per call; the id and copied columns take their
+    `column_types`, the decision columns are strings, booleans and float64).
+
+    Args:
+        path: the file; replaced unless `append` (rows added after those [`resume_predictions`] kept).
+        header: the columns ([`prediction_header`]).
+        format: `csv`, `jsonl` or `parquet` ([`prediction_format`] of `path` when None).
+        column_types: `pyarrow` types of the id and copied columns, for Parquet (None: inferred from the first rows);
+            every other column of `header` is a decision column.
+        append: continue a file whose whole rows were kept (CSV, JSON Lines).
+
+    Example:
+
+    ```python
+    >>> import os, tempfile
+    >>> from hf_defer.commands.outputs import PredictionWriter
+    >>> path = os.path.join(tempfile.mkdtemp(), "p.jsonl")
+    >>> with PredictionWriter(path, ["row", "label"]) as writer:
+    ...     writer.write_rows([[0, "spam"], [1, "=ham"]])
+    >>> print(open(path).read().strip())
+    {"row": 0, "label": "spam"}
+    {"row": 1, "label": "=ham"}
+
+    ```
+    """
+
+    def __init__(self, path: str | os.PathLike, header: Sequence[str], format: str | None = None,
+                 column_types: Mapping[str, Any] | None = None, append: bool = False) -> None:
+        self.path, self.header = str(path), list(header)
+        self.format = format or prediction_format(path)
+        self.column_types = dict(column_types or {})
+        self._parquet: Any = None
+        if self.format == "parquet":
+            if append:
+                raise ValueError("a Parquet file cannot be continued: its footer is written last.")
+            self._handle = None
+            return
+        self._handle = open(self.path, "a" if append else "w", newline="", encoding="utf-8")
+        if self.format == "csv" and not append:
+            self.write_rows([self.header])
+
+    def write_rows(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Appends `rows` (lists of values in the order of the header) and flushes them."""
+        if self.format == "parquet":
+            self._write_parquet(rows)
+            return
+        if self.format == "csv":
+            buffer = io.StringIO()
+            csv.writer(buffer).writerows([spreadsheet_safe("" if cell is None else cell) for cell in row]
+                                         for row in rows)
+            text = buffer.getvalue()
+        else:
+            text = "".join(json.dumps(dict(zip(self.header, row)), ensure_ascii=False, default=str) + "\n"
+                           for row in rows)
+        self._handle.write(text)
+        self._handle.flush()
+
+    def _write_parquet(self, rows: Sequence[Sequence[Any]]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self._parquet is None:
+            fields = [(name, self.column_types[name] if name in self.column_types
+                       else pa.type_for_alias(_ARROW_TYPES.get(name, "float64"))) for name in self.header]
+            arrays = [pa.array([row[i] for row in rows], type=kind) for i, (_, kind) in enumerate(fields)]
+            self._schema = pa.schema([pa.field(name, array.type) for (name, _), array in zip(fields, arrays)])
+            self._parquet = pq.ParquetWriter(self.path, self._schema)
+        columns = [pa.array([row[i] for row in rows], type=field.type) for i, field in enumerate(self._schema)]
+        self._parquet.write_table(pa.Table.from_arrays(columns, schema=self._schema))
+
+    def id_text(self, value: Any) -> str:
+        """How an id is written in this format, as [`resume_predictions`] reads it back."""
+        if self.format == "csv":
+            return str(spreadsheet_safe("" if value is None else value))
+        return json.dumps(value, ensure_ascii=False, default=str)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+        elif self._parquet is not None:
+            self._parquet.close()
+        elif self.format == "parquet":  # no row at all: an empty file with the header's columns
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.table({name: pa.array([], type=self.column_types.get(name) or pa.string())
+                                     if name in self.column_types else
+                                     pa.array([], type=pa.type_for_alias(_ARROW_TYPES.get(name, "float64")))
+                                     for name in self.header}), self.path)
+
+    def __enter__(self) -> PredictionWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def resume_predictions(path: str | os.PathLike, header: Sequence[str]) -> tuple[int, str] | None:
+    """Keeps the whole rows of a predictions file that a killed run left (CSV or JSON Lines), cuts off a partial last
+    row, and returns how many rows it holds and a digest of their id cells (`sha256` of each cell as
+    [`PredictionWriter.id_text`] writes it, then `\\x1f`), or None when not even the CSV
+    header was written (start afresh). A file with other columns than `header`, or damaged before its last row, is
+    refused: it was written with other options or by another program.
+
+    Example:
+
+    ```python
+    >>> import os, tempfile
+    >>> from hf_defer.commands.outputs import resume_predictions
+    >>> path = os.path.join(tempfile.mkdtemp(), "p.csv")
+    >>> _ = open(path, "w", newline="").write("row,label\\r\\n0,spam\\r\\n1,ha")  # killed while writing row 1
+    >>> resume_predictions(path, ["row", "label"])[0], open(path).read()
+    (1, 'row,label\\n0,spam\\n')
+
+    ```
+    """
+    path = str(path)
+    data_format = prediction_format(path)
+    if data_format == "parquet":
+        raise ValueError(f"--resume continues a .csv, .jsonl or .json --output; {path!r} is Parquet, which is only "
+                         "readable once complete (its footer is written last): run again without --resume.")
+    digest, count, kept = hashlib.sha256(), 0, 0
+    with open(path, "rb") as handle:
+        if data_format == "jsonl":
+            for end, line in _numbered_lines(handle):
+                if not line.endswith(b"\n"):
+                    break  # the partial last row of a killed run
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    row = None
+                if not isinstance(row, dict) or list(row) != list(header):
+                    raise ValueError(f"--resume: line {count + 1} of {path!r} is not a row with the columns "
+                                     f"{list(header)}; was it written with other options, or by another program?")
+                digest.update(json.dumps(row[header[0]], ensure_ascii=False, default=str).encode() + b"\x1f")
+                count, kept = count + 1, end
+        else:
+            found = _resume_csv(handle, path, header, digest)
+            if found is None:
+                return None
+            kept, count = found
+    with open(path, "r+b") as handle:
+        handle.truncate(kept)
+    return count, digest.hexdigest()
+
+
+def _numbered_lines(handle: Any) -> Iterator[tuple[int, bytes]]:
+    """(byte offset after the line, the line) of a binary file."""
+    end = 0
+    for line in handle:
+        end += len(line)
+        yield end, line
+
+
+def _resume_csv(handle: Any, path: str, header: Sequence[str], digest: Any) -> tuple[int, int] | None:
+    """The byte offset after the last whole row of a CSV predictions file and its row count (the header not
+    counted); the ids go into `digest`. None when the header itself is incomplete."""
+    consumed = {"end": 0, "line": b""}
+
+    def text_lines() -> Iterator[str]:
+        for end, line in _numbered_lines(handle):
+            consumed["end"], consumed["line"] = end, line
+            yield line.decode("utf-8", "surrogateescape")
+
+    reader = csv.reader(text_lines())
+    expected = [spreadsheet_safe(name) for name in header]
+    kept, count = None, -1
+    while True:
+        try:
+            record = next(reader)
+        except StopIteration:
+            break
+        except csv.Error:  # a quoted cell cut short at the end of the file
+            break
+        ended = consumed["line"].endswith(b"\r\n")
+        if count < 0 and ended and record != expected:
+            raise ValueError(f"--resume: {path!r} has the columns {record}, this run writes {expected}: it was "
+                             "written with other options (copied columns, model); give the same ones, or run again "
+                             "without --resume.")
+        if not (ended and len(record) == len(header)):
+            if handle.read(1):
+                raise ValueError(f"--resume: row {count} (counting from 0) of {path!r} does not have the columns "
+                                 f"{list(header)} in one line; was it written with other options, or by another "
+                                 "program?")
+            break
+        if count >= 0:
+            digest.update(record[0].encode("utf-8", "surrogateescape") + b"\x1f")
+        kept, count = consumed["end"], count + 1
+    return None if kept is None else (kept, count)
 
 
 def check_output_file(output: str | os.PathLike, inputs: Sequence[str | os.PathLike], flag: str = "--output",

@@ -332,7 +332,10 @@ class DeferralSurrogate:
         weight = valid.float()  # 0 on ignored rows; the kernel weights each row, so a reduction is one sum
         if reduction == "mean":
             weight = weight.div_(weight.sum().clamp_(min=1.0))
-        per_example = self._per_example_loss(u, labels, correct, observed.float(), weight)
+        # a batch with every answer pays nothing for the mask (one cheap pass to know it; skipped, with the mask kept,
+        # where it would cost a device sync or break a compiled graph)
+        unmasked = (check or u.device.type == "cpu") and not torch.compiler.is_compiling() and bool(observed.all())
+        per_example = self._per_example_loss(u, labels, correct, None if unmasked else observed.float(), weight)
         return per_example if reduction == "none" else per_example.sum()
 
     __call__ = loss
@@ -435,8 +438,8 @@ class DeferralSurrogate:
         return margin > defer_threshold, prediction, expert
 
     # ------------------------------------------------------------------ to implement
-    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, observed: torch.Tensor,
-                          weight: torch.Tensor) -> torch.Tensor:
+    def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor,
+                          observed: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
         if self.kernel is None:
             raise NotImplementedError(f"{type(self).__name__} sets no `kernel` (a torch.autograd.Function).")
         return self.kernel.apply(u, labels, correct, observed, weight, self.num_classes)

@@ -5,7 +5,7 @@ the logits in forward and one elementwise pass in backward, where autograd would
 way for the composed formulas. Inputs: ``u`` float32 [B, K + M], ``labels`` long [B] in range (ignored rows set
 to 0 by `check_targets`), ``correct`` float [B, M] (expert ``j``'s target ``c_j`` in [0, 1]: ``[[m_j = y]]``, a
 correctness or a score; 0 where the expert did not answer), ``observed`` float [B, M] (``o_j``: 1 where expert ``j``
-answered, 0 where not), ``weight`` float [B] (0 on ignored rows, ``1 / n`` for a mean); output: the weighted
+answered, 0 where not; None when every expert answered in every row: no mask to apply), ``weight`` float [B] (0 on ignored rows, ``1 / n`` for a mean); output: the weighted
 per-example loss ``weight * loss`` [B], whose ``sum()`` is the reduced loss. Weighting inside the kernel spares the
 masking and the division their own autograd nodes: at small batches the cost of a loss is the number of PyTorch
 calls, not the passes over the logits.
@@ -59,7 +59,7 @@ class _ASMLoss(torch.autograd.Function):
         top, top_index, second, e, s = _asm_rest(u, num_classes)
         a = torch.cat([top, u[:, num_classes:]], dim=1).sub_(s.log().add_(second))
         targets = F.pad(correct, (1, 0), value=1.0)
-        present = F.pad(observed, (1, 0), value=1.0)  # the class part is always there
+        present = None if observed is None else F.pad(observed, (1, 0), value=1.0)  # the class part is always there
         loss = F.binary_cross_entropy_with_logits(a, targets, present, reduction="none").sum(dim=1)
         loss = loss.add_(top[:, 0]).sub_(u.gather(1, labels[:, None])[:, 0])
         ctx.save_for_backward(a, targets, present, e, s, top_index, labels, weight)
@@ -70,7 +70,9 @@ class _ASMLoss(torch.autograd.Function):
         a, targets, present, e, s, top_index, labels, weight = ctx.saved_tensors
         scale = (weight * grad)[:, None]
         sigmoid = torch.sigmoid(a)
-        g = (sigmoid - targets).mul_(present).mul_(scale)
+        g = (sigmoid - targets).mul_(scale)
+        if present is not None:
+            g.mul_(present)
         out = e * g.sum(dim=1, keepdim=True).div_(s).neg_()
         out.scatter_add_(1, top_index, sigmoid[:, :1].mul_(scale))
         out.scatter_add_(1, labels[:, None], scale.neg())
@@ -157,5 +159,6 @@ class _AOvALoss(torch.autograd.Function):
         u, labels, correct, observed, weight = ctx.saved_tensors
         scale = (weight * grad)[:, None]
         out = torch.sigmoid(u).mul_(scale)
-        out[:, ctx.num_classes:].mul_(observed)
+        if observed is not None:
+            out[:, ctx.num_classes:].mul_(observed)
         return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None

@@ -814,3 +814,31 @@ def test_numpy_integer_sizes_are_accepted():
     assert (s.num_classes, s.num_experts) == (3, 2) and type(s.num_classes) is int
     with pytest.raises(ValueError, match="num_classes"):
         get_surrogate("asm", num_classes=np.float64(3.0))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_batch_with_every_answer_skips_the_mask_and_gets_the_masked_result(name, monkeypatch):
+    """The unmasked path (no `observed` tensor) is the masked one with o = 1: loss and gradient agree; a batch with one
+    missing answer still gets the mask."""
+    K, M = 3, 2
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    generator = torch.Generator().manual_seed(0)
+    u = torch.randn(64, K + M, generator=generator) * 4
+    y = torch.randint(0, K, (64,), generator=generator)
+    m = torch.randint(0, K, (64, M), generator=generator)
+    seen = []
+    kernel = s._per_example_loss
+    monkeypatch.setattr(s, "_per_example_loss", lambda *args: seen.append(args[3]) or kernel(*args))
+    results = []
+    for observed in (None, torch.ones(64, M)):
+        v = u.clone().requires_grad_()
+        correct = (m == y[:, None]).float()
+        loss = kernel(v, y, correct, observed, torch.full((64,), 1 / 64)).sum()
+        loss.backward()
+        results.append((loss.detach(), v.grad))
+    torch.testing.assert_close(results[0], results[1])
+    s(u, y, m, check=False)
+    holed = m.clone()
+    holed[5, 1] = -100
+    s(u, y, holed, check=False)
+    assert seen[0] is None and seen[1] is not None and seen[1][5, 1] == 0 and seen[1].sum() == 64 * M - 1
