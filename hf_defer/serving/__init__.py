@@ -14,8 +14,8 @@ prometheus-client; nothing in hf_defer imports it (the `serve` command names it 
 `pip install 'hf-defer[serve]'`.
 """
 
-# decision_app: added below
+from .decision_app import build_decision_app
 from .router_app import build_router_app
 from .routing import PromptRouter, RoutingDecision
 
-__all__ = ["PromptRouter", "RoutingDecision", "build_router_app"]
+__all__ = ["PromptRouter", "RoutingDecision", "build_decision_app", "build_router_app"]
