@@ -21,7 +21,7 @@ class RouterMetrics:
     - `hf_defer_capped_total{wanted}`: decisions the strong-call cap sent to the default model instead.
     - `hf_defer_pinned_total{model}`: requests that named a model themselves (not routed).
     - `hf_defer_upstream_calls_total{model,outcome}`: calls to each upstream: `ok`, `error` (an error status or no
-      connection) or `timeout`.
+      connection) or `timeout`; a streamed answer counts when it ends (`error` / `timeout` when cut mid-way).
     - `hf_defer_fallbacks_total{from_model,to_model}`: calls retried on another model (`--fallback` only).
     - `hf_defer_tokens_total{model}` / `hf_defer_cost_total{model}`: tokens of non-streamed answers (their `usage`) and
       their price (`--price`, per million tokens).

@@ -168,14 +168,15 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
                 if name != candidates[-1]:
                     metrics.fallbacks.labels(from_model=name, to_model=candidates[len(failures)]).inc()
                 continue
-            metrics.calls.labels(model=name, outcome="ok").inc()
             headers = _headers(name, decision, failures)
-            if body.get("stream"):
-                def stream_failed(error: UpstreamError, name: str = name) -> None:
-                    metrics.calls.labels(model=name, outcome="timeout" if error.status == 504 else "error").inc()
+            if body.get("stream"):  # counted when the stream ends: whole (ok) or cut (error, timeout)
+                def stream_ended(error: UpstreamError | None, name: str = name) -> None:
+                    outcome = "ok" if error is None else "timeout" if error.status == 504 else "error"
+                    metrics.calls.labels(model=name, outcome=outcome).inc()
 
-                return StreamingResponse(relay(upstream, response, stream_failed), media_type="text/event-stream",
+                return StreamingResponse(relay(upstream, response, stream_ended), media_type="text/event-stream",
                                          headers=headers)
+            metrics.calls.labels(model=name, outcome="ok").inc()
             _count_usage(metrics, upstream, answer)
             answer["hf_defer"] = _summary(name, decision, failures)
             return JSONResponse(answer, headers=headers)

@@ -199,16 +199,18 @@ async def open_stream(client: httpx.AsyncClient, upstream: Upstream,
     return response
 
 
-async def relay(upstream: Upstream, response: httpx.Response, on_error: Any = None) -> AsyncIterator[bytes]:
+async def relay(upstream: Upstream, response: httpx.Response, on_end: Any = None) -> AsyncIterator[bytes]:
     """The upstream's server-sent events, byte for byte; an error mid-stream ends it with an SSE `error` event in
-    OpenAI's shape (the status line has gone already), after calling `on_error(UpstreamError)`."""
+    OpenAI's shape (the status line has gone already). `on_end(None)` is called when the stream ends whole,
+    `on_end(UpstreamError)` when it was cut."""
+    failure = None
     try:
         async for chunk in response.aiter_raw():
             yield chunk
     except httpx.HTTPError as error:
         failure = _transport_error(upstream, error)
-        if on_error is not None:
-            on_error(failure)
         yield f"data: {json.dumps(failure.body())}\n\n".encode()
     finally:
         await response.aclose()
+        if on_end is not None:
+            on_end(failure)

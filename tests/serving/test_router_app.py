@@ -99,8 +99,10 @@ def test_streaming_passes_the_upstream_events_through(pipe, upstreams, behaviour
                 model="hf-defer-router", messages=[{"role": "user", "content": prompt}], stream=True) as response:
             assert response.headers["x-hf-defer-model"] == "strong"
             text = "".join(chunk.choices[0].delta.content or "" for chunk in response.parse() if chunk.choices)
+        metrics = httpx.get(url + "/metrics", params={"format": "json"}).json()
     assert text == answer_text("strong", prompt)
     assert behaviours["strong"].received[-1]["stream"] is True
+    assert metrics["upstream_calls"]["strong"] == {"error": 0.0, "ok": 1.0, "timeout": 0.0}
 
 
 def test_a_pinned_model_is_not_routed_and_an_unknown_model_is_refused(pipe, upstreams, behaviours, expected):
@@ -179,3 +181,28 @@ def test_concurrent_requests_are_all_answered_by_the_right_model(pipe, upstreams
     assert [r.status_code for r in responses] == [200] * len(prompts)
     assert [r.json()["choices"][0]["message"]["content"] for r in responses] == \
         [answer_text(expected[p], p) for p in prompts]
+
+
+def test_a_stream_cut_mid_way_ends_with_an_error_event(pipe, upstreams, behaviours, expected):
+    prompt = next(p for p in PROMPTS if expected[p] == "weak")
+    behaviours["weak"].mode = "break"
+    with start(pipe, upstreams) as url:
+        chat = client(url)
+        received = []
+        with pytest.raises(openai.APIError, match="upstream model 'weak'"):
+            for chunk in chat.chat.completions.create(model="hf-defer-router", stream=True,
+                                                      messages=[{"role": "user", "content": prompt}]):
+                received.append(chunk.choices[0].delta.content)
+        metrics = httpx.get(url + "/metrics", params={"format": "json"}).json()
+    assert received == [answer_text("weak", prompt).split(" ")[0]]  # the first chunk, then the error
+    assert metrics["upstream_calls"]["weak"] == {"error": 1.0, "ok": 0.0, "timeout": 0.0}
+
+
+def test_the_examples_of_the_serving_modules_run():
+    import doctest
+
+    from hf_defer.serving import metrics, router_app, routing, upstream
+
+    for module in (metrics, router_app, routing, upstream):
+        failed, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert failed == 0 and tried > 0, module.__name__
