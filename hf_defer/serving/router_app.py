@@ -99,7 +99,10 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        # idle connections are dropped after 2 s, before the upstream drops them (uvicorn after 5 s, many servers
+        # after 5 to 60 s): a request sent on a connection the upstream is closing fails with a ReadError
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                              keepalive_expiry=2.0)
         async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
             state["client"] = client
             async with router:
@@ -142,9 +145,12 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
             return _error(400, str(error), param="messages")
         if requested == router_name:
             try:
-                decision = await router.route(prompt)
+                decision = await router.route(prompt, _side_features(body.get("metadata"), router))
             except ValueError as error:
                 return _error(400, str(error), param="messages")
+            except Exception as error:  # noqa: BLE001  (the client learns that the router, not its input, failed)
+                return _error(500, f"the router failed on this prompt: {type(error).__name__}: {error}",
+                              "router_error")
             metrics.routing_seconds.observe(decision.seconds)
             metrics.routed.labels(model=decision.model).inc()
             if decision.model != decision.wanted:
@@ -187,6 +193,28 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
         return JSONResponse(last.body(), status_code=last.status, headers=_headers(last.model, decision, failures))
 
     return app
+
+
+def _side_features(metadata: Any, router: PromptRouter) -> dict[str, Any]:
+    """The router's side features from the request's `metadata` (OpenAI's metadata values are strings: a numeric
+    side feature given as "412" is read as the number)."""
+    specs = getattr(router.pipeline.model.config, "side_features", None) or []
+    if not specs:
+        return {}
+    if not isinstance(metadata, dict):
+        raise ValueError(f"this router routes on the side feature(s) {router.side_features} too: give them in the "
+                         f"request's metadata, e.g. metadata={{{specs[0]['name']!r}: ...}}.")
+    out = {}
+    for spec in specs:
+        if spec["name"] in metadata:
+            value = metadata[spec["name"]]
+            if spec["kind"] == "numeric" and isinstance(value, str):
+                try:
+                    value = float(value)
+                except ValueError:
+                    pass  # named by the router's check
+            out[spec["name"]] = value
+    return out
 
 
 def _summary(name: str, decision: RoutingDecision | None, failures: list[UpstreamError]) -> dict[str, Any]:

@@ -74,7 +74,7 @@ def load_router_pipeline(router: str, encoder: str | None = None) -> Any:
 
 
 class _Pending(NamedTuple):
-    prompt: str
+    prompt: Any  # the text, or {"text": ..., side features...}
     future: asyncio.Future
     arrived: float
 
@@ -142,8 +142,14 @@ class PromptRouter:
         self._worker: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ synchronous decisions
-    def decide(self, prompts: Sequence[str]) -> list[dict[str, Any]]:
-        """The pipeline's outputs (with `margin`) for `prompts`, at the router's threshold, without the cap."""
+    @property
+    def side_features(self) -> list[str]:
+        """The names of the router's side features (`config.side_features`): each request must give them."""
+        return [spec["name"] for spec in getattr(self.pipeline.model.config, "side_features", None) or []]
+
+    def decide(self, prompts: Sequence[Any]) -> list[dict[str, Any]]:
+        """The pipeline's outputs (with `margin`) for `prompts` (texts, or dicts with the text and the side
+        features), at the router's threshold, without the cap."""
         return self.pipeline(list(prompts), batch_size=min(len(prompts), self.max_batch_size),
                              defer_threshold=self.defer_threshold, return_margin=True, truncation=True,
                              max_length=self.max_length)
@@ -193,10 +199,23 @@ class PromptRouter:
                 self._queue.get_nowait().future.cancel()
             self._worker = self._queue = None
 
-    async def route(self, prompt: str) -> RoutingDecision:
-        """Where `prompt` goes; concurrent calls share forward passes. Needs [`start`] (or `async with router`)."""
+    async def route(self, prompt: str, side_features: dict[str, Any] | None = None) -> RoutingDecision:
+        """Where `prompt` goes; concurrent calls share forward passes. Needs [`start`] (or `async with router`).
+        A router with side features needs each of them in `side_features` (name -> value; a `ValueError` names a
+        missing one); other names are ignored."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"the prompt to route must be a non-empty string, got {prompt!r:.60}.")
+        if self.side_features:
+            given = dict(side_features or {})
+            missing = [name for name in self.side_features if name not in given]
+            if missing:
+                raise ValueError(f"this router needs the side feature(s) {missing} of each request, in its metadata "
+                                 f"(e.g. metadata={{{missing[0]!r}: ...}}); got {sorted(given)}.")
+            item: Any = {"text": prompt, **{name: given[name] for name in self.side_features}}
+            from ..modeling.side_features import side_feature_tensors
+
+            side_feature_tensors(self.pipeline.model.config.side_features, [item])  # a bad value fails this request only
+            prompt = item
         if self._queue is None:
             raise RuntimeError("PromptRouter.route needs the router started: `async with router:` or start().")
         future = asyncio.get_running_loop().create_future()
