@@ -13,7 +13,7 @@ import hf_defer
 PACKAGE = Path(hf_defer.__file__).resolve().parent
 # Lower number = lower layer. A module may import its own layer or lower ones; modeling imports nothing else.
 LAYERS = {"modeling": 0, "evaluation": 1, "data": 1, "experts": 1, "training": 2, "hub": 2,
-          "commands": 3, "review": 3, "experiments": 3}
+          "commands": 3, "review": 3, "experiments": 3, "serving": 3}
 MAX_MODULE_LINES = 450
 
 

@@ -7,6 +7,8 @@
 - `hf-defer predict --model PATH_OR_ID --input FILE`: the deferral pipeline's decision for every row of a file,
   written as CSV (`predictions.csv` by default).
 - `hf-defer evaluate --model PATH_OR_ID --input FILE`: the deferral metrics of a saved model on a labelled file.
+- `hf-defer serve --router FOLDER --model NAME=URL ...` / `--model FOLDER`: an HTTP endpoint (`hf_defer.commands.serve`;
+  `pip install 'hf-defer[serve]'`).
 - `hf-defer review push|pull ...`: the review loop with Label Studio (`hf_defer.review.cli`; `pip install
   'hf-defer[review]'`).
 
@@ -146,6 +148,8 @@ COMMANDS: dict[str, Command] = {command.name: command for command in (
             "hf_defer.commands.predict:run_predict", _predict_arguments),
     Command("evaluate", "deferral metrics of a saved model on a labelled file",
             "hf_defer.commands.evaluate:run_evaluate", _evaluate_arguments),
+    Command("serve", "a router behind an OpenAI-compatible endpoint, or a deferral model behind /v1/decide",
+            "hf_defer.commands.serve:run_serve"),
     # hf_defer.review is the top layer: named here as a string, imported only when `hf-defer review` runs.
     Command("review", "send deferred inputs to Label Studio reviewers (push) and their answers back (pull)",
             "hf_defer.review.cli:main"),

@@ -17,6 +17,7 @@ from transformers.configuration_utils import SubConfigSpec
 from .pipeline_deferral import CLASSIFIER_ANSWER, DEFER_LABEL
 from .surrogate_base import _is_finite_number, check_defer_threshold, check_expert_costs  # sibling modules: remote code copies them too
 from .surrogates import SURROGATES as SURROGATE_NAMES
+from .side_features import check_side_features
 
 POOLING_MODES: tuple[str, ...] = ("cls", "mean", "max", "last")
 """Values of `DeferralConfig.pooling`."""
@@ -146,6 +147,9 @@ class DeferralConfig(PretrainedConfig):
             by name or index, stored as its name; the first expert by default. Routing to any other expert is a
             deferral: `defer_threshold`, `calibrate_deferral`'s budget and the coverage count those. It obeys the
             pipeline's `available_experts` like the others: left out, the best available other expert answers.
+        side_features (`list[dict]`, *optional*):
+            Inputs beside the text or features (the subject, the prompt's length): categorical ones embedded, numeric
+            ones standardised, joined to the pooled representation before the head (`hf_defer.modeling.side_features`).
         kwargs (*optional*):
             Passed to [`PretrainedConfig`] (`id2label`, `label2id`, ...). The class names of `id2label` must be
             distinct, and none may be `"defer"`: the pipeline's `label` of a deferred input.
@@ -190,6 +194,7 @@ class DeferralConfig(PretrainedConfig):
     expert_kinds: list[str] | None = None
     route_only: bool = False
     default_expert: str | int | None = None
+    side_features: list[dict] | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.route_only is True:  # no class head: classes given are an error, none is 0 (not the base's 2)
@@ -288,6 +293,10 @@ class DeferralConfig(PretrainedConfig):
 
     def validate_pooling(self) -> None:
         resolve_pooling(self.encoder, self.pooling)
+
+    def validate_side_features(self) -> None:
+        if self.side_features is not None:
+            self.side_features = check_side_features(self.side_features)
 
     def validate_route_only(self) -> None:
         if self.route_only is not True:

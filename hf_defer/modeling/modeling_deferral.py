@@ -19,6 +19,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_deferral import DeferralConfig
 from .saving_deferral import DeferralSavingMixin
+from .side_features import SideFeatureEncoder
 from .surrogates import surrogate_for_config
 
 _ENCODER_INPUTS = ("input_ids", "pixel_values")
@@ -134,6 +135,8 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
             self._encoder_args = set(parameters)
             self._encoder_var_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
+        self.side = None if config.side_features is None else SideFeatureEncoder(config.side_features)
+        in_features += 0 if self.side is None else self.side.output_dim
         layers: list[nn.Module] = []
         for width in [*config.head_hidden_sizes, config.num_labels + config.num_experts]:
             layers += [nn.Dropout(config.head_dropout), nn.Linear(in_features, width), nn.ReLU()]
@@ -182,6 +185,8 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
         labels: torch.LongTensor | None = None,
         expert_labels: torch.LongTensor | None = None,
         expert_correct: torch.FloatTensor | None = None,
+        side_categorical: torch.LongTensor | None = None,
+        side_numeric: torch.FloatTensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
@@ -204,6 +209,8 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
                 with `labels` for the loss, or instead:
             expert_correct (`torch.FloatTensor` of shape `(batch_size,)` or `(batch_size, num_experts)`, *optional*):
                 each expert's target itself: 1/0 (right/wrong) or a score in [0, 1], -100 where there is none.
+            side_categorical (`torch.LongTensor` `(batch_size, n)`) / side_numeric (`torch.FloatTensor` `(batch_size,
+                m)`), *optional*: the side features of a model with `config.side_features` (`side_feature_tensors`).
             output_hidden_states (`bool`, *optional*): return the encoder's hidden states.
             output_attentions (`bool`, *optional*): return the encoder's attention weights.
             return_dict (`bool`, *optional*): return a [`DeferralOutput`] rather than a tuple.
@@ -262,6 +269,10 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
             pooled, hidden_states, attentions = self._encode(
                 input_ids, attention_mask, token_type_ids, pixel_values, output_hidden_states, output_attentions
             )
+        if self.side is not None:
+            pooled = torch.cat([pooled, self.side(side_categorical, side_numeric).to(pooled)], dim=1)
+        elif side_categorical is not None or side_numeric is not None:
+            raise ValueError("side_categorical / side_numeric: this model has no side features (config.side_features).")
         logits = self.head(pooled.to(next(self.head.parameters()).dtype))
 
         loss = class_probs = expert_accuracy = defer = None

@@ -30,7 +30,7 @@ from .pipeline_options import (
     _refuse_cascade_folder,
     _stack_features,
     _with_availability,
-    _WithAvailability,
+    _WithAvailability, _split_side_features,
 )
 from .surrogate_base import check_defer_threshold, check_expert_costs
 from .route_only import route_only_output
@@ -331,6 +331,9 @@ class DeferralPipeline(Pipeline):
             model_inputs = self.preprocess(inputs.inputs, **processor_kwargs)
             model_inputs["available_experts"] = torch.as_tensor(inputs.available)[None]
             return model_inputs
+        inputs, side = _split_side_features(self.model.config, inputs)
+        if side:  # the model's side features, beside the text's (or features') own inputs
+            return {**self.preprocess(inputs, **processor_kwargs), **side}
         if self.input_kind == "features":
             if isinstance(inputs, dict):
                 if set(inputs) != {"features"}:
@@ -363,10 +366,8 @@ class DeferralPipeline(Pipeline):
             return self._process(self.image_processor, {"images": load_image(inputs)}, processor_kwargs)
         if isinstance(inputs, dict):
             if not {"text"} <= set(inputs) <= {"text", "text_pair"}:
-                raise ValueError(
-                    'a dict input must be {"text": ..., "text_pair": ...} (text pair), got keys '
-                    f"{sorted(inputs)}."
-                )
+                raise ValueError('a dict input must be {"text": ..., "text_pair": ...} (text pair), got keys '
+                                 f"{sorted(inputs)}.")
             if not all(isinstance(value, str) for value in inputs.values()):
                 raise TypeError("the text and text_pair of a dict input must be strings.")
             return self._process(self.tokenizer, inputs, processor_kwargs)

@@ -25,6 +25,27 @@ def _is_sequence_like(value: Any) -> bool:
     return hasattr(value, "__len__") and hasattr(value, "__getitem__") and hasattr(value, "__iter__")
 
 
+def _split_side_features(config: Any, inputs: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """A model with side features (`config.side_features`) takes each input as a dict holding them beside its
+    `text` (or `features`): the input without them, and the model's `side_categorical` / `side_numeric` for it."""
+    specs = getattr(config, "side_features", None)
+    if not specs or isinstance(inputs, _SideFeaturesTaken):
+        return inputs, {}
+    names = [spec["name"] for spec in specs]
+    if not isinstance(inputs, dict):
+        raise ValueError(f"this model takes the side features {names}: give each input as a dict, e.g. "
+                         f"{{'text': ..., {names[0]!r}: ...}}, got {type(inputs).__name__}.")
+    from .side_features import side_feature_tensors
+
+    categorical, numeric = side_feature_tensors(specs, [inputs])
+    rest = _SideFeaturesTaken({key: value for key, value in inputs.items() if key not in names})
+    return rest, {"side_categorical": categorical, "side_numeric": numeric}
+
+
+class _SideFeaturesTaken(dict):
+    """An input dict whose side features were taken out (preprocessing it again does not look for them)."""
+
+
 def _stack_features(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {key: torch.cat([item[key] for item in items], dim=0) for key in items[0]}  # features (and availability)
 

@@ -167,7 +167,7 @@ def test_each_field_has_one_validator_and_save_runs_them(tmp_path):
     assert validators == ["validate_decision", "validate_encoder", "validate_expert_kinds", "validate_expert_names",
                           "validate_flags",
                           "validate_head", "validate_num_experts", "validate_num_labels", "validate_pooling",
-                          "validate_route_only", "validate_surrogate"]
+                          "validate_route_only", "validate_side_features", "validate_surrogate"]
     config = DeferralConfig(feature_size=8)
     config.pooling = "sum"  # set after construction: caught when saving
     with pytest.raises(ValueError, match="pooling must be one of"):

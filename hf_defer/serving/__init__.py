@@ -1,0 +1,21 @@
+"""Serving: a saved route-only model as an OpenAI-compatible routing endpoint, and a deferral model with people as
+experts as a decision endpoint.
+
+- `routing`: [`PromptRouter`], the router's decisions on prompts, micro-batched, with the cap on strong-model calls.
+- `upstream`: forwarding a chat completion to the chosen OpenAI-compatible upstream (streaming too) with clear errors.
+- `metrics`: the counters of `/metrics` (Prometheus text, or JSON).
+- `router_app`: [`build_router_app`], the FastAPI app of `hf-defer serve --router` (`/v1/chat/completions`,
+  `/v1/models`, `/metrics`).
+- `decision_app`: [`build_decision_app`], the FastAPI app of `hf-defer serve --model` (`/v1/decide`,
+  `/v1/decisions/{id}`), optionally sending deferred inputs to a Label Studio review project.
+
+The top layer: it may import every other subpackage of hf_defer (review included) and fastapi, uvicorn, httpx and
+prometheus-client; nothing in hf_defer imports it (the `serve` command names it as a string). Needs
+`pip install 'hf-defer[serve]'`.
+"""
+
+from .decision_app import build_decision_app
+from .router_app import build_router_app
+from .routing import PromptRouter, RoutingDecision
+
+__all__ = ["PromptRouter", "RoutingDecision", "build_decision_app", "build_router_app"]

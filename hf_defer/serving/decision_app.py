@@ -1,0 +1,157 @@
+"""The FastAPI app of `hf-defer serve --model`: a deferral model with people as experts, as a decision endpoint.
+
+- `POST /v1/decide` with `{"input": TEXT (or a feature vector for a head-only model), "id": ..., "available_experts":
+  [...]}` (`id` and `available_experts` optional): the model's answer (`status` `"answered"`, `answer` its class), or
+  `status` `"deferred"` with the `expert` chosen and the model's `suggestion`. With a review project, a deferred input
+  becomes a Label Studio task there (keyed by the decision's id: posting the same id again creates nothing) and its
+  `status` is `"pending_review"`.
+- `GET /v1/decisions/{id}`: the decision; once a reviewer has answered the task, `status` `"reviewed"` with their
+  `answer` and `reviewer` (the latest answer when several reviewers answered).
+
+Decisions are kept in memory (a restart forgets them; the review tasks stay in the project).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from ..review.client import ReviewProject, ReviewServerError
+from ..review.pulling import pull
+from ..review.pushing import push
+from ..review.tasks import task_key
+
+__all__ = ["build_decision_app"]
+
+
+def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "review_server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status)
+
+
+def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None, max_length: int = 512) -> FastAPI:
+    """The decision app (see the module's docstring); run it with uvicorn.
+
+    Args:
+        pipe ([`DeferralPipeline`]): of a deferral model with a class head (a route-only model is served with
+            `hf-defer serve --router`).
+        review_project ([`~hf_defer.review.ReviewProject`], *optional*): from `hf_defer.review.connect`; deferred
+            inputs become tasks there and `GET /v1/decisions/{id}` reads the reviewers' answers back.
+        max_length (`int`, *optional*, defaults to 512): texts are truncated to this many tokens.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.serving import build_decision_app  # see tests/serving for an app on a tiny model
+    >>> # uvicorn.run(build_decision_app(pipeline("deferral", model="demo_model")), host="127.0.0.1", port=8000)
+
+    ```
+    """
+    config = pipe.model.config
+    if getattr(config, "route_only", False) is True:
+        raise ValueError("--model is a route-only model (no class head, no answer of its own): serve it with "
+                         "`hf-defer serve --router`.")
+    if review_project is not None:
+        missing = sorted(set(config.id2label.values()) - set(review_project.classes))
+        if missing:
+            raise ValueError(f"the review project {review_project.title!r} does not offer the model's classes "
+                             f"{missing} (it offers {review_project.classes}).")
+    decisions: dict[str, dict[str, Any]] = {}
+    reviews: dict[str, dict[str, Any]] = {}  # task key -> the latest answer pulled
+    lock = asyncio.Lock()  # one pipeline / review call at a time (neither is thread-safe)
+    state: dict[str, Any] = {"known": None}
+    options = {} if pipe.input_kind != "text" else {"truncation": True, "max_length": max_length}
+
+    def run_model(model_input: Any, available: Any) -> dict[str, Any]:
+        kwargs = dict(options)
+        if available is not None:
+            kwargs["available_experts"] = available
+        return pipe(model_input, **kwargs)
+
+    def send_for_review(key_id: str, text: str, output: dict[str, Any]) -> int | None:
+        report = push(review_project, [text], [output], expert_names=list(config.expert_names),
+                      expert_costs=getattr(config, "expert_costs", None), ids=[key_id],
+                      model_version=str(getattr(config, "_name_or_path", "") or "hf_defer"))
+        return report.created[0] if report.created else review_project.task_keys().get(task_key(text, key_id))
+
+    def read_reviews() -> None:
+        import pandas as pd
+
+        result = pull(review_project, known=state["known"])
+        state["known"] = result.table if state["known"] is None else pd.concat([state["known"], result.table])
+        for row in result.table.to_dict("records"):
+            reviews[str(row["item"])] = {"answer": row["answer"], "reviewer": row["annotator"], "time": row["time"]}
+
+    app = FastAPI(title="hf_defer decisions")
+    app.state.decisions = decisions
+
+    @app.post("/v1/decide")
+    async def decide(request: Request) -> JSONResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the request body must be JSON: {\"input\": ..., \"id\": ...}.")
+        if not isinstance(body, dict) or "input" not in body:
+            return _error(400, "the request body must be a JSON object with an \"input\" (the text to decide on).",
+                          "input")
+        model_input, given_id = body["input"], body.get("id")
+        if pipe.input_kind == "text" and (not isinstance(model_input, str) or not model_input.strip()):
+            return _error(400, f"input must be a non-empty text for this model, got {model_input!r:.60}.", "input")
+        if given_id is not None and (not isinstance(given_id, (str, int)) or isinstance(given_id, bool)
+                                     or not str(given_id).strip()):
+            return _error(400, f"id must be a non-empty string or an integer, got {given_id!r:.60}.", "id")
+        decision_id = str(given_id) if given_id is not None else uuid.uuid4().hex
+        if decision_id in decisions:
+            if decisions[decision_id]["input"] != model_input:
+                return _error(409, f"id {decision_id!r} was already used for another input.", "id")
+            return JSONResponse(_public(decisions[decision_id]))
+        async with lock:
+            try:
+                output = await asyncio.to_thread(run_model, model_input, body.get("available_experts"))
+            except (ValueError, TypeError) as error:
+                return _error(400, str(error), "input")
+            record: dict[str, Any] = {
+                "id": decision_id, "input": model_input, "deferred": bool(output["defer"]),
+                "status": "deferred" if output["defer"] else "answered",
+                "answer": None if output["defer"] else output["label"], "expert": output["expert"],
+                "suggestion": output["class_label"], "class_score": output["class_score"],
+                "expert_scores": output["expert_scores"], "task_id": None, "reviewer": None}
+            if output["defer"] and review_project is not None:
+                text = model_input if isinstance(model_input, str) else str(model_input)
+                try:
+                    record["task_id"] = await asyncio.to_thread(send_for_review, decision_id, text, output)
+                except (ReviewServerError, ValueError) as error:
+                    return _error(502, f"the input was deferred to {output['expert']!r} but its review task could "
+                                  f"not be created: {error}")
+                record["key"] = task_key(text, decision_id)
+                record["status"] = "pending_review"
+            decisions[decision_id] = record
+        return JSONResponse(_public(record))
+
+    @app.get("/v1/decisions/{decision_id}")
+    async def decision(decision_id: str) -> JSONResponse:
+        record = decisions.get(decision_id)
+        if record is None:
+            return _error(404, f"no decision {decision_id!r} (ids are those POST /v1/decide returned; a restart "
+                          "forgets them).", "id")
+        if record["status"] == "pending_review":
+            async with lock:
+                try:
+                    await asyncio.to_thread(read_reviews)
+                except ReviewServerError as error:
+                    return _error(502, f"could not read the reviews: {error}")
+            review = reviews.get(record["key"])
+            if review is not None:
+                record.update(status="reviewed", answer=review["answer"], reviewer=review["reviewer"])
+        return JSONResponse(_public(record))
+
+    return app
+
+
+def _public(record: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in record.items() if key not in ("input", "key")}

@@ -1,0 +1,242 @@
+"""The FastAPI app of `hf-defer serve --router`: an OpenAI-compatible endpoint that routes each chat completion to the
+model the router picks.
+
+- `POST /v1/chat/completions`: the request's `model` is the router's name (`hf-defer-router` by default; routed on
+  the last user message) or one of the upstream models' names (sent there, not routed). The answer is the upstream's,
+  with the field `hf_defer` (`model`: who answered, `routed_to`: the router's pick before the strong-call cap,
+  `margin`, `fallback_from`) and the headers `x-hf-defer-model`, `x-hf-defer-routed-to`, `x-hf-defer-routing-ms`.
+  `"stream": true` streams the upstream's server-sent events through unchanged (the headers say who answers).
+- `GET /v1/models`: the router and the upstream models.
+- `GET /metrics`: the counters of [`RouterMetrics`], Prometheus text (`?format=json` for JSON).
+
+An upstream error gives the client HTTP 502 (504 for a timeout) with a message naming the model, in OpenAI's error
+shape; only with `fallback=True` is the request tried on the next model of the router's ranking first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from .metrics import CONTENT_TYPE_LATEST, RouterMetrics
+from .routing import PromptRouter, RoutingDecision
+from .upstream import Upstream, UpstreamError, complete, open_stream, relay
+
+__all__ = ["DEFAULT_ROUTER_NAME", "build_router_app", "last_user_message"]
+
+DEFAULT_ROUTER_NAME = "hf-defer-router"
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+           headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status, headers=dict(headers or {}))
+
+
+def last_user_message(messages: Any) -> str:
+    """The text of the last `user` message of a chat request (text parts of a multi-part content joined by new lines).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.serving.router_app import last_user_message
+    >>> last_user_message([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"},
+    ...                    {"role": "assistant", "content": "4"},
+    ...                    {"role": "user", "content": [{"type": "text", "text": "And 3 + 3?"}]}])
+    'And 3 + 3?'
+
+    ```
+    """
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"messages must be a non-empty list of chat messages, got {type(messages).__name__}.")
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "\n".join(part.get("text", "") for part in content
+                                    if isinstance(part, dict) and part.get("type") == "text")
+            if isinstance(content, str) and content.strip():
+                return content
+            raise ValueError("the last user message has no text to route on (content must be a string or text parts).")
+    raise ValueError("messages has no user message: the router routes on the last one.")
+
+
+def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *, fallback: bool = False,
+                     timeout: float = 60.0, router_name: str = DEFAULT_ROUTER_NAME,
+                     max_connections: int = 1000) -> FastAPI:
+    """The OpenAI-compatible routing app (see the module's docstring); run it with uvicorn.
+
+    Args:
+        router ([`PromptRouter`]): decides where each prompt goes; started and stopped with the app.
+        upstreams (`dict[str, Upstream]`): one per expert of the router (see `parse_upstreams`).
+        fallback (`bool`, *optional*, defaults to `False`): on an upstream error, try the next model of the router's
+            ranking (best estimated gain first) instead of answering with the error.
+        timeout (`float`, *optional*, defaults to 60): seconds an upstream may take (to connect, or between two
+            bytes of its answer) before the client gets 504.
+        router_name (`str`, *optional*): the `model` a client names to be routed.
+        max_connections (`int`, *optional*, defaults to 1000): connections kept open to the upstreams.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.serving import build_router_app  # see tests/serving for an app on a tiny router
+    >>> # uvicorn.run(build_router_app(router, upstreams), host="127.0.0.1", port=8000)
+
+    ```
+    """
+    missing = sorted(set(router.expert_names) - set(upstreams))
+    if missing:
+        raise ValueError(f"upstreams has no URL for {missing}, which the router routes to.")
+    if router_name in upstreams:
+        raise ValueError(f"router_name {router_name!r} is also the name of an upstream model; pick another.")
+    metrics = RouterMetrics(router.expert_names)
+    state: dict[str, httpx.AsyncClient] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        # idle connections are dropped after 2 s, before the upstream drops them (uvicorn after 5 s, many servers
+        # after 5 to 60 s): a request sent on a connection the upstream is closing fails with a ReadError
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                              keepalive_expiry=2.0)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
+            state["client"] = client
+            async with router:
+                yield
+        state.clear()
+
+    app = FastAPI(title="hf_defer router", lifespan=lifespan)
+    app.state.router, app.state.upstreams, app.state.metrics = router, dict(upstreams), metrics
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        names = [router_name, *upstreams]
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "hf_defer"}
+                                           for name in names]}
+
+    @app.get("/metrics")
+    async def metrics_endpoint(format: str = "prometheus") -> Response:
+        if format == "json":
+            return JSONResponse(metrics.as_json())
+        if format != "prometheus":
+            return _error(400, f"format must be 'prometheus' or 'json', got {format!r}.", param="format")
+        return Response(metrics.as_text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        metrics.requests.labels(endpoint="chat_completions").inc()
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the request body must be a JSON chat completion request.")
+        if not isinstance(body, dict):
+            return _error(400, f"the request body must be a JSON object, got {type(body).__name__}.")
+        requested = body.get("model", router_name)
+        if requested != router_name and requested not in upstreams:
+            return _error(404, f"model {requested!r} is not served here: name {router_name!r} to be routed, or one "
+                          f"of {list(upstreams)}.", "not_found_error", "model")
+        try:
+            prompt = last_user_message(body.get("messages"))
+        except ValueError as error:
+            return _error(400, str(error), param="messages")
+        if requested == router_name:
+            try:
+                decision = await router.route(prompt, _side_features(body.get("metadata"), router))
+            except ValueError as error:
+                return _error(400, str(error), param="messages")
+            except Exception as error:  # noqa: BLE001  (the client learns that the router, not its input, failed)
+                return _error(500, f"the router failed on this prompt: {type(error).__name__}: {error}",
+                              "router_error")
+            metrics.routing_seconds.observe(decision.seconds)
+            metrics.routed.labels(model=decision.model).inc()
+            if decision.model != decision.wanted:
+                metrics.capped.labels(wanted=decision.wanted).inc()
+            order = [decision.model, *(name for name in decision.ranking if name != decision.model)]
+        else:
+            decision, order = None, [requested, *(name for name in upstreams if name != requested)]
+            metrics.pinned.labels(model=requested).inc()
+        candidates = order if fallback else order[:1]
+        failures: list[UpstreamError] = []
+        for name in candidates:
+            upstream = upstreams[name]
+            try:
+                if body.get("stream"):
+                    response = await open_stream(state["client"], upstream, body)
+                else:
+                    answer = await complete(state["client"], upstream, body)
+            except UpstreamError as error:
+                metrics.calls.labels(model=name, outcome="timeout" if error.status == 504 else "error").inc()
+                failures.append(error)
+                if name != candidates[-1]:
+                    metrics.fallbacks.labels(from_model=name, to_model=candidates[len(failures)]).inc()
+                continue
+            headers = _headers(name, decision, failures)
+            if body.get("stream"):  # counted when the stream ends: whole (ok) or cut (error, timeout)
+                def stream_ended(error: UpstreamError | None, name: str = name) -> None:
+                    outcome = "ok" if error is None else "timeout" if error.status == 504 else "error"
+                    metrics.calls.labels(model=name, outcome=outcome).inc()
+
+                return StreamingResponse(relay(upstream, response, stream_ended), media_type="text/event-stream",
+                                         headers=headers)
+            metrics.calls.labels(model=name, outcome="ok").inc()
+            _count_usage(metrics, upstream, answer)
+            answer["hf_defer"] = _summary(name, decision, failures)
+            return JSONResponse(answer, headers=headers)
+        last = failures[-1]
+        if len(failures) > 1:
+            message = "; then ".join(failure.message for failure in failures)
+            last = UpstreamError(last.model, last.status, f"every model failed: {message}", last.kind)
+        return JSONResponse(last.body(), status_code=last.status, headers=_headers(last.model, decision, failures))
+
+    return app
+
+
+def _side_features(metadata: Any, router: PromptRouter) -> dict[str, Any]:
+    """The router's side features from the request's `metadata` (OpenAI's metadata values are strings: a numeric
+    side feature given as "412" is read as the number)."""
+    specs = getattr(router.pipeline.model.config, "side_features", None) or []
+    if not specs:
+        return {}
+    if not isinstance(metadata, dict):
+        raise ValueError(f"this router routes on the side feature(s) {router.side_features} too: give them in the "
+                         f"request's metadata, e.g. metadata={{{specs[0]['name']!r}: ...}}.")
+    out = {}
+    for spec in specs:
+        if spec["name"] in metadata:
+            value = metadata[spec["name"]]
+            if spec["kind"] == "numeric" and isinstance(value, str):
+                try:
+                    value = float(value)
+                except ValueError:
+                    pass  # named by the router's check
+            out[spec["name"]] = value
+    return out
+
+
+def _summary(name: str, decision: RoutingDecision | None, failures: list[UpstreamError]) -> dict[str, Any]:
+    return {"model": name, "routed_to": None if decision is None else decision.wanted,
+            "margin": None if decision is None else decision.margin,
+            "fallback_from": [failure.model for failure in failures]}
+
+
+def _headers(name: str, decision: RoutingDecision | None, failures: list[UpstreamError]) -> dict[str, str]:
+    headers = {"x-hf-defer-model": name}
+    if decision is not None:
+        headers["x-hf-defer-routed-to"] = decision.wanted
+        headers["x-hf-defer-routing-ms"] = f"{decision.seconds * 1000:.3f}"
+    if failures:
+        headers["x-hf-defer-fallback-from"] = ",".join(failure.model for failure in failures)
+    return headers
+
+
+def _count_usage(metrics: RouterMetrics, upstream: Upstream, answer: Mapping[str, Any]) -> None:
+    usage = answer.get("usage")
+    tokens = usage.get("total_tokens") if isinstance(usage, dict) else None
+    if isinstance(tokens, (int, float)) and not isinstance(tokens, bool) and tokens >= 0:
+        metrics.tokens.labels(model=upstream.name).inc(tokens)
+        if upstream.price is not None:
+            metrics.cost.labels(model=upstream.name).inc(tokens * upstream.price / 1e6)

@@ -1,0 +1,108 @@
+"""Side features (`DeferralConfig(side_features=...)`): the specs from columns and the tensors from rows worked out by
+hand, the head reading [pooled, embeddings, standardised numbers] checked against its own weights, the save / load
+round trip, and the pipeline taking dict inputs (batched or not) with clear errors."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+import torch
+from transformers import BertTokenizer, pipeline
+
+import hf_defer.modeling.side_features as side_module
+from hf_defer import DeferralConfig, EncoderForDeferral
+from hf_defer.modeling.side_features import check_side_features, side_feature_specs, side_feature_tensors
+from tiny_bert import save_tiny_bert
+
+SPECS = [{"name": "subject", "kind": "categorical", "categories": ["law", "math", "physics"], "dim": 2},
+         {"name": "length", "kind": "numeric", "mean": 10.0, "std": 4.0}]
+
+
+def test_specs_and_tensors_by_hand():
+    specs = side_feature_specs({"tier": [1, 2, 2, 3], "subject": ["math", "law", "math", "law"], "n": [1, 3, 5, 7]},
+                               dim=3, categorical=["tier"])
+    assert specs == [{"name": "tier", "kind": "categorical", "categories": ["1", "2", "3"], "dim": 3},
+                     {"name": "subject", "kind": "categorical", "categories": ["law", "math"], "dim": 3},
+                     {"name": "n", "kind": "numeric", "mean": 4.0, "std": pytest.approx(5 ** 0.5)}]
+    ids, numbers = side_feature_tensors(specs, [{"tier": 3, "subject": "law", "n": 2.5},
+                                                {"tier": 9, "subject": "art", "n": 0}])
+    assert ids.tolist() == [[3, 1], [0, 0]] and numbers.tolist() == [[2.5], [0.0]]  # unseen categories: id 0
+    with pytest.raises(ValueError, match="side feature 'n' is missing from input 0"):
+        side_feature_tensors(specs, [{"tier": 1, "subject": "law"}])
+    with pytest.raises(ValueError, match="'n' of input 0 must be a finite number"):
+        side_feature_tensors(specs, [{"tier": 1, "subject": "law", "n": float("nan")}])
+    with pytest.raises(ValueError, match="column 'n' has missing values"):
+        side_feature_specs({"n": [1, None]})
+
+
+@pytest.mark.parametrize("specs, words", [
+    ([], "non-empty list"),
+    ([{"name": "text", "kind": "numeric"}], "reserved"),
+    ([{"name": "a", "kind": "numeric"}, {"name": "a", "kind": "numeric"}], "given twice"),
+    ([{"name": "a", "kind": "categorical", "categories": []}], "non-empty list of distinct strings"),
+    ([{"name": "a", "kind": "numeric", "std": 0}], "'std' positive"),
+    ([{"name": "a", "kind": "ordinal"}], "'categorical' or 'numeric'"),
+])
+def test_bad_specs_are_named(specs, words):
+    with pytest.raises(ValueError, match=words):
+        check_side_features(specs)
+    with pytest.raises(ValueError, match=words):
+        DeferralConfig(feature_size=3, route_only=True, num_experts=2, side_features=specs)
+
+
+def test_the_head_reads_the_side_features_joined_to_the_features(tmp_path):
+    torch.manual_seed(0)
+    model = EncoderForDeferral(DeferralConfig(feature_size=3, route_only=True, num_experts=2, side_features=SPECS)).eval()
+    x = torch.randn(4, 3)
+    rows = [{"subject": s, "length": n} for s, n in (("law", 6), ("physics", 10), ("history", 18), ("math", 2))]
+    ids, numbers = side_feature_tensors(SPECS, rows)
+    table = model.side.embeddings[0].weight.detach()
+    by_hand = torch.cat([x, table[torch.tensor([1, 3, 0, 2])], ((numbers - 10.0) / 4.0)], dim=1)
+    linear = model.head[-1]
+    expected = by_hand @ linear.weight.detach().T + linear.bias.detach()
+    with torch.no_grad():
+        logits = model(features=x, side_categorical=ids, side_numeric=numbers).logits
+    torch.testing.assert_close(logits, expected)
+    model.save_pretrained(tmp_path / "m")
+    loaded = EncoderForDeferral.from_pretrained(tmp_path / "m").eval()
+    assert loaded.config.side_features == SPECS
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(features=x, side_categorical=ids, side_numeric=numbers).logits, logits)
+    with pytest.raises(ValueError, match=r"side_numeric must have shape \[batch, 1\].*\['subject', 'length'\]"):
+        model(features=x, side_categorical=ids)
+    plain = EncoderForDeferral(DeferralConfig(feature_size=3, route_only=True, num_experts=2))
+    with pytest.raises(ValueError, match="this model has no side features"):
+        plain(features=x, side_categorical=ids)
+
+
+def test_the_pipeline_takes_dict_inputs_with_the_side_features(tmp_path):
+    words = "what is law energy force court".split()
+    save_tiny_bert(tmp_path / "enc", words)
+    torch.manual_seed(0)
+    model = EncoderForDeferral.from_encoder_pretrained(str(tmp_path / "enc"), route_only=True, num_experts=2,
+                                                       pooling="mean", side_features=SPECS).eval()
+    tokenizer = BertTokenizer.from_pretrained(tmp_path / "enc")
+    inputs = [{"text": "what is law", "subject": "law", "length": 3}, {"text": "energy force", "subject": "physics",
+                                                                       "length": 12.5},
+              {"text": "court", "subject": "art", "length": 30}]
+    expected = []
+    with torch.no_grad():
+        for item in inputs:
+            ids, numbers = side_feature_tensors(SPECS, [item])
+            logits = model(**tokenizer(item["text"], return_tensors="pt"), side_categorical=ids,
+                           side_numeric=numbers).logits
+            expected.append(torch.sigmoid(logits[0]).tolist())
+    router = pipeline("deferral", model=model, tokenizer=tokenizer)
+    for batch_size in (1, 3):
+        got = [out["expert_accuracy"] for out in router(inputs, batch_size=batch_size)]
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="side feature 'length' is missing from input 0"):
+        router({"text": "what is law", "subject": "law"})
+    with pytest.raises(ValueError, match=r"takes the side features \['subject', 'length'\]: give each input as a dict"):
+        router("what is law")
+
+
+def test_the_examples_run():
+    failed, tried = doctest.testmod(side_module)
+    assert failed == 0 and tried > 0

@@ -1,0 +1,133 @@
+"""`hf-defer serve --model`: a deferral model with people as experts. Decisions are checked against the rule worked
+out here from the model's forward pass (defer iff max_j a_j - max_y p(y|x) > threshold, to argmax_j a_j); deferred
+inputs go to a review project, a fake of `ReviewProject` holding its tasks in memory, through the real push and pull."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from transformers import BertTokenizer, pipeline
+
+from fake_upstream import serve_in_thread
+from hf_defer import EncoderForDeferral
+from hf_defer.review.labeling import CONTROL_NAME
+from hf_defer.review.tasks import KEY_FIELD
+from hf_defer.serving import build_decision_app
+from tiny_bert import save_tiny_bert
+
+WORDS = "you are kind rude nice awful great terrible maybe the a of".split()
+TEXTS = [" ".join(WORDS[(5 * i + k) % len(WORDS)] for k in range(1 + i % 4)) for i in range(16)]
+TEXTS = list(dict.fromkeys(TEXTS))
+
+
+class FakeProject:
+    """What `push` and `pull` use of a `ReviewProject`, in memory; `answer` is a reviewer answering in the UI."""
+
+    title = "fake reviews"
+
+    def __init__(self, classes: list[str]) -> None:
+        self.classes = classes
+        self.tasks: list[dict] = []
+
+    def task_keys(self) -> dict[str, int]:
+        return {task["data"][KEY_FIELD]: task["id"] for task in self.tasks}
+
+    def import_tasks(self, tasks) -> list[int]:
+        created = []
+        for task in tasks:
+            self.tasks.append({"id": 100 + len(self.tasks), "data": task["data"], "annotations": []})
+            created.append(self.tasks[-1]["id"])
+        return created
+
+    def annotated_tasks(self) -> list[dict]:
+        return [task for task in self.tasks if task["annotations"]]
+
+    def users(self, refresh: bool = False) -> dict[int, str]:
+        return {7: "rev@example.com"}
+
+    def answer(self, task_id: int, choice: str) -> None:
+        task = next(task for task in self.tasks if task["id"] == task_id)
+        task["annotations"].append({"id": len(task["annotations"]) + 1, "completed_by": 7,
+                                    "updated_at": "2026-11-27T01:00:00Z", "lead_time": 3.0,
+                                    "result": [{"from_name": CONTROL_NAME, "type": "choices",
+                                                "value": {"choices": [choice]}}]})
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("decider")
+    save_tiny_bert(root / "encoder", WORDS)
+    torch.manual_seed(3)
+    model = EncoderForDeferral.from_encoder_pretrained(str(root / "encoder"), num_labels=2, num_experts=2,
+                                                       id2label={0: "ok", 1: "abusive"},
+                                                       expert_names=["alice", "bob"], pooling="mean")
+    with torch.no_grad():
+        model.head[-1].weight.mul_(20)
+    model.save_pretrained(root / "model")
+    BertTokenizer.from_pretrained(root / "encoder").save_pretrained(root / "model")
+    return root / "model"
+
+
+@pytest.fixture(scope="module")
+def expected(model_folder) -> dict[str, tuple[bool, str]]:
+    """(deferred, the class or the expert) per text, from the forward pass at the saved threshold (0)."""
+    model = EncoderForDeferral.from_pretrained(model_folder).eval()
+    tokenizer = BertTokenizer.from_pretrained(model_folder)
+    out = {}
+    with torch.no_grad():
+        for text in TEXTS:
+            result = model(**tokenizer(text, return_tensors="pt"))
+            probs, accuracy = result.class_probs[0].double(), result.expert_accuracy[0].double()
+            margin = float(accuracy.max() - probs.max())
+            assert abs(margin) > 1e-6
+            deferred = margin > model.config.defer_threshold
+            out[text] = (deferred, model.config.expert_names[int(accuracy.argmax())] if deferred
+                         else model.config.id2label[int(probs.argmax())])
+    assert 0 < sum(deferred for deferred, _ in out.values()) < len(TEXTS)  # both kinds of decision
+    return out
+
+
+def test_decide_answers_or_defers_as_the_model_rule_says(model_folder, expected):
+    with serve_in_thread(build_decision_app(pipeline("deferral", model=str(model_folder)))) as url:
+        got = {text: httpx.post(url + "/v1/decide", json={"input": text}).json() for text in TEXTS}
+        looked_up = httpx.get(url + f"/v1/decisions/{got[TEXTS[0]]['id']}").json()
+        missing = httpx.get(url + "/v1/decisions/nope")
+        bad = httpx.post(url + "/v1/decide", json={"text": "x"})
+    for text, (deferred, who) in expected.items():
+        decision = got[text]
+        assert decision["deferred"] is deferred
+        assert (decision["status"], decision["expert"] if deferred else decision["answer"]) == \
+            ("deferred" if deferred else "answered", who)
+    assert looked_up == got[TEXTS[0]]
+    assert missing.status_code == 404 and "no decision 'nope'" in missing.json()["error"]["message"]
+    assert bad.status_code == 400 and '"input"' in bad.json()["error"]["message"]
+
+
+def test_a_deferred_input_becomes_a_review_task_and_its_answer_comes_back(model_folder, expected):
+    project = FakeProject(["ok", "abusive"])
+    deferred_text = next(text for text, (deferred, _) in expected.items() if deferred)
+    kept_text = next(text for text, (deferred, _) in expected.items() if not deferred)
+    app = build_decision_app(pipeline("deferral", model=str(model_folder)), review_project=project)
+    with serve_in_thread(app) as url:
+        kept = httpx.post(url + "/v1/decide", json={"input": kept_text, "id": "k1"}).json()
+        first = httpx.post(url + "/v1/decide", json={"input": deferred_text, "id": "d1"}).json()
+        again = httpx.post(url + "/v1/decide", json={"input": deferred_text, "id": "d1"}).json()
+        clash = httpx.post(url + "/v1/decide", json={"input": kept_text, "id": "d1"})
+        pending = httpx.get(url + "/v1/decisions/d1").json()
+        project.answer(first["task_id"], "abusive")
+        reviewed = httpx.get(url + "/v1/decisions/d1").json()
+    assert kept["status"] == "answered" and kept["task_id"] is None
+    assert first["status"] == "pending_review" and first["expert"] == expected[deferred_text][1]
+    assert [task["data"][KEY_FIELD] for task in project.tasks] == ["id:d1"]  # one task, the same id posted twice
+    assert again == first and clash.status_code == 409
+    assert pending["status"] == "pending_review" and pending["answer"] is None
+    assert (reviewed["status"], reviewed["answer"], reviewed["reviewer"]) == ("reviewed", "abusive", "rev@example.com")
+
+
+def test_a_review_project_without_the_models_classes_is_refused(model_folder):
+    pipe = pipeline("deferral", model=str(model_folder))
+    with pytest.raises(ValueError, match=r"does not offer the model's classes \['abusive'\]"):
+        build_decision_app(pipe, review_project=FakeProject(["ok", "spam"]))

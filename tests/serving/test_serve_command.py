@@ -1,0 +1,109 @@
+"""`hf-defer serve`: its flags (the app it builds, its one-line errors), calibrating the threshold at start-up, and
+(slow) the command itself in a subprocess, called with the openai client."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from fake_upstream import UpstreamBehaviour, answer_text, fake_upstream_app, serve_in_thread
+from hf_defer.commands.cli import main as hf_defer_main
+from hf_defer.commands.serve import build_app
+from tiny_router import PROMPTS, margins_by_forward
+
+URLS = ["--model", "weak=http://127.0.0.1:9/v1", "--model", "strong=http://127.0.0.1:9/v1"]
+
+
+def test_the_router_app_gets_the_flags(router_folder):
+    app, options = build_app(["--router", str(router_folder), *URLS, "--upstream_model", "strong=gpt-4o",
+                              "--price", "strong=5,weak=0.2", "--max_strong_rate", "0.3", "--port", "8123"])
+    up = app.state.upstreams
+    assert (up["strong"].model_id, up["strong"].price, up["weak"].price) == ("gpt-4o", 5.0, 0.2)
+    assert app.state.router.max_strong_rate == 0.3 and options.port == 8123 and options.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--model", "weak=http://127.0.0.1:9/v1"], r"give the URL of every model the router routes to .*missing \['strong'\]"),
+    (URLS + ["--model", "medium=http://127.0.0.1:9/v1"], r"--model names \['medium'\], which the router does not"),
+    (URLS + ["--price", "strong=cheap"], "--price strong='cheap': expected a number"),
+    (["--model", "weak=ftp://x", "--model", "strong=http://127.0.0.1:9/v1"], "expected an http"),
+    (URLS + ["--api_key_env", "strong=HF_DEFER_NO_SUCH_VARIABLE"], "that environment variable is not set"),
+    (URLS + ["--confidence", "0.9"], "--confidence needs --calibration_file"),
+    (URLS + ["--encoder", "x"], "--encoder 'x' is for a head-only router"),
+    (URLS + ["--model", "weak"], "--model takes NAME=VALUE"),
+])
+def test_router_flag_mistakes_are_named(router_folder, flags, words):
+    with pytest.raises(ValueError, match=words):
+        build_app(["--router", str(router_folder), *flags])
+
+
+def test_decision_flag_mistakes_are_named(router_folder, capsys):
+    with pytest.raises(ValueError, match="give --router FOLDER"):
+        build_app([])
+    with pytest.raises(ValueError, match="route-only model .*serve it with `hf-defer serve --router`"):
+        build_app(["--model", str(router_folder)])
+    with pytest.raises(ValueError, match="--max_strong_rate is for a routing endpoint"):
+        build_app(["--model", str(router_folder), "--max_strong_rate", "0.2"])
+    assert hf_defer_main(["serve", "--model", str(router_folder), "--review_url", "http://127.0.0.1:9"]) == 2
+    assert "--review_url and --review_project go together" in capsys.readouterr().err
+
+
+def test_calibrating_at_start_up_sends_the_top_margins_within_the_budget(router_folder, tmp_path):
+    """The budget keeps the floor(r N) prompts of highest margin (among those with a positive margin): worked out here
+    from the router's own forward pass."""
+    (tmp_path / "held_out.txt").write_text("\n".join(PROMPTS) + "\n")
+    rate = 0.25
+    app, _ = build_app(["--router", str(router_folder), *URLS, "--max_strong_rate", str(rate),
+                        "--calibration_file", str(tmp_path / "held_out.txt")])
+    threshold = app.state.router.defer_threshold
+    margins = margins_by_forward(router_folder, PROMPTS)
+    kept = min(math.floor(rate * len(PROMPTS)), sum(m > 0 for m in margins))
+    assert kept > 0 and threshold >= 0
+    assert sorted(m > threshold for m in margins) == sorted([True] * kept + [False] * (len(PROMPTS) - kept))
+    assert min(m for m in margins if m > threshold) == pytest.approx(sorted(margins)[-kept])
+    with pytest.raises(ValueError, match="--calibration_file calibrates the threshold to --max_strong_rate"):
+        build_app(["--router", str(router_folder), *URLS, "--calibration_file", str(tmp_path / "held_out.txt")])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_hf_defer_serve_runs_and_answers_the_openai_client(router_folder):
+    behaviours = {name: UpstreamBehaviour(name) for name in ("weak", "strong")}
+    port = _free_port()
+    with serve_in_thread(fake_upstream_app(behaviours["weak"])) as weak, \
+            serve_in_thread(fake_upstream_app(behaviours["strong"])) as strong:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hf_defer", "serve", "--router", str(router_folder), "--model", f"weak={weak}/v1",
+             "--model", f"strong={strong}/v1", "--port", str(port)], env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        raise AssertionError(f"hf-defer serve did not start: {process.communicate()[0][-2000:]}")
+                    time.sleep(0.5)
+            chat = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+            completion = chat.chat.completions.create(model="hf-defer-router",
+                                                      messages=[{"role": "user", "content": PROMPTS[0]}])
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    assert completion.choices[0].message.content == answer_text(completion.hf_defer["model"], PROMPTS[0])
+    assert len(behaviours[completion.hf_defer["model"]].received) == 1
