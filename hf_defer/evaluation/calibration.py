@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .metrics import budget_deferrals
+from .guarantees import MARGIN_TOLERANCE, _threshold_between, empirical_budget_threshold  # noqa: F401 (re-exported)
 from ..modeling.pipeline_deferral import DeferralPipeline
 
 
@@ -151,10 +151,7 @@ def calibrate_deferral(
     decided = [(out["defer"], out["margin"])
                for out in tqdm(outputs, total=len(inputs), desc="Calibrating deferral", disable=len(inputs) < 1000)]
     deferred, margins = np.array([d for d, _ in decided], dtype=bool), np.array([m for _, m in decided])
-    if np.isneginf(margins).any():  # nobody available: never deferred; below every other margin, but finite
-        margins[np.isneginf(margins)] = min(0.0, float(margins[np.isfinite(margins)].min(initial=0.0))) - 1.0
-    kept = budget_deferrals(deferred, margins, max_deferral_rate)
-    threshold = _threshold_between(margins, kept)
+    threshold = empirical_budget_threshold(margins, max_deferral_rate, deferred)
     config = pipe.model.config
     config.defer_threshold = threshold
     if costs is not None:
@@ -163,28 +160,6 @@ def calibrate_deferral(
         pipe._postprocess_params.pop(name, None)
     return threshold
 
-
-MARGIN_TOLERANCE = 1e-7
-"""Margins closer than twice this (in units of probability, times the largest margin when that exceeds 1) count as
-tied: batch composition, padding and kernels change a margin in its last float32 digits between two runs (about 1e-8
-on a CPU; a float32 step is 6e-8 at 0.5), so a threshold never sits closer than this to a calibration margin."""
-
-
-def _threshold_between(margins: np.ndarray, kept: np.ndarray) -> float:
-    """The threshold ``t >= 0`` for which ``margin > t`` holds on kept inputs only, at least the tolerance away from
-    every margin: 0 when no input left out comes near 0, else the middle of the first gap wider than twice the
-    tolerance above the highest margin left out (and 0); above the highest margin when there is none (a budget of
-    ``floor(bN) = 0``, or kept margins all tied with one left out): then nothing is deferred."""
-    tolerance = MARGIN_TOLERANCE * max(1.0, float(margins.max(initial=0.0)))  # t >= 0: the scale of the top
-    left_out = margins[~kept]
-    if left_out.size == 0 or left_out.max() < -tolerance:  # the model defers within the budget on its own
-        return 0.0
-    lower = max(0.0, float(left_out.max()))
-    points = np.unique(np.append(margins[margins > lower], lower))  # ascending, from `lower`; all above are kept
-    wide = np.flatnonzero(np.diff(points) > 2 * tolerance)
-    if wide.size:
-        return float((points[wide[0]] + points[wide[0] + 1]) / 2)
-    return float(points[-1] + tolerance)
 
 
 __all__ = ["calibrate_deferral"]
