@@ -145,6 +145,12 @@ class DeferralConfig(PretrainedConfig):
             Route-only models: the expert that answers when no other is asked (the fixed classifier, the cheap LLM),
             by name or index, stored as its name; the first expert by default. Routing to any other expert is a
             deferral: `defer_threshold`, `calibrate_deferral`'s budget and the coverage count those.
+        deferral_guarantee (`dict`, *optional*):
+            What `calibrate_deferral(..., confidence=...)` certified for `defer_threshold`: the claims (kind, target,
+            bound, confidence), `n`, the date, the costs, experts and availability it holds for, and its assumption
+            (`hf_defer.evaluation.guarantees.DeferralGuarantee`); `None` when nothing is certified. A calibration
+            without a confidence clears it; the model card states it and the pipeline warns when a call changes what
+            it was certified for.
         kwargs (*optional*):
             Passed to [`PretrainedConfig`] (`id2label`, `label2id`, ...). The class names of `id2label` must be
             distinct, and none may be `"defer"`: the pipeline's `label` of a deferred input.
@@ -189,6 +195,7 @@ class DeferralConfig(PretrainedConfig):
     expert_kinds: list[str] | None = None
     route_only: bool = False
     default_expert: str | int | None = None
+    deferral_guarantee: dict | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.route_only is True:  # no class head: classes given are an error, none is 0 (not the base's 2)
