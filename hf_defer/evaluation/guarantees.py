@@ -123,8 +123,14 @@ def binomial_order_statistic(n: int, max_deferral_rate: float, confidence: float
     """
     if max_deferral_rate >= 1:
         return n
-    cdf = _binom().cdf(np.arange(n), n, max_deferral_rate)  # cdf[j] = P(Bin <= j), increasing in j
-    return int(np.searchsorted(cdf, 1.0 - confidence, side="right"))
+    binom, delta = _binom(), 1.0 - confidence
+    near = int(binom.ppf(delta, n, max_deferral_rate))  # the answer is within a step of the quantile: look around it
+    window = np.arange(max(0, near - 2), min(n, near + 3))
+    cdf = binom.cdf(window, n, max_deferral_rate)  # P(Bin <= j), increasing in j
+    if window.size and cdf[-1] <= delta and window[-1] < n - 1:  # not expected: fall back on every j
+        window = np.arange(n)
+        cdf = binom.cdf(window, n, max_deferral_rate)
+    return int(window[0] + np.searchsorted(cdf, delta, side="right")) if window.size else 0
 
 
 def _rate_threshold(margins: np.ndarray, rate: float, confidence: float, what: str,

@@ -31,6 +31,7 @@ from .pipeline_options import (
     _stack_features,
     _with_availability,
     _WithAvailability,
+    warn_outside_guarantee,
 )
 from .surrogate_base import check_defer_threshold, check_expert_costs
 from .route_only import route_only_output
@@ -221,6 +222,7 @@ class DeferralPipeline(Pipeline):
                 raise ValueError("available_experts given per input (one entry per input) must come with the call "
                                  "on a list of inputs, not when building the pipeline.")
             postprocess["available"] = mask
+        warn_outside_guarantee(self.model.config, expert_costs, defer_threshold, postprocess.get("available"))
         return self._check_processor_kwargs(processor_kwargs), {}, postprocess
 
     def _check_processor_kwargs(self, processor_kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -117,3 +117,20 @@ def test_bad_calls_are_refused():
     with pytest.raises(ValueError, match=r"expert_labels must have shape \[600, 2\]"):
         calibrate_deferral(model, list(features), max_error=0.3, confidence=0.9, labels=labels,
                            expert_labels=answers[:, :1])
+
+
+def test_pipeline_warns_outside_the_guarantee():
+    import warnings
+
+    from transformers import pipeline
+
+    model, features, _, _ = model_and_data(5)
+    calibrate_deferral(model, list(features), max_deferral_rate=0.2, confidence=0.9, expert_costs=[0.1, 0.0])
+    defer = pipeline("deferral", model=model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the calibrated settings: no warning
+        defer(list(features[:4]))
+        defer(list(features[:4]), available_experts=["alice", "bob"])
+    for changed in ({"expert_costs": [0.0, 0.0]}, {"defer_threshold": 0.5}, {"available_experts": ["alice"]}):
+        with pytest.warns(UserWarning, match=f"not covered by the model's deferral guarantee.*{next(iter(changed))}"):
+            defer(list(features[:4]), **changed)

@@ -35,6 +35,16 @@ def test_order_statistic_n10_by_hand():
     assert 1.0 <= t  # the largest margin is the threshold: nothing deferred on these inputs
 
 
+@pytest.mark.parametrize("n", [1, 7, 22, 137, 2_000])
+def test_order_statistic_is_the_largest_safe_k(n):
+    binom = pytest.importorskip("scipy.stats").binom
+    for rate in (0.01, 0.1, 0.5, 0.9):
+        for confidence in (0.5, 0.9, 0.99):
+            k = binomial_order_statistic(n, rate, confidence)
+            assert k == 0 or binom.cdf(k - 1, n, rate) <= 1 - confidence  # safe
+            assert k == n or binom.cdf(k, n, rate) > 1 - confidence  # the largest safe one
+
+
 def test_too_few_inputs_names_the_n_needed():
     # 0.8^10 = 0.107 > 0.1: no order statistic of 10 inputs is safe; 0.8^11 = 0.086: 11 inputs are enough.
     with pytest.raises(ValueError, match=r"needs at least 11"):
