@@ -20,6 +20,7 @@ from .experts import annotator_expert, class_subset_expert, model_expert, stack_
 from .experts.deferral_cascade import DeferralCascade
 from .evaluation.costs import ErrorCostCurve, error_cost_curve, mean_cost
 from .evaluation.calibration import calibrate_deferral
+from .evaluation.guarantees import DeferralGuarantee, budget_threshold, certify_threshold, error_threshold
 from .evaluation.evaluate_metric import load_metric
 from .hub import push_to_hub, save_for_hub
 from .hub.model_card import DeferralModelCardData, render_model_card
@@ -83,6 +84,10 @@ __all__ = [
     "PreparedDeferralData",
     "ErrorCostCurve",
     "calibrate_deferral",
+    "DeferralGuarantee",
+    "budget_threshold",
+    "certify_threshold",
+    "error_threshold",
     "push_to_hub",
     "render_model_card",
     "save_for_hub",

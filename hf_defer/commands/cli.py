@@ -1,4 +1,4 @@
-"""The `hf-defer` command (also `python -m hf_defer`): `annotations`, `train`, `predict`, `evaluate`.
+"""The `hf-defer` command (also `python -m hf_defer`): `annotations`, `train`, `predict`, `evaluate`, `calibrate`.
 
 - `hf-defer annotations --annotations_file FILE ...`: a labelling tool's long export (one row per item, annotator and
   answer) as the wide CSV that `hf-defer train` reads, a target aggregated from the annotators; prints the flags.
@@ -9,6 +9,8 @@
 - `hf-defer evaluate --model PATH_OR_ID --input FILE`: the deferral metrics of a saved model on a labelled file.
 - `hf-defer serve --router FOLDER --model NAME=URL ...` / `--model FOLDER`: an HTTP endpoint (`hf_defer.commands.serve`;
   `pip install 'hf-defer[serve]'`).
+- `hf-defer calibrate --model FOLDER --input FILE --max_error 0.05 --confidence 0.9`: the deferral threshold that
+  keeps a budget, an error target or a cost budget on new inputs with that confidence, saved with the model.
 - `hf-defer review push|pull ...`: the review loop with Label Studio (`hf_defer.review.cli`; `pip install
   'hf-defer[review]'`).
 
@@ -111,6 +113,32 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
 
 
+def _guarantee_arguments(parser: argparse.ArgumentParser) -> None:
+    """The promises of `calibrate` (and `train`'s calibration): see `hf_defer.calibrate_deferral`."""
+    parser.add_argument("--confidence", type=float, default=None,
+                        help="Certify the promises with this probability over the draw of the calibration rows, in "
+                             "(0, 1), e.g. 0.9 (default: none, the empirical budget rule).")
+    parser.add_argument("--max_error", type=float, default=None,
+                        help="System error target on new inputs (needs --confidence, labels and expert answers).")
+    parser.add_argument("--selective", action="store_true",
+                        help="--max_error is the model's error on the inputs it answers itself.")
+    parser.add_argument("--max_mean_cost", type=float, default=None,
+                        help="Budget on the mean price per input (needs --confidence and expert costs).")
+
+
+def _calibrate_arguments(parser: argparse.ArgumentParser) -> None:
+    _evaluate_arguments(parser)  # --output: the summary (threshold, guarantee) as JSON
+    parser.add_argument("--max_deferral_rate", default=None,
+                        help="Deferral budget: a share in (0, 1], or one per expert, 'alice=0.05,bob=0.1' (default: "
+                             "0.1 when no other promise is given).")
+    _guarantee_arguments(parser)
+    parser.add_argument("--expert_costs", default=None,
+                        help="Comma-separated cost of asking each expert, in the model's order (default: the saved "
+                             "costs).")
+    parser.add_argument("--output_dir", default=None,
+                        help="Save the calibrated model here (default: the --model folder itself, with --overwrite).")
+
+
 def _annotations_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--annotations_file", required=True,
                         help="A labelling tool's export, one row per (item, annotator, answer): csv, json, jsonl or "
@@ -150,6 +178,8 @@ COMMANDS: dict[str, Command] = {command.name: command for command in (
             "hf_defer.commands.evaluate:run_evaluate", _evaluate_arguments),
     Command("serve", "a router behind an OpenAI-compatible endpoint, or a deferral model behind /v1/decide",
             "hf_defer.commands.serve:run_serve"),
+    Command("calibrate", "set a saved model's deferral threshold on a calibration file, with a stated confidence",
+            "hf_defer.commands.calibrate:run_calibrate", _calibrate_arguments),
     # hf_defer.review is the top layer: named here as a string, imported only when `hf-defer review` runs.
     Command("review", "send deferred inputs to Label Studio reviewers (push) and their answers back (pull)",
             "hf_defer.review.cli:main"),

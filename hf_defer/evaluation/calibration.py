@@ -3,35 +3,48 @@
 from __future__ import annotations
 
 from numbers import Integral, Real
+import warnings
+from collections.abc import Iterator, Mapping
+from datetime import date
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from .metrics import budget_deferrals
+from .guarantees import MARGIN_TOLERANCE, _threshold_between, certify_threshold, empirical_budget_threshold  # noqa: F401
+from ..modeling.pipeline_options import _WithAvailability, _availability
 from ..modeling.pipeline_deferral import DeferralPipeline
 
 
-def _pipeline_inputs(dataset: Any, input_kind: str) -> list[Any]:
-    """The pipeline inputs held by ``dataset``: a list of inputs or a `datasets.Dataset` with an input column."""
+def _pipeline_inputs(dataset: Any, input_kind: str) -> tuple[Iterator[Any], int]:
+    """The pipeline inputs held by ``dataset`` (a list of inputs or a `datasets.Dataset` with an input column) as a
+    stream, a batch of rows read at a time, and their number."""
     columns = getattr(dataset, "column_names", None)
     if columns is None:
         if not isinstance(dataset, (list, tuple)):
             raise TypeError(
                 f"dataset must be a datasets.Dataset or a list of pipeline inputs, got {type(dataset).__name__}."
             )
-        return list(dataset)
+        return (item for item in dataset), len(dataset)  # a generator: the pipeline streams it
     column = input_kind  # the "text", "image" or "features" column
     if column not in columns:
         raise ValueError(
             f"dataset must have a {column!r} column for this {input_kind} model (raw inputs, as the pipeline takes "
             f"them); its columns are {columns}."
         )
-    if input_kind == "text" and "text_pair" in columns:
-        return [{"text": t, "text_pair": p} for t, p in zip(dataset["text"], dataset["text_pair"])]
-    if input_kind == "features":
-        return list(np.asarray(dataset.with_format("numpy")["features"], dtype=np.float32))
-    return list(dataset[column])
+    pair = input_kind == "text" and "text_pair" in columns
+    rows = dataset.select_columns([column, "text_pair"] if pair else [column])
+
+    def stream() -> Iterator[Any]:
+        for batch in (rows.with_format("numpy") if input_kind == "features" else rows).iter(batch_size=256):
+            if pair:
+                yield from ({"text": t, "text_pair": p} for t, p in zip(batch["text"], batch["text_pair"]))
+            elif input_kind == "features":
+                yield from np.asarray(batch["features"], dtype=np.float32)
+            else:
+                yield from batch[column]
+
+    return stream(), len(dataset)
 
 
 def _saved_processor(model: Any, kind: str) -> Any:
@@ -54,15 +67,45 @@ def _saved_processor(model: Any, kind: str) -> Any:
 def calibrate_deferral(
     model_or_pipeline: Any,
     dataset: Any,
-    max_deferral_rate: float = 0.1,
+    max_deferral_rate: float | Mapping[str, float] | None = None,
     batch_size: int = 64,
     expert_costs: Any = None,
     tokenizer: Any = None,
     image_processor: Any = None,
     available_experts: Any = None,
+    *,
+    confidence: float | None = None,
+    max_error: float | None = None,
+    selective: bool = False,
+    max_mean_cost: float | None = None,
+    labels: Any = None,
+    expert_labels: Any = None,
+    expert_correct: Any = None,
     **processor_kwargs: Any,
 ) -> float:
-    """Sets the deferral threshold so that at most ``max_deferral_rate`` of held-out inputs go to an expert.
+    """Sets the deferral threshold so that at most ``max_deferral_rate`` of held-out inputs go to an expert, or, with
+    a ``confidence``, so that promises on new inputs hold with that probability.
+
+    **With a confidence** (in (0, 1)): with probability at least ``confidence`` over the draw of these calibration
+    inputs, every promise given holds on new inputs from the same distribution ([`certify_threshold`]):
+
+    * ``max_deferral_rate=b``: at most ``b`` of new inputs deferred (exact binomial order statistic, as tight as it
+      allows); ``{"alice": 0.05, "bob": 0.1}``: each expert's own share of the inputs.
+    * ``max_error=alpha``: the system error (what [`deferral_metrics`] scores: the classifier where it answers, the
+      chosen expert where it defers) at most ``alpha``, with the fewest deferrals that certify it (Learn-then-Test);
+      ``selective=True``: the classifier's error on the inputs it keeps. Needs labels and the experts' answers: the
+      dataset's ``labels`` (or ``label``) and ``expert_labels`` (or ``expert_correct``) columns, or the arguments of
+      those names; rows labelled -100 are left out, and an expert without an answer (-100) on a row is not
+      available there (as [`deferral_metrics`] scores it). A `ValueError` names the smallest ``alpha`` certifiable.
+    * ``max_mean_cost=P``: the mean price per input (``expert_costs``) at most ``P``.
+
+    What was certified is recorded in ``model.config.deferral_guarantee`` (claims, ``n``, date, costs, experts and
+    availability; the model card states it, the pipeline warns when a call changes what it holds for). Without a
+    confidence only ``max_deferral_rate`` (a float) is allowed, by the empirical rule below, and a former guarantee
+    is cleared.
+
+    **Without a confidence** (the empirical rule: the budget holds on these inputs, and on new ones about half of the
+    time):
 
     The deferral pipeline defers an input when its margin ``max_j (a_j - c_j) - max_y p(y|x)`` exceeds
     ``defer_threshold`` ([`DeferralSurrogate.decide`]). Of the inputs deferred at threshold 0, the budget
@@ -86,7 +129,8 @@ def calibrate_deferral(
         dataset (`datasets.Dataset` or `list`): held-out inputs: a list of pipeline inputs, or a dataset with a
             `text` column (and optionally `text_pair`), an `image` column, or a `features` column for a head-only
             model.
-        max_deferral_rate (`float`, *optional*, defaults to 0.1): the budget, in (0, 1].
+        max_deferral_rate (`float` or `dict`, *optional*): the budget, in (0, 1] (a dict of them per expert name, with
+            a confidence); 0.1 when no promise is given.
         batch_size (`int`, *optional*, defaults to 64): pipeline batch size.
         expert_costs (sequence of `float`, *optional*): one cost per expert (defaults to the costs the given pipeline
             was built with, else `model.config.expert_costs`); stored in `model.config.expert_costs`.
@@ -97,6 +141,11 @@ def calibrate_deferral(
             input with nobody to ask is never deferred (and still counts in `N`).
         processor_kwargs (*optional*): the tokenizer (or image-processor) settings the pipeline will be called with,
             e.g. `truncation=True, max_length=128`: the margins, hence the threshold, depend on them.
+        confidence (`float`, *optional*): in (0, 1): certify the promises with this probability.
+        max_error (`float`, *optional*) / selective (`bool`, *optional*, defaults to `False`): the error target.
+        max_mean_cost (`float`, *optional*): the budget on the mean cost per input.
+        labels / expert_labels / expert_correct (array-like, *optional*): for ``max_error``, instead of the dataset's
+            columns: ``[N]`` classes, ``[N, M]`` answers or correctness (-100 where missing).
 
     Returns:
         `float`: the threshold, also in ``model.config.defer_threshold``.
@@ -114,13 +163,22 @@ def calibrate_deferral(
 
     ```
     """
-    if isinstance(max_deferral_rate, bool) or not isinstance(max_deferral_rate, Real):
-        raise TypeError(f"max_deferral_rate must be a number in (0, 1], got {type(max_deferral_rate).__name__}.")
-    if not 0 < max_deferral_rate <= 1:
-        raise ValueError(f"max_deferral_rate must lie in (0, 1], got {max_deferral_rate!r}.")
+    certified = confidence is not None or max_error is not None or max_mean_cost is not None or isinstance(
+        max_deferral_rate, Mapping)
+    if max_deferral_rate is None and max_error is None and max_mean_cost is None:
+        max_deferral_rate = 0.1
+    if certified and confidence is None:
+        raise ValueError("max_error, max_mean_cost and a budget per expert (a dict) are promises on new inputs: give "
+                         "confidence= (in (0, 1), e.g. 0.9).")
+    if not certified:
+        if isinstance(max_deferral_rate, bool) or not isinstance(max_deferral_rate, Real):
+            raise TypeError(f"max_deferral_rate must be a number in (0, 1], got {type(max_deferral_rate).__name__}.")
+        if not 0 < max_deferral_rate <= 1:
+            raise ValueError(f"max_deferral_rate must lie in (0, 1], got {max_deferral_rate!r}.")
+        max_deferral_rate = float(max_deferral_rate)
     if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-    max_deferral_rate, batch_size = float(max_deferral_rate), int(batch_size)
+    batch_size = int(batch_size)
     if isinstance(model_or_pipeline, DeferralPipeline):
         pipe = model_or_pipeline
     elif getattr(getattr(model_or_pipeline, "config", None), "model_type", None) == "deferral":
@@ -136,28 +194,48 @@ def calibrate_deferral(
             "model_or_pipeline must be a deferral model (config.model_type == 'deferral') or a DeferralPipeline, got "
             f"{type(model_or_pipeline).__name__}."
         )
-    inputs = _pipeline_inputs(dataset, pipe.input_kind)
-    if not inputs:
+    inputs, count = _pipeline_inputs(dataset, pipe.input_kind)
+    if count == 0:
         raise ValueError("dataset is empty: calibration needs held-out inputs.")
-    # The inputs stream as a generator, for which torch's batch sampler builds a list of `batch_size` indices up front:
-    # a batch size far above the number of inputs would exhaust the memory for nothing.
-    batch_size = min(batch_size, len(inputs))
+    # torch's batch sampler builds a list of `batch_size` indices up front: a batch size far above the number of
+    # inputs would exhaust the memory for nothing.
+    batch_size = min(batch_size, count)
     # Validates expert_costs the way the pipeline does, before any forward pass; a pipeline built with costs keeps them.
     costs = pipe.resolve_costs(expert_costs)
-    if available_experts is not None:  # a per-input mask needs the list; the names of the whole call do not mind
-        processor_kwargs = {**processor_kwargs, "available_experts": available_experts}
-    outputs = pipe(inputs if available_experts is not None else (item for item in inputs), batch_size=batch_size,
-                   expert_costs=costs, defer_threshold=0.0, return_margin=True, **processor_kwargs)  # a generator streams
-    decided = [(out["defer"], out["margin"])
-               for out in tqdm(outputs, total=len(inputs), desc="Calibrating deferral", disable=len(inputs) < 1000)]
-    deferred, margins = np.array([d for d, _ in decided], dtype=bool), np.array([m for _, m in decided])
-    if np.isneginf(margins).any():  # nobody available: never deferred; below every other margin, but finite
-        margins[np.isneginf(margins)] = min(0.0, float(margins[np.isfinite(margins)].min(initial=0.0))) - 1.0
-    if np.isposinf(margins).any():  # a route-only default expert left out: deferred at any threshold; above all
-        margins[np.isposinf(margins)] = max(0.0, float(margins[np.isfinite(margins)].max(initial=0.0))) + 1.0
-    kept = budget_deferrals(deferred, margins, max_deferral_rate)
-    threshold = _threshold_between(margins, kept)
     config = pipe.model.config
+    names = list(config.expert_names)
+    targets = None
+    if max_error is not None:
+        if getattr(config, "route_only", False) is True:
+            raise ValueError("max_error needs a model with a class head; a route-only model takes a budget "
+                             "(max_deferral_rate, max_mean_cost).")
+        targets = _targets(dataset, labels, expert_labels, expert_correct, count, len(names))
+    inputs, availability = _with_experts(inputs, count, available_experts, names, targets)
+    if availability is not None:
+        processor_kwargs = {**processor_kwargs, "available_experts": availability}
+    # At threshold 0 the pipeline's own decisions (today's rule); certifying, a threshold below every margin names the
+    # expert each input would go to.
+    with warnings.catch_warnings():  # calibrating is not deciding: a former guarantee has nothing to say about it
+        warnings.filterwarnings("ignore", message="this call is not covered by the model's deferral guarantee")
+        outputs = pipe(inputs, batch_size=batch_size, expert_costs=costs,
+                       defer_threshold=-1e300 if certified else 0.0, return_margin=True, **processor_kwargs)
+    margins, deferred = np.empty(count), np.empty(count, dtype=bool)
+    chosen, predicted = np.full(count, -1), np.full(count, -1)
+    index = {name: j for j, name in enumerate(names)}
+    classes = {name: k for k, name in (config.id2label or {}).items()}
+    for i, out in enumerate(tqdm(outputs, total=count, desc="Calibrating deferral", disable=count < 1000)):
+        margins[i], deferred[i] = out["margin"], out["defer"]
+        chosen[i] = index.get(out["expert"], -1)
+        predicted[i] = classes.get(out.get("class_label"), -1)
+    if np.isposinf(margins).any():  # a route-only default expert left out: deferred at any threshold; above all others
+        margins[np.isposinf(margins)] = max(0.0, float(margins[np.isfinite(margins)].max(initial=0.0))) + 1.0
+    if not certified:
+        threshold = empirical_budget_threshold(margins, max_deferral_rate, deferred)
+        config.deferral_guarantee = None  # a former guarantee does not hold for this threshold
+    else:
+        threshold = _certify(margins, chosen, predicted, targets, names, costs, confidence=confidence,
+                             max_deferral_rate=max_deferral_rate, max_error=max_error, selective=selective,
+                             max_mean_cost=max_mean_cost, config=config, available_experts=available_experts)
     config.defer_threshold = threshold
     if costs is not None:
         config.expert_costs = [float(cost) for cost in costs]
@@ -166,27 +244,92 @@ def calibrate_deferral(
     return threshold
 
 
-MARGIN_TOLERANCE = 1e-7
-"""Margins closer than twice this (in units of probability, times the largest margin when that exceeds 1) count as
-tied: batch composition, padding and kernels change a margin in its last float32 digits between two runs (about 1e-8
-on a CPU; a float32 step is 6e-8 at 0.5), so a threshold never sits closer than this to a calibration margin."""
+def _targets(dataset: Any, labels: Any, expert_labels: Any, expert_correct: Any, count: int,
+             num_experts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The labels ``[N]``, each expert's correctness ``[N, M]`` (answers compared with the label, or the scores) and
+    who answered ``[N, M]``, from the arguments or the dataset's columns."""
+    columns = list(getattr(dataset, "column_names", None) or [])
+    numpy = dataset.with_format("numpy") if columns else None
+    if labels is None:
+        column = next((name for name in ("labels", "label") if name in columns), None)
+        if column is None:
+            raise ValueError("max_error needs the true labels: a dataset with a 'labels' (or 'label') column, or "
+                             f"labels=; the dataset's columns are {columns}.")
+        labels = numpy[column]
+    if expert_labels is None and expert_correct is None:
+        if "expert_correct" in columns:
+            expert_correct = numpy["expert_correct"]
+        elif "expert_labels" in columns:
+            expert_labels = numpy["expert_labels"]
+        else:
+            raise ValueError("max_error needs the experts' answers: an 'expert_labels' (or 'expert_correct') column, "
+                             f"or expert_labels= / expert_correct=; the dataset's columns are {columns}.")
+    y = np.asarray(labels)
+    if y.shape != (count,) or not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"labels must be {count} class ids (one per input), got {y.dtype} of shape {y.shape}.")
+    given = np.asarray(expert_correct if expert_correct is not None else expert_labels, dtype=np.float64)
+    name = "expert_correct" if expert_correct is not None else "expert_labels"
+    given = given.reshape(count, -1) if given.size == count * num_experts else given
+    if given.shape != (count, num_experts):
+        raise ValueError(f"{name} must have shape [{count}, {num_experts}] (one column per expert), got {given.shape}.")
+    answered = given != -100
+    if expert_correct is not None:
+        if ((given[answered] < 0) | (given[answered] > 1)).any() or np.isnan(given).any():
+            raise ValueError("expert_correct must lie in [0, 1] (-100 where missing).")
+        correct = np.where(answered, given, 0.0)
+    else:
+        correct = (given == y[:, None]).astype(np.float64)
+    return y.astype(np.int64), correct, answered
 
 
-def _threshold_between(margins: np.ndarray, kept: np.ndarray) -> float:
-    """The threshold ``t >= 0`` for which ``margin > t`` holds on kept inputs only, at least the tolerance away from
-    every margin: 0 when no input left out comes near 0, else the middle of the first gap wider than twice the
-    tolerance above the highest margin left out (and 0); above the highest margin when there is none (a budget of
-    ``floor(bN) = 0``, or kept margins all tied with one left out): then nothing is deferred."""
-    tolerance = MARGIN_TOLERANCE * max(1.0, float(margins.max(initial=0.0)))  # t >= 0: the scale of the top
-    left_out = margins[~kept]
-    if left_out.size == 0 or left_out.max() < -tolerance:  # the model defers within the budget on its own
-        return 0.0
-    lower = max(0.0, float(left_out.max()))
-    points = np.unique(np.append(margins[margins > lower], lower))  # ascending, from `lower`; all above are kept
-    wide = np.flatnonzero(np.diff(points) > 2 * tolerance)
-    if wide.size:
-        return float((points[wide[0]] + points[wide[0] + 1]) / 2)
-    return float(points[-1] + tolerance)
+def _with_experts(inputs: Iterator[Any], count: int, available_experts: Any, names: list[str],
+                  targets: tuple | None) -> tuple[Iterator[Any], Any]:
+    """The input stream and the whole call's ``available_experts``: per-input availability (given per input, or the
+    experts who answered, for an error target) rides with each input."""
+    per_input, mask = (False, None) if available_experts is None else _availability(available_experts, names)
+    if per_input and mask.shape[0] != count:
+        raise ValueError(f"available_experts has {mask.shape[0]} rows (one per input), but dataset has {count} inputs.")
+    if targets is not None:  # an expert without an answer is not available there (as deferral_metrics scores it)
+        mask = targets[2] & (np.ones(len(names), dtype=bool) if mask is None else mask)
+        per_input = True
+    if not per_input:
+        return inputs, mask
+    return (_WithAvailability(item, row) for item, row in zip(inputs, mask)), None
+
+
+def _certify(margins: np.ndarray, chosen: np.ndarray, predicted: np.ndarray, targets: tuple | None,
+             names: list[str], costs: list[float] | None, *, config: Any, available_experts: Any,
+             **promises: Any) -> float:
+    """[`certify_threshold`] on what the pipeline found, recorded in ``config.deferral_guarantee``."""
+    rates = promises["max_deferral_rate"]
+    if isinstance(rates, Mapping) and set(rates) - set(names):
+        raise ValueError(f"max_deferral_rate names {sorted(set(rates) - set(names))}, which are not among the "
+                         f"experts {names}.")
+    experts = np.asarray(names + [""])[chosen]  # "" where nobody is available
+    keep = np.ones(margins.size, dtype=bool)
+    losses: dict[str, Any] = {}
+    if targets is not None:
+        y, correct, _ = targets
+        keep = y != -100
+        rows = np.arange(margins.size)
+        losses = {"loss_if_kept": (predicted != y).astype(np.float64)[keep],
+                  "loss_if_deferred": np.where(chosen >= 0, 1.0 - correct[rows, np.maximum(chosen, 0)], np.nan)[keep]}
+        if not keep.any():
+            raise ValueError("every label is -100: no row to certify an error on.")
+    if promises["max_mean_cost"] is not None:
+        if costs is None or max(costs) <= 0:
+            raise ValueError("max_mean_cost needs expert_costs (the price of each expert), some above 0.")
+        losses["cost_if_deferred"] = np.where(chosen >= 0, np.asarray(costs)[np.maximum(chosen, 0)], np.nan)[keep]
+        losses["cost_bound"] = float(max(costs))
+    guarantee = certify_threshold(margins[keep], experts=experts[keep], **promises, **losses)
+    config.deferral_guarantee = {
+        **guarantee.to_dict(), "date": date.today().isoformat(), "expert_names": names,
+        "expert_costs": None if costs is None else [float(c) for c in costs],
+        "available_experts": available_experts if isinstance(available_experts, list) and all(
+            isinstance(name, str) for name in available_experts) else (None if available_experts is None else
+                                                                      "given per input"),
+    }
+    return guarantee.threshold
 
 
 __all__ = ["calibrate_deferral"]

@@ -96,6 +96,8 @@ class DeferralModelCardData(ModelCardData):
         reliability (`dict` or `list[dict]`, *optional*): reliability-diagram data of [`reliability_bins`], one per
             expert; drawn as `reliability_diagram.png` next to the card.
         expert_costs (`list[float]`, *optional*): the price of each expert (`config.expert_costs`).
+        deferral_guarantee (`dict`, *optional*): what `calibrate_deferral(..., confidence=...)` certified
+            (`config.deferral_guarantee`); the card states it in words, with its assumption.
         error_cost_curve (`dict`, *optional*): `{"cost": [...], "error": [...]}`, the Pareto front of
             [`hf_defer.evaluation.costs.error_cost_curve`] on the evaluation data; drawn as `error_cost_curve.png` when some
             expert has a cost.
@@ -137,6 +139,7 @@ class DeferralModelCardData(ModelCardData):
     metrics: dict[str, float] = field(default_factory=dict)
     reliability: dict[str, list[float]] | list[dict[str, list[float]]] | None = None
     expert_costs: list[float] | None = None
+    deferral_guarantee: dict[str, Any] | None = None
     error_cost_curve: dict[str, list[float]] | None = None
     intended_use: str | None = None
     extra_limitations: str | None = None
@@ -228,6 +231,7 @@ class DeferralModelCardData(ModelCardData):
             "input_kind": input_kind,
             "defer_threshold": float(config.defer_threshold),
             "expert_costs": list(getattr(config, "expert_costs", None) or []) or None,
+            "deferral_guarantee": getattr(config, "deferral_guarantee", None),
             "base_model": adapter_base_model(model)  # an adapter names the deferral model it was added to
             or ((getattr(encoder, "name_or_path", None) or None) if encoder is not None else None),
         }
@@ -384,6 +388,7 @@ def render_model_card(
         reliability_image=image,
         error_cost_image=cost_image,
         expert_costs=data.expert_costs,
+        guarantee_text=describe_guarantee(data.deferral_guarantee, data.defer_threshold),
         intended_use=data.intended_use or (
             "Triage: the model answers the inputs it is confident about and routes the others to the expert(s) "
             "named above, to lower the error of the whole system at a controlled deferral rate. It is meant to be "
@@ -399,5 +404,47 @@ def render_model_card(
     return card
 
 
-__all__ = ["LIBRARY_NAME", "DeferralModelCardData", "default_template_path", "known_hub_id", "render_model_card",
+_PROMISES = {
+    "deferral_rate": "at most {target:.4g} % of the inputs go to {expert}",
+    "system_error": "at most {target:.4g} % of the answers are wrong (the model's where it answers, the expert's "
+                    "where it defers)",
+    "selective_error": "at most {target:.4g} % of the answers the model gives itself are wrong",
+    "mean_cost": "the mean price paid per input is at most {cost:.4g}",
+}
+
+
+def describe_guarantee(guarantee: dict[str, Any] | None, threshold: float | None = None) -> str | None:
+    """The promise of ``config.deferral_guarantee`` in plain words, with its assumption; `None` when there is none
+    or it was certified for another threshold.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.hub.model_card import describe_guarantee
+    >>> print(describe_guarantee({"threshold": 0.2, "confidence": 0.9, "n": 500, "date": "2026-11-27", "claims": [
+    ...     {"kind": "deferral_rate", "target": 0.1, "bound": "binomial order statistic (exact)"}],
+    ...     "assumption": "new inputs come from the calibration inputs' distribution"}).splitlines()[0])
+    On new inputs, at most 10 % of the inputs go to an expert, with probability at least 90 % over the draw of the 500 calibration inputs (calibrated on 2026-11-27).
+
+    ```
+    """
+    if not guarantee or threshold is not None and abs(float(guarantee.get("threshold", threshold)) - threshold) > 1e-12:
+        return None  # the threshold was changed since: the promise is not this model's
+    promises = [_PROMISES[claim["kind"]].format(target=100 * claim["target"], cost=claim["target"],
+                                                expert=f"`{claim['expert']}`" if "expert" in claim else "an expert")
+                for claim in guarantee.get("claims", []) if claim.get("kind") in _PROMISES]
+    if not promises:
+        return None
+    said = promises[0] if len(promises) == 1 else ", ".join(promises[:-1]) + " and " + promises[-1]
+    costs = guarantee.get("expert_costs")
+    bounds = sorted({claim["bound"] for claim in guarantee["claims"]})
+    return (f"On new inputs, {said}, with probability at least {100 * guarantee['confidence']:.4g} % over the draw of "
+            f"the {guarantee['n']} calibration inputs (calibrated on {guarantee.get('date', 'an unrecorded date')}).\n\n"
+            f"**Assumption:** {guarantee.get('assumption')}. The promise does not survive a change of experts"
+            f"{f', of their costs ({costs})' if costs else ', of their costs'}, of the threshold, or a drift of the "
+            f"inputs: calibrate again then (the pipeline warns when a call changes the first three). Bounds: "
+            f"{'; '.join(bounds)}; one confidence shared among the promises (Bonferroni).")
+
+
+__all__ = ["LIBRARY_NAME", "DeferralModelCardData", "default_template_path", "describe_guarantee", "known_hub_id", "render_model_card",
            "surrogate_description"]

@@ -150,6 +150,12 @@ class DeferralConfig(PretrainedConfig):
         side_features (`list[dict]`, *optional*):
             Inputs beside the text or features (the subject, the prompt's length): categorical ones embedded, numeric
             ones standardised, joined to the pooled representation before the head (`hf_defer.modeling.side_features`).
+        deferral_guarantee (`dict`, *optional*):
+            What `calibrate_deferral(..., confidence=...)` certified for `defer_threshold`: the claims (kind, target,
+            bound, confidence), `n`, the date, the costs, experts and availability it holds for, and its assumption
+            (`hf_defer.evaluation.guarantees.DeferralGuarantee`); `None` when nothing is certified. A calibration
+            without a confidence clears it; the model card states it and the pipeline warns when a call changes what
+            it was certified for.
         kwargs (*optional*):
             Passed to [`PretrainedConfig`] (`id2label`, `label2id`, ...). The class names of `id2label` must be
             distinct, and none may be `"defer"`: the pipeline's `label` of a deferred input.
@@ -195,6 +201,7 @@ class DeferralConfig(PretrainedConfig):
     route_only: bool = False
     default_expert: str | int | None = None
     side_features: list[dict] | None = None
+    deferral_guarantee: dict | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.route_only is True:  # no class head: classes given are an error, none is 0 (not the base's 2)

@@ -30,7 +30,9 @@ from .pipeline_options import (
     _refuse_cascade_folder,
     _stack_features,
     _with_availability,
-    _WithAvailability, _split_side_features,
+    _WithAvailability,
+    _split_side_features,
+    warn_outside_guarantee,
 )
 from .surrogate_base import check_defer_threshold, check_expert_costs
 from .route_only import route_only_output
@@ -223,6 +225,7 @@ class DeferralPipeline(Pipeline):
                 raise ValueError("available_experts given per input (one entry per input) must come with the call "
                                  "on a list of inputs, not when building the pipeline.")
             postprocess["available"] = mask
+        warn_outside_guarantee(self.model.config, expert_costs, defer_threshold, postprocess.get("available"))
         return self._check_processor_kwargs(processor_kwargs), {}, postprocess
 
     def _check_processor_kwargs(self, processor_kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -189,3 +190,32 @@ def _with_availability(inputs: Any, mask: np.ndarray, single: bool) -> Any:
                          "a list of inputs with one availability entry each.")
     wrapped = [_WithAvailability(item, row) for item, row in zip(items, mask)]
     return wrapped[0] if single else wrapped
+
+
+def warn_outside_guarantee(config: Any, expert_costs: Any, defer_threshold: Any, available: Any) -> None:
+    """Warns when a call decides otherwise than ``config.deferral_guarantee`` was certified for (`calibrate_deferral`
+    with a confidence): other costs, experts, threshold or whole-call availability. The promise then does not hold."""
+    guarantee = getattr(config, "deferral_guarantee", None)
+    if not isinstance(guarantee, dict):
+        return
+    names, zeros = list(config.expert_names), [0.0] * len(config.expert_names)
+    threshold = float(config.defer_threshold if defer_threshold is None else defer_threshold)
+    costs = getattr(config, "expert_costs", None) if expert_costs is None else expert_costs
+    certified_costs = guarantee.get("expert_costs") or zeros
+    reasons = []
+    if abs(threshold - float(guarantee.get("threshold", threshold))) > 1e-12:
+        reasons.append(f"defer_threshold {threshold!r} (certified: {guarantee.get('threshold')!r})")
+    if [float(c) for c in (costs or zeros)] != [float(c) for c in certified_costs]:
+        reasons.append(f"expert_costs {list(costs or zeros)} (certified: {certified_costs})")
+    if names != guarantee.get("expert_names", names):
+        reasons.append(f"experts {names} (certified: {guarantee.get('expert_names')})")
+    certified_available = guarantee.get("available_experts")
+    if available is not None and certified_available != "given per input":
+        asked = [name for name, on in zip(names, np.asarray(available, dtype=bool)) if on]
+        if sorted(asked) != sorted(certified_available or names):
+            reasons.append(f"available_experts {asked} (certified: {certified_available or names})")
+    if reasons:
+        claims = ", ".join(f"{claim.get('kind')} <= {claim.get('target')}" for claim in guarantee.get("claims", []))
+        warnings.warn(f"this call is not covered by the model's deferral guarantee ({claims} with confidence "
+                      f"{guarantee.get('confidence')}): it decides with {'; '.join(reasons)}. Calibrate again "
+                      "(hf_defer.calibrate_deferral) for these settings.", UserWarning, stacklevel=4)

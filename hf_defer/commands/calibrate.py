@@ -1,0 +1,138 @@
+"""`hf-defer calibrate`: set a saved model's deferral threshold on a calibration file, with a stated confidence."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .evaluate import match_expert_columns
+from .inputs import read_table
+from .outputs import check_output_file
+from .predict import input_column, input_length_limit, load_pipeline, parse_expert_costs
+
+__all__ = ["calibrate_file", "parse_rates", "run_calibrate"]
+
+
+def parse_rates(value: str | None, expert_names: Sequence[str]) -> float | dict[str, float] | None:
+    """`--max_deferral_rate 0.1` (all experts together) or `alice=0.05,bob=0.1` (each expert's own share).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.commands.calibrate import parse_rates
+    >>> parse_rates("alice=0.05,bob=0.1", ["alice", "bob"])
+    {'alice': 0.05, 'bob': 0.1}
+
+    ```
+    """
+    if value is None:
+        return None
+    try:
+        if "=" not in value:
+            return float(value)
+        rates = {name.strip(): float(rate) for name, rate in (item.split("=", 1) for item in value.split(","))}
+    except ValueError:
+        rates = None
+    if rates is None or set(rates) - set(expert_names):
+        raise ValueError(f"--max_deferral_rate must be a share in (0, 1] or expert=share pairs of the model's experts "
+                         f"({', '.join(expert_names)}), e.g. {expert_names[0]}=0.1; got {value!r}.")
+    return rates
+
+
+def calibrate_file(model: str, input_path: str, *, confidence: float | None = None,
+                   max_deferral_rate: str | float | None = None, max_error: float | None = None,
+                   selective: bool = False, max_mean_cost: float | None = None, expert_costs: str | None = None,
+                   label_column_name: str = "label", expert_column_names: Sequence[str] | None = None,
+                   missing_expert: str = "error", batch_size: int = 32,
+                   text_column_names: Sequence[str] | None = None, text_pair_column_name: str | None = None,
+                   image_column_name: str | None = None, text_column_delimiter: str = " ",
+                   trust_remote_code: bool = False) -> tuple[Any, dict[str, Any]]:
+    """Calibrates the saved model `model` on the file `input_path` ([`calibrate_deferral`]) and returns its pipeline
+    (the model's config updated) and a summary: the threshold, the guarantee and the plain-words statement. An error
+    target reads the label and the experts' answer columns (matched by name, as `hf-defer evaluate` does).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.commands.calibrate import calibrate_file
+    >>> pipe, summary = calibrate_file("my-model", "cal.csv", max_error=0.05, confidence=0.9)  # doctest: +SKIP
+    ```
+    """
+    import datasets
+
+    from ..data.preparation import prepare_deferral_dataset
+    from ..evaluation.calibration import calibrate_deferral
+    from ..hub.model_card import describe_guarantee
+
+    table = read_table(input_path)
+    pipe = load_pipeline(model, trust_remote_code)
+    config = pipe.model.config
+    flag_input = f"--input {input_path}"
+    table, column = input_column(table, pipe.input_kind, text_column_names, text_column_delimiter, image_column_name,
+                                 flag_input)
+    image = pipe.input_kind == "image"
+    if image and isinstance(table.features[column], datasets.Value):
+        table = table.cast_column(column, datasets.Image())  # a column of image paths
+    if max_error is not None:  # the labels and the experts' answers, as ids, on the rows kept
+        experts = match_expert_columns(expert_column_names, config.expert_names)
+        for flag, columns in (("--label_column_name", [label_column_name]), ("--expert_column_names", experts)):
+            missing = [name for name in columns if name not in table.column_names]
+            if missing:
+                raise ValueError(f"{flag}: {missing} not among the columns of {flag_input}, which are "
+                                 f"{table.column_names}; name the right ones with {flag}.")
+        table = prepare_deferral_dataset(
+            table, label_column_name, experts, text_column=None if image else column,
+            text_pair_column=text_pair_column_name, image_column=column if image else None,
+            label_names=[config.id2label[k] for k in range(config.num_labels)], missing_expert=missing_expert).dataset
+        column = column if column in table.column_names else ("image" if image else "text")
+    if column != pipe.input_kind:
+        table = table.rename_column(column, pipe.input_kind)
+    if text_pair_column_name and text_pair_column_name in table.column_names and text_pair_column_name != "text_pair":
+        table = table.rename_column(text_pair_column_name, "text_pair")
+    costs = parse_expert_costs(expert_costs, config.expert_names) if expert_costs else None
+    options = {} if image else {"truncation": True, "max_length": input_length_limit(pipe)}
+    threshold = calibrate_deferral(pipe, table, max_deferral_rate=parse_rates(max_deferral_rate, config.expert_names)
+                                   if isinstance(max_deferral_rate, str) else max_deferral_rate,
+                                   batch_size=batch_size, expert_costs=costs, confidence=confidence,
+                                   max_error=max_error, selective=selective, max_mean_cost=max_mean_cost, **options)
+    summary = {"defer_threshold": threshold, "deferral_guarantee": config.deferral_guarantee,
+               "statement": describe_guarantee(config.deferral_guarantee, threshold)}
+    return pipe, summary
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """`hf-defer calibrate`: the calibrated threshold and guarantee as JSON on stdout; the model saved with them
+    (`--output_dir`, or the `--model` folder itself with `--overwrite`)."""
+    if args.batch_size < 1:
+        raise ValueError(f"--batch_size must be a positive number, got {args.batch_size}.")
+    if args.output:
+        check_output_file(args.output, [args.input], overwrite=args.overwrite)
+    output = Path(args.output_dir or args.model)
+    in_place = output.resolve() == Path(args.model).resolve()
+    if in_place and not os.path.isdir(args.model):
+        raise ValueError(f"--model {args.model} is not a local folder: give --output_dir to save the calibrated model.")
+    if output.exists() and any(output.iterdir()) and not args.overwrite:
+        raise ValueError(f"{'--model' if in_place else '--output_dir'} {output} holds a saved model: calibrating "
+                         "changes its config.json; pass --overwrite to replace it (or --output_dir for a copy).")
+    names = [name.strip() for name in args.text_column_names.split(",")] if args.text_column_names else None
+    experts = [name.strip() for name in args.expert_column_names.split(",")] if args.expert_column_names else None
+    pipe, summary = calibrate_file(
+        args.model, args.input, confidence=args.confidence, max_deferral_rate=args.max_deferral_rate,
+        max_error=args.max_error, selective=args.selective, max_mean_cost=args.max_mean_cost,
+        expert_costs=args.expert_costs, label_column_name=args.label_column_name, expert_column_names=experts,
+        missing_expert=args.missing_expert, batch_size=args.batch_size, text_column_names=names,
+        text_pair_column_name=args.text_pair_column_name, image_column_name=args.image_column_name,
+        text_column_delimiter=args.text_column_delimiter, trust_remote_code=args.trust_remote_code)
+    if in_place:
+        pipe.model.config.save_pretrained(output)  # only config.json changes: the threshold, costs and guarantee
+    else:
+        pipe.save_pretrained(output, overwrite=args.overwrite)
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n", encoding="utf-8")
+    return 0

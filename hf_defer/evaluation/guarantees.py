@@ -1,0 +1,455 @@
+"""Deferral thresholds that keep a promise on new inputs with a stated confidence (finite-sample, distribution-free).
+
+Every function here works on per-input arrays of a calibration sample: the deferral margin of each input (the pipeline
+defers iff ``margin > t``; ``-inf`` where nobody is available, never deferred and still counted), and, for the error
+and cost targets, what each input would lose if kept or if deferred. The one assumption: the calibration inputs and
+the new ones are independent draws from the same distribution. "With confidence 0.9" means: over the draw of the
+calibration sample, the promise holds on the population in at least 90 % of draws.
+
+* A deferral budget ([`budget_threshold`]): the exact binomial bound on the population quantile of the margin.
+* An error target ([`error_threshold`]), the system error or the selective error: Learn-then-Test (Angelopoulos et
+  al. 2021) with fixed-sequence testing over a fixed lattice of thresholds, from most deferral to least.
+* A mean-cost budget, per-expert budgets and all of these together: [`certify_threshold`], one confidence shared
+  by a Bonferroni split.
+
+The p-values and the fixed-sequence test for bounded losses come from MAPIE's `risk_control` (`pip install
+hf-defer[guarantees]`); scipy's binomial law gives the exact bounds for 0/1 losses and deferral counts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from numbers import Real
+from typing import Any, Mapping
+
+import numpy as np
+
+from .learn_then_test import (EXACT_LTT, HB_LTT, _above, _binom, _certified, _clear, _error_binary, _error_threshold,
+                              _is_binary, _lattice)
+
+MARGIN_TOLERANCE = 1e-7
+"""Margins closer than twice this (in units of probability, times the largest margin when that exceeds 1) count as
+tied: batch composition, padding and kernels change a margin in its last float32 digits between two runs (about 1e-8
+on a CPU; a float32 step is 6e-8 at 0.5), so a threshold never sits closer than this to a calibration margin."""
+
+RATE_BOUND = "binomial order statistic (exact)"
+
+
+def _check_unit(name: str, value: Any, closed_top: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a number in (0, 1{']' if closed_top else ')'}, got {value!r}.")
+    if not (0 < value <= 1 if closed_top else 0 < value < 1):
+        raise ValueError(f"{name} must lie in (0, 1{']' if closed_top else ')'}, got {value!r}.")
+    return float(value)
+
+
+def _check_margins(margins: Any) -> np.ndarray:
+    values = np.asarray(margins, dtype=np.float64)
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError(f"margins must be a non-empty 1-D array (one per calibration input), got shape "
+                         f"{values.shape}.")
+    if np.isnan(values).any() or np.isposinf(values).any():
+        raise ValueError(f"margins must be finite or -inf (nobody available), got NaN or +inf at input "
+                         f"{int(np.flatnonzero(np.isnan(values) | np.isposinf(values))[0])}.")
+    return values
+
+
+def _check_losses(name: str, values: Any, n: int, allow_nan: np.ndarray | None = None) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape != (n,):
+        raise ValueError(f"{name} must have one value per margin (shape ({n},)), got shape {values.shape}.")
+    bad = np.isnan(values) | (values < 0) | (values > 1)
+    if allow_nan is not None:
+        bad &= ~(allow_nan & np.isnan(values))
+    if bad.any():
+        raise ValueError(f"{name} must lie in [0, 1] (NaN only where the margin is -inf), got "
+                         f"{values[bad][0]!r} at input {int(np.flatnonzero(bad)[0])}.")
+    return np.where(np.isnan(values), 0.0, values)
+
+
+def _finite(margins: np.ndarray) -> np.ndarray:
+    """The margins with ``-inf`` (nobody available) replaced by a finite value below all others and below 0."""
+    out = margins.copy()
+    low = np.isneginf(out)
+    if low.any():
+        out[low] = min(0.0, float(out[~low].min(initial=0.0))) - 1.0
+    return out
+
+
+def _threshold_between(margins: np.ndarray, kept: np.ndarray) -> float:
+    """The threshold ``t >= 0`` for which ``margin > t`` holds on kept inputs only, at least the tolerance away from
+    every margin: 0 when no input left out comes near 0, else the middle of the first gap wider than twice the
+    tolerance above the highest margin left out (and 0); above the highest margin when there is none (a budget of
+    ``floor(bN) = 0``, or kept margins all tied with one left out): then nothing is deferred."""
+    tolerance = MARGIN_TOLERANCE * max(1.0, float(margins.max(initial=0.0)))  # t >= 0: the scale of the top
+    left_out = margins[~kept]
+    if left_out.size == 0 or left_out.max() < -tolerance:  # the model defers within the budget on its own
+        return 0.0
+    lower = max(0.0, float(left_out.max()))
+    points = np.unique(np.append(margins[margins > lower], lower))  # ascending, from `lower`; all above are kept
+    wide = np.flatnonzero(np.diff(points) > 2 * tolerance)
+    if wide.size:
+        return float((points[wide[0]] + points[wide[0] + 1]) / 2)
+    return float(points[-1] + tolerance)
+
+
+def empirical_budget_threshold(margins: np.ndarray, max_deferral_rate: float,
+                               deferred: np.ndarray | None = None) -> float:
+    """Today's rule (no confidence): of the inputs deferred at threshold 0 (``deferred``, by default ``margin > 0``),
+    keep the ``floor(max_deferral_rate * N)`` with the highest margins ([`budget_deferrals`]) and put the threshold
+    between them and the rest ([`_threshold_between`]). It holds the budget on the calibration inputs themselves;
+    on new ones the rate exceeds it about half of the time."""
+    from .metrics import budget_deferrals
+
+    margins = _finite(_check_margins(margins))
+    deferred = margins > 0 if deferred is None else np.asarray(deferred, dtype=bool)
+    return _threshold_between(margins, budget_deferrals(deferred, margins, max_deferral_rate))
+
+
+def binomial_order_statistic(n: int, max_deferral_rate: float, confidence: float) -> int:
+    """The largest ``k`` with ``P(Binomial(n, b) <= k - 1) <= 1 - confidence`` (0 when none): a threshold at the
+    ``k``-th largest of ``n`` i.i.d. margins leaves more than ``b`` of the population above it with probability
+    at most ``1 - confidence``.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.evaluation.guarantees import binomial_order_statistic
+    >>> binomial_order_statistic(10, 0.5, 0.9)  # P(Bin(10, .5) <= 2) = 56/1024 <= 0.1 < P(<= 3) = 176/1024
+    3
+
+    ```
+    """
+    if max_deferral_rate >= 1:
+        return n
+    binom, delta = _binom(), 1.0 - confidence
+    near = int(binom.ppf(delta, n, max_deferral_rate))  # the answer is within a step of the quantile: look around it
+    window = np.arange(max(0, near - 2), min(n, near + 3))
+    cdf = binom.cdf(window, n, max_deferral_rate)  # P(Bin <= j), increasing in j
+    if window.size and cdf[-1] <= delta and window[-1] < n - 1:  # not expected: fall back on every j
+        window = np.arange(n)
+        cdf = binom.cdf(window, n, max_deferral_rate)
+    return int(window[0] + np.searchsorted(cdf, delta, side="right")) if window.size else 0
+
+
+def _rate_threshold(margins: np.ndarray, rate: float, confidence: float, what: str,
+                    every: np.ndarray | None = None) -> float:
+    """[`budget_threshold`] with a confidence, on checked margins (``-inf`` allowed); the threshold keeps clear of
+    ``every`` margin (by default ``margins``; all inputs' margins for a budget on one expert's share)."""
+    n = margins.size
+    k = binomial_order_statistic(n, rate, confidence)
+    if k == 0:  # even the largest margin is not a safe threshold: (1 - b)^n > 1 - confidence
+        needed = math.ceil(math.log(1.0 - confidence) / math.log1p(-rate))
+        raise ValueError(f"{what} {rate!r} cannot be certified at confidence {confidence!r} with {n} calibration "
+                         f"inputs: it needs at least {needed} (the smallest n with (1 - {rate!r})^n <= "
+                         f"{1 - confidence:.6g}).")
+    kth = np.partition(margins, n - k)[n - k]  # the k-th largest
+    every = margins if every is None else every
+    finite = _finite(every)
+    # Every margin tied with the k-th largest stays with the classifier: at most k - 1 deferred, conservative.
+    return _threshold_between(finite, every > kth) if np.isfinite(kth) else _threshold_between(finite, finite > 0)
+
+
+def budget_threshold(margins: Any, max_deferral_rate: float, confidence: float | None = None,
+                     weights: Any = None) -> float:
+    """The deferral threshold ``t`` that keeps the deferral rate ``P(margin > t)`` within ``max_deferral_rate``.
+
+    With ``confidence`` (in (0, 1)): with probability at least ``confidence`` over the draw of the ``N`` calibration
+    inputs, the rate on new inputs from the same distribution is at most ``max_deferral_rate``. The threshold is the
+    ``k``-th largest margin for the largest ``k`` with ``P(Binomial(N, b) <= k - 1) <= 1 - confidence``
+    ([`binomial_order_statistic`]): exact, and as tight as an order statistic can be (the mean rate approaches the
+    budget as ``N`` grows). Margins tied with that one stay with the classifier, the threshold is raised (never
+    lowered) to at least ``MARGIN_TOLERANCE`` from every margin, and never below 0 (an input whose best expert is
+    not estimated to beat the classifier is never deferred). When ``(1 - b)^N > 1 - confidence`` no threshold from
+    these inputs can be certified: a `ValueError` names the smallest ``N`` that can.
+
+    With ``confidence=None``: the empirical rule ([`empirical_budget_threshold`]), which holds the budget on the
+    calibration inputs only (on new inputs it is exceeded about half of the time).
+
+    Args:
+        margins (array-like of `float`, shape `[N]`): the deferral margin of each calibration input; ``-inf`` for an
+            input with nobody available (never deferred, counted in ``N``).
+        max_deferral_rate (`float`): the budget ``b``, in (0, 1].
+        confidence (`float`, *optional*): in (0, 1); `None` for the empirical rule.
+        weights (array-like of `int`, *optional*): how many times each margin occurred in the sample (a cache of
+            distinct margins); each occurrence counts in ``N``.
+
+    Returns:
+        `float`: the threshold (defer iff ``margin > t``).
+
+    Example:
+
+    ```python
+    >>> import numpy as np
+    >>> from hf_defer.evaluation.guarantees import budget_threshold
+    >>> margins = np.random.default_rng(0).uniform(-1, 1, size=2_000)  # P(margin > t) = (1 - t) / 2
+    >>> t = budget_threshold(margins, max_deferral_rate=0.1, confidence=0.9)
+    >>> 0.8 <= t < 0.85  # the population rate (1 - t) / 2 <= 0.1, with a small margin of safety
+    True
+
+    ```
+    """
+    margins = _check_margins(margins)
+    rate = _check_unit("max_deferral_rate", max_deferral_rate)
+    if weights is not None:
+        counts = np.asarray(weights)
+        if counts.shape != margins.shape or not np.issubdtype(counts.dtype, np.integer) or (counts < 0).any():
+            raise ValueError(f"weights must be non-negative integers, one per margin (shape {margins.shape}), got "
+                             f"{counts.dtype} of shape {counts.shape}.")
+        margins = np.repeat(margins, counts)
+        if margins.size == 0:
+            raise ValueError("weights are all 0: no calibration input is left.")
+    if confidence is None:
+        return empirical_budget_threshold(margins, rate)
+    return _rate_threshold(margins, rate, _check_unit("confidence", confidence, closed_top=False),
+                           "max_deferral_rate")
+
+
+@dataclass
+class DeferralGuarantee:
+    """What [`certify_threshold`] certified: the threshold and, for each promise, its kind, target and bound.
+
+    Each claim holds with probability at least its own ``confidence`` over the draw of the calibration inputs; the
+    shares add up (Bonferroni) so that all hold together with probability at least ``confidence``. ``observed`` is
+    the value on the calibration inputs at the threshold.
+    """
+
+    threshold: float
+    confidence: float
+    n: int
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    assumption: str = ("new inputs are drawn independently from the same distribution as the calibration inputs "
+                       "(same experts, costs and availability)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rate_constraints(margins: np.ndarray, max_deferral_rate: Any, experts: Any) -> list[tuple[dict, np.ndarray,
+                                                                                                  float]]:
+    """(claim, the margins that count, budget) for a total budget or one per expert."""
+    if max_deferral_rate is None:
+        return []
+    if not isinstance(max_deferral_rate, Mapping):
+        return [({"kind": "deferral_rate"}, margins, _check_unit("max_deferral_rate", max_deferral_rate))]
+    if not max_deferral_rate:
+        raise ValueError("max_deferral_rate is an empty dict: give a budget for at least one expert.")
+    if experts is None:
+        raise ValueError("a budget per expert (max_deferral_rate as a dict) needs experts=: the expert each input "
+                         "would be deferred to.")
+    experts = np.asarray(experts)
+    if experts.shape != margins.shape:
+        raise ValueError(f"experts must have one entry per margin (shape {margins.shape}), got {experts.shape}.")
+    return [({"kind": "deferral_rate", "expert": name}, np.where(experts == name, margins, -np.inf),
+             _check_unit(f"max_deferral_rate[{name!r}]", rate)) for name, rate in max_deferral_rate.items()]
+
+
+def _scaled_costs(margins: np.ndarray, cost_if_deferred: Any, max_mean_cost: Any,
+                  cost_bound: float | None) -> tuple[np.ndarray, float, float]:
+    """The costs divided by their bound (into [0, 1]), the budget on that scale, and the bound."""
+    if isinstance(max_mean_cost, bool) or not isinstance(max_mean_cost, Real) or not max_mean_cost > 0:
+        raise ValueError(f"max_mean_cost must be a positive number, got {max_mean_cost!r}.")
+    if cost_if_deferred is None:
+        raise ValueError("max_mean_cost needs cost_if_deferred: the price each input would cost if deferred.")
+    costs = np.asarray(cost_if_deferred, dtype=np.float64)
+    if costs.shape != margins.shape:
+        raise ValueError(f"cost_if_deferred must have one value per margin (shape {margins.shape}), got "
+                         f"{costs.shape}.")
+    costs = np.where(np.isneginf(margins), 0.0, costs)
+    if not np.isfinite(costs).all() or (costs < 0).any():
+        raise ValueError("cost_if_deferred must be finite and non-negative (NaN only where the margin is -inf).")
+    bound = float(costs.max()) if cost_bound is None else float(cost_bound)
+    if not bound >= costs.max() or bound <= 0:
+        raise ValueError(f"cost_bound must be positive and at least every cost (largest {costs.max()!r}), got "
+                         f"{cost_bound!r}.")
+    return costs / bound, float(max_mean_cost) / bound, bound
+
+
+def certify_threshold(
+    margins: Any,
+    *,
+    confidence: float,
+    max_deferral_rate: float | Mapping[Any, float] | None = None,
+    experts: Any = None,
+    max_error: float | None = None,
+    loss_if_kept: Any = None,
+    loss_if_deferred: Any = None,
+    selective: bool = False,
+    max_mean_cost: float | None = None,
+    cost_if_deferred: Any = None,
+    cost_bound: float | None = None,
+) -> DeferralGuarantee:
+    """The threshold that keeps every promise given, all together with probability at least ``confidence``.
+
+    The ``1 - confidence`` left to chance is split equally among the promises (Bonferroni): a total budget, one per
+    expert in a dict budget, the error target, the cost budget. Each promise alone:
+
+    * **deferral budget** ``b`` (a float): ``P(margin > t) <= b``, by the binomial order statistic
+      ([`budget_threshold`]); a dict ``{expert: b_j}``: ``P(margin > t and the input goes to expert j) <= b_j`` for
+      each, ``experts`` giving the expert each input would go to.
+    * **mean cost** ``P``: ``E[cost_if_deferred * [margin > t]] <= P``. Costs are divided by ``cost_bound`` (the
+      dearest expert's price; by default the largest cost given) into [0, 1]; Learn-then-Test with MAPIE's
+      Hoeffding-Bentkus p-values (exact binomial when the scaled costs are 0 or 1) tests the thresholds of the lattice
+      ``LTT_GRID_STEP`` from the fewest deferrals down (the cost only grows as the threshold falls, so this is the
+      risk-controlling upper bound of Bates et al. 2021) and keeps the one with the most deferrals certified.
+    * **error** ``alpha``: the system loss ``loss_if_deferred`` where ``margin > t``, ``loss_if_kept`` elsewhere, has
+      mean at most ``alpha`` (with ``selective=True``: the mean of ``loss_if_kept`` over the inputs kept, the
+      selective risk of Geifman & El-Yaniv 2017, each test given the number kept). Learn-then-Test (Angelopoulos et
+      al. 2021): one hypothesis ``risk(t) > alpha`` per lattice point, fixed before the data; p-values exact binomial
+      for 0/1 losses, else MAPIE's Hoeffding-Bentkus (losses in [0, 1]); MAPIE's fixed-sequence test from ``t = 0``
+      (most deferral) upwards. Every rejected hypothesis is certified; the answer is the one with the fewest
+      deferrals that also meets the budgets. When none does, a `ValueError` names the smallest ``alpha`` that
+      would be certified with these inputs.
+
+    With no error target the answer defers as much as the budgets allow (the tightest certified threshold). The
+    threshold is never below 0 and never closer than ``MARGIN_TOLERANCE`` to a calibration margin (only moved towards
+    fewer deferrals, or among certified points).
+
+    What the caller provides per input: the losses and costs of the expert the input would go to (the one the rule
+    picks among those available); where nobody is available the margin is ``-inf`` (never deferred, counted in
+    ``N``) and the deferred loss and cost may be NaN. Masked answers are the caller's: an expert without an answer
+    must not be available (as [`deferral_metrics`] does).
+
+    Args:
+        margins (array-like of `float`, `[N]`): the deferral margins of the calibration inputs.
+        confidence (`float`): in (0, 1).
+        max_deferral_rate (`float` or `dict`, *optional*): a total budget, or one per expert name.
+        experts (array-like `[N]`, *optional*): the expert each input would go to (names as in the dict).
+        max_error (`float`, *optional*): the error target ``alpha``, in (0, 1].
+        loss_if_kept, loss_if_deferred (array-like of `float` in [0, 1], `[N]`): each input's loss either way.
+        selective (`bool`, *optional*, defaults to `False`): the error among kept inputs instead of the system error.
+        max_mean_cost (`float`, *optional*): the budget on the mean cost per input.
+        cost_if_deferred (array-like `[N]`): each input's cost if deferred (non-negative).
+        cost_bound (`float`, *optional*): the largest cost any input can have; defaults to the largest given.
+
+    Returns:
+        [`DeferralGuarantee`]: the threshold, and the claims with their bounds and values on the calibration inputs.
+
+    Example:
+
+    ```python
+    >>> import numpy as np
+    >>> from hf_defer.evaluation.guarantees import certify_threshold
+    >>> rng = np.random.default_rng(0)
+    >>> margins = rng.uniform(-1, 1, size=5_000)
+    >>> experts = rng.choice(["alice", "bob"], size=5_000)
+    >>> guarantee = certify_threshold(margins, confidence=0.9, max_deferral_rate={"alice": 0.05, "bob": 0.1},
+    ...                               experts=experts)
+    >>> [claim["expert"] for claim in guarantee.claims], guarantee.claims[0]["confidence"]
+    (['alice', 'bob'], 0.95)
+
+    ```
+    """
+    margins = _check_margins(margins)
+    confidence = _check_unit("confidence", confidence, closed_top=False)
+    if not isinstance(selective, bool):
+        raise ValueError(f"selective must be a bool, got {selective!r}.")
+    rates = _rate_constraints(margins, max_deferral_rate, experts)
+    n = margins.size
+    if max_error is None and (loss_if_kept is not None or loss_if_deferred is not None):
+        raise ValueError("loss_if_kept / loss_if_deferred are given without max_error: give the error target.")
+    if max_error is not None:
+        alpha = _check_unit("max_error", max_error)
+        if loss_if_kept is None or (loss_if_deferred is None and not selective):
+            raise ValueError("max_error needs loss_if_kept and loss_if_deferred (selective=True: loss_if_kept only).")
+        kept_loss = _check_losses("loss_if_kept", loss_if_kept, n)
+        deferred_loss = (np.zeros(n) if loss_if_deferred is None else
+                         _check_losses("loss_if_deferred", loss_if_deferred, n, allow_nan=np.isneginf(margins)))
+    if max_mean_cost is not None:
+        costs, budget, bound = _scaled_costs(margins, cost_if_deferred, max_mean_cost, cost_bound)
+    trivial_cost = max_mean_cost is not None and budget >= 1  # no price can exceed it: nothing to test
+    tests = len(rates) + (max_error is not None) + (max_mean_cost is not None and not trivial_cost)
+    if tests == 0 and not trivial_cost:
+        raise ValueError("give at least one promise: max_deferral_rate, max_error or max_mean_cost.")
+    share = 1.0 - (1.0 - confidence) / max(tests, 1)
+    delta = 1.0 - share
+    claims: list[dict[str, Any]] = []
+    low = 0.0
+    for claim, counted, rate in rates:
+        low = max(low, _rate_threshold(counted, rate, share, "max_deferral_rate" + (
+            f"[{claim['expert']!r}]" if "expert" in claim else ""), every=margins))
+        claims.append({**claim, "target": rate, "bound": RATE_BOUND, "confidence": share})
+    lattice = _lattice(margins)
+    clear = _clear(margins, lattice, MARGIN_TOLERANCE)
+    if max_mean_cost is not None and not trivial_cost:
+        binary = _is_binary(costs)
+        total, _ = _above(margins, costs, lattice)
+        certified = _certified(total[::-1], np.full(lattice.size, n), budget, binary, delta)  # from the top
+        if certified == 0:  # even deferring nothing is not certified: (1 - budget)^n > delta
+            needed = math.ceil(math.log(delta) / math.log1p(-budget))
+            raise ValueError(f"max_mean_cost {max_mean_cost!r} cannot be certified at confidence {confidence!r} "
+                             f"with {n} calibration inputs: it needs at least {needed}.")
+        points = np.flatnonzero(clear[lattice.size - certified:]) + lattice.size - certified
+        low = max(low, float(lattice[points[0]]))
+        claims.append({"kind": "mean_cost", "target": float(max_mean_cost), "cost_bound": bound,
+                       "bound": EXACT_LTT if binary else HB_LTT, "confidence": share})
+    elif trivial_cost:
+        claims.append({"kind": "mean_cost", "target": float(max_mean_cost), "cost_bound": bound,
+                       "bound": "always (no input can cost more)", "confidence": 1.0})
+    threshold = low
+    if max_error is not None:
+        threshold = _error_threshold(margins, kept_loss, deferred_loss, alpha, selective, delta, lattice, clear, low,
+                                     confidence, bool(rates or max_mean_cost is not None))
+        claims.append({"kind": "selective_error" if selective else "system_error", "target": alpha,
+                       "bound": EXACT_LTT if _error_binary(kept_loss, deferred_loss, selective) else HB_LTT,
+                       "confidence": share})
+    for claim in claims:
+        claim["observed"] = _observed(claim, margins, threshold, experts, locals())
+    return DeferralGuarantee(threshold=float(threshold), confidence=confidence, n=n, claims=claims)
+
+
+def _observed(claim: dict[str, Any], margins: np.ndarray, threshold: float, experts: Any,
+              scope: dict[str, Any]) -> float:
+    """The claim's value on the calibration inputs at the threshold."""
+    deferred = margins > threshold
+    if claim["kind"] == "deferral_rate":
+        return float(deferred.mean() if "expert" not in claim else
+                     (deferred & (np.asarray(experts) == claim["expert"])).mean())
+    if claim["kind"] == "mean_cost":
+        return float((scope["costs"] * scope["bound"] * deferred).mean())
+    kept, lost = scope["kept_loss"], scope["deferred_loss"]
+    if claim["kind"] == "selective_error":
+        return float(kept[~deferred].mean()) if (~deferred).any() else 0.0
+    return float(np.where(deferred, lost, kept).mean())
+
+
+def error_threshold(margins: Any, loss_if_kept: Any, loss_if_deferred: Any, max_error: float, confidence: float,
+                    max_deferral_rate: float | Mapping[Any, float] | None = None, *, selective: bool = False,
+                    experts: Any = None) -> float:
+    """The threshold with the fewest deferrals whose error on new inputs is at most ``max_error`` with probability at
+    least ``confidence`` (Learn-then-Test; [`certify_threshold`] says how). With ``max_deferral_rate`` too, both
+    hold together: each gets half of ``1 - confidence``. With ``selective=True`` the error is the classifier's
+    among the inputs it keeps (``loss_if_deferred`` is then not read and may be `None`).
+
+    Raises a `ValueError` naming the smallest ``max_error`` that can be certified when this one cannot.
+
+    Example:
+
+    ```python
+    >>> import numpy as np
+    >>> from hf_defer.evaluation.guarantees import error_threshold
+    >>> rng = np.random.default_rng(0)
+    >>> margins = rng.uniform(-1, 1, size=4_000)
+    >>> kept = (rng.uniform(size=4_000) < 0.2 + 0.2 * margins).astype(float)  # the classifier errs more at high margin
+    >>> deferred = (rng.uniform(size=4_000) < 0.05).astype(float)  # the expert errs 5 % of the time
+    >>> t = error_threshold(margins, kept, deferred, max_error=0.15, confidence=0.9)
+    >>> 0 < t < 1
+    True
+
+    ```
+    """
+    return certify_threshold(margins, confidence=confidence, max_deferral_rate=max_deferral_rate, experts=experts,
+                             max_error=max_error, loss_if_kept=loss_if_kept, loss_if_deferred=loss_if_deferred,
+                             selective=selective).threshold
+
+
+__all__ = [
+    "DeferralGuarantee",
+    "MARGIN_TOLERANCE",
+    "binomial_order_statistic",
+    "budget_threshold",
+    "certify_threshold",
+    "empirical_budget_threshold",
+    "error_threshold",
+]

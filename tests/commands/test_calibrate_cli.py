@@ -1,0 +1,77 @@
+"""`hf-defer calibrate`: a saved text model calibrated on a labelled CSV gets the certified threshold of its own
+pipeline's margins, the guarantee in its config.json, and the user's folder is replaced only with --overwrite."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from transformers import BertTokenizer
+
+from hf_defer import DeferralConfig, EncoderForDeferral, calibrate_deferral
+from hf_defer.commands.cli import main as hf_defer_main
+from tiny_bert import save_tiny_bert
+
+WORDS = "good bad great awful fine movie plot actor boring fun".split()
+CLASSES = ["negative", "positive"]
+N = 300
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("calibrate")
+    save_tiny_bert(root / "encoder", WORDS)
+    model = EncoderForDeferral.from_encoder_pretrained(str(root / "encoder"), num_labels=2, num_experts=2,
+                                                       expert_names=["alice", "bob"], pooling="mean",
+                                                       id2label=dict(enumerate(CLASSES)))
+    model.head[-1].bias.data[2:] += 0.3  # experts look good: some inputs defer
+    model.save_pretrained(root / "model")
+    BertTokenizer.from_pretrained(root / "encoder").save_pretrained(root / "model")
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, N)
+    pd.DataFrame({"review": [" ".join(rng.choice(WORDS, size=rng.integers(2, 6))) for _ in range(N)],
+                  "label": [CLASSES[v] for v in y],
+                  "alice": [CLASSES[v if rng.random() < 0.9 else 1 - v] for v in y],
+                  "bob": [CLASSES[v if rng.random() < 0.7 else 1 - v] if rng.random() > 0.1 else None for v in y],
+                  }).to_csv(root / "cal.csv", index=False)
+    return root / "model", root / "cal.csv"
+
+
+def test_calibrate_budget_matches_the_library_and_saves(saved, tmp_path, capsys):
+    model, table = saved
+    argv = ["calibrate", "--model", str(model), "--input", str(table), "--text_column_name", "review",
+            "--max_deferral_rate", "0.2", "--confidence", "0.9"]
+    assert hf_defer_main(argv) == 2  # the model folder would change: --overwrite or --output_dir
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert hf_defer_main([*argv, "--output_dir", str(tmp_path / "out")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    expected = EncoderForDeferral.from_pretrained(model)
+    texts = pd.read_csv(table)["review"].tolist()
+    tokenizer = BertTokenizer.from_pretrained(model)
+    threshold = calibrate_deferral(expected, texts, max_deferral_rate=0.2, confidence=0.9, tokenizer=tokenizer,
+                                   truncation=True, max_length=32)
+    assert summary["defer_threshold"] == pytest.approx(threshold, abs=1e-6)
+    assert summary["statement"].startswith("On new inputs, at most 20 % of the inputs go to an expert")
+    saved_config = DeferralConfig.from_pretrained(tmp_path / "out")
+    assert saved_config.deferral_guarantee["n"] == N and saved_config.defer_threshold == summary["defer_threshold"]
+    assert DeferralConfig.from_pretrained(model).deferral_guarantee is None  # the user's folder is untouched
+
+
+def test_calibrate_error_target_in_place(saved, tmp_path, capsys):
+    model, table = saved
+    import shutil
+
+    shutil.copytree(model, tmp_path / "model")
+    argv = ["calibrate", "--model", str(tmp_path / "model"), "--input", str(table), "--text_column_name", "review",
+            "--max_error", "0.01", "--confidence", "0.9", "--missing_expert", "mask", "--overwrite"]
+    assert hf_defer_main(argv) == 2
+    assert "smallest max_error certified here is" in capsys.readouterr().err
+    argv[argv.index("0.01")] = "0.3"
+    assert hf_defer_main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    claim = DeferralConfig.from_pretrained(tmp_path / "model").deferral_guarantee["claims"][0]
+    assert claim["kind"] == "system_error" and claim["target"] == 0.3 and claim["observed"] <= 0.3
+    assert summary["deferral_guarantee"]["n"] == N  # --missing_expert mask keeps every row
