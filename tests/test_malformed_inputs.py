@@ -239,7 +239,8 @@ def test_data_collator(case):
 
 @PROPERTY
 @given(example_rows())
-def test_check_deferral_dataset(case):
+@example(([{"features": [0.0] * D, "labels": np.array(0), "expert_labels": [0]}], 1))  # make test-explore: labels
+def test_check_deferral_dataset(case):  # stored as [0] were accepted, then the collator refused them
     rows, M = case
     try:
         dataset = Dataset.from_list(rows)

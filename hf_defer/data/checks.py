@@ -216,6 +216,10 @@ def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset",
         raise ValueError(f"{name} is empty.")
     config = model.config
     labels = _integer_column(dataset, label_column, name)
+    if labels.ndim != 1:  # a list per row (a 0-d array stored by Arrow as [y]): the collator takes one int per row
+        raise ValueError(f"{name}: column '{label_column}' must hold one class id (int) per row, got lists of "
+                         f"{labels.shape[1]}; flatten it first (e.g. dataset.map(lambda row: "
+                         f"{{'{label_column}': row['{label_column}'][0]}}) for lists of one).")
     given = _integer_column(dataset, targets, name, numbers=targets == "expert_correct")
     if config.num_experts > 1 and (given.ndim != 2 or given.shape[1] != config.num_experts):
         width = given.shape[1] if given.ndim == 2 else 1

@@ -124,6 +124,8 @@ def test_token_ids_outside_the_vocabulary_and_empty_rows():
          r"and of 2, e\.g\. rows \[1\]"),
         ({"expert_labels": [[0, 1]] * 4}, r"expert_labels must have num_experts=3 entries per row, got 2"),
         ({"labels": [0, 1, 5, 0]}, r"labels must lie in \[0, 3\)"),
+        ({"labels": [[0], [1], [2], [0]]},  # found by make test-explore: accepted here, refused by the collator
+         r"column 'labels' must hold one class id \(int\) per row, got lists of 1; flatten it first"),
     ],
 )
 def test_malformed_label_columns(columns, message):
