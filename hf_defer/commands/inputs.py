@@ -103,6 +103,8 @@ class TableStream:
             with open(path, newline="", encoding="utf-8") as handle:
                 names = next(csv.reader(handle), [])
             options["features"] = datasets.Features({name: datasets.Value("string") for name in names})
+        if extension == "parquet":  # Arrow batches of a chunk, not of a row group (pandas writes up to 1Mi rows in one)
+            options["batch_size"] = chunk_size
         builder = "text" if extension == "txt" else _BUILDERS[extension]
         self.dataset = datasets.load_dataset(builder, data_files=path, split="train", streaming=True, **options)
         self._first = next(self._chunks(), None)

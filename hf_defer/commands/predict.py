@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .inputs import TableStream, read_table
+from .inputs import TableStream, empty_text_rows, join_text_columns, read_table
 from .outputs import (
     PredictionWriter,
     check_output_file,
@@ -69,6 +69,30 @@ def parse_expert_costs(value: str, expert_names: Sequence[str]) -> list[float]:
                          f"expert in the model's order ({', '.join(expert_names)}), e.g. "
                          f"{','.join(['0.1'] * len(expert_names))}; got {value!r}.")
     return costs
+
+
+def input_column(table: Any, input_kind: str, text_columns: Sequence[str] | None, delimiter: str,
+                 image_column_name: str | None, flag_input: str) -> tuple[Any, str]:
+    """The table (text columns joined) and the column holding the model's input; errors name the flag and the fix."""
+    if input_kind == "features":
+        raise ValueError("--model is a head-only model over feature vectors; evaluate takes text or images.")
+    if input_kind == "image":
+        column = image_column_name or "image"
+        if column not in table.column_names:
+            raise ValueError(f"--image_column_name {column!r} is not a column of {flag_input}; its columns are "
+                             f"{table.column_names}. Name the image column with --image_column_name.")
+        return table, column
+    columns = list(text_columns or ["text"])
+    missing = [column for column in columns if column not in table.column_names]
+    if missing:
+        raise ValueError(f"--text_column_names {','.join(missing)!r} is not a column of {flag_input}; its columns are "
+                         f"{table.column_names}. Name the text column with --text_column_names.")
+    table, column = join_text_columns(table, columns, delimiter)
+    empty = empty_text_rows(table, column)
+    if empty:
+        raise ValueError(f"{flag_input}, column {column!r}, row {empty[0]}: the text is empty ({len(empty)} such "
+                         "row(s)); fill it in or remove the row.")
+    return table, column
 
 
 def _input_reader(columns: Sequence[str], input_kind: str, text_columns: Sequence[str] | None, delimiter: str,
