@@ -201,3 +201,18 @@ def pipeline_inputs(dataset: datasets.Dataset, text_column: str | None = None, t
     if text_pair_column is not None:
         return [{"text": t, "text_pair": p} for t, p in zip(dataset[text_column], dataset[text_pair_column])]
     return list(dataset[text_column])
+
+
+def with_side_features(inputs: list[Any], table: datasets.Dataset, config: Any, flag: str = "--input") -> list[Any]:
+    """The inputs of a model with side features (`config.side_features`) as the pipeline takes them: each a dict with
+    its text (or image) and the row's side features, read from the columns named as them."""
+    names = [spec["name"] for spec in getattr(config, "side_features", None) or []]
+    if not names:
+        return inputs
+    missing = [name for name in names if name not in table.column_names]
+    if missing:
+        raise ValueError(f"the model routes on the side features {names}: {flag} lacks the column(s) {missing}; its "
+                         f"columns are {table.column_names}.")
+    rows = table.with_format(None).select_columns(names).to_list()
+    return [{**(item if isinstance(item, dict) else {"text": item}), **row} for item, row in zip(inputs, rows)]
+

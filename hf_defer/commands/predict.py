@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .inputs import empty_text_rows, join_text_columns, pipeline_inputs, read_table
+from .inputs import empty_text_rows, join_text_columns, pipeline_inputs, read_table, with_side_features
 from .outputs import check_output_file, write_predictions
 
 __all__ = ["input_length_limit", "load_pipeline", "parse_expert_costs", "predict_file", "read_table", "run_predict"]
@@ -138,6 +138,7 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
         inputs = pipeline_inputs(table, column, text_pair_column_name)
         pipeline_kwargs.setdefault("truncation", True)
         pipeline_kwargs.setdefault("max_length", input_length_limit(pipe))
+    inputs = with_side_features(inputs, table, pipe.model.config, flag_input)
     outputs = run_pipeline(pipe, inputs, batch_size, **pipeline_kwargs)
     return write_predictions(outputs, output, pipe.model.config.expert_names, ids=ids, id_column=id_column,
                              columns=copied, route_only=getattr(pipe.model.config, "route_only", False) is True)
