@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -67,7 +68,7 @@ def free_port() -> int:
 
 async def fire(url: str, model: str, texts: list[str]) -> list[tuple[int, float, dict, str]]:
     limits = httpx.Limits(max_connections=len(texts), max_keepalive_connections=len(texts))
-    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+    async with httpx.AsyncClient(timeout=900, limits=limits) as http:
         async def one(text: str) -> tuple[int, float, dict, str]:
             start = time.perf_counter()
             try:
@@ -76,7 +77,8 @@ async def fire(url: str, model: str, texts: list[str]) -> list[tuple[int, float,
             except httpx.HTTPError as error:
                 return -1, time.perf_counter() - start, {}, repr(error)
             seconds = time.perf_counter() - start
-            content = response.json()["choices"][0]["message"]["content"] if response.status_code == 200 else ""
+            content = response.json()["choices"][0]["message"]["content"] if response.status_code == 200 \
+                else response.text
             return response.status_code, seconds, dict(response.headers), content
 
         return await asyncio.gather(*(one(text) for text in texts))
@@ -84,6 +86,23 @@ async def fire(url: str, model: str, texts: list[str]) -> list[tuple[int, float,
 
 def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": round(float(np.percentile(values, 50)), 2), "p99": round(float(np.percentile(values, 99)), 2)}
+
+
+def in_process(router_folder: str, texts: list[str], max_batch_size: int, max_length: int,
+               rounds: int) -> dict[str, object]:
+    """The routing step alone: `PromptRouter.route` on every prompt at once, no HTTP (after one warm-up burst)."""
+    from hf_defer.serving import PromptRouter
+    from hf_defer.serving.routing import load_router_pipeline
+
+    router = PromptRouter(load_router_pipeline(router_folder), max_batch_size=max_batch_size, max_length=max_length)
+
+    async def burst() -> list[float]:
+        async with router:
+            return [d.seconds * 1000 for d in await asyncio.gather(*(router.route(t) for t in texts))]
+
+    asyncio.run(burst())
+    seconds = [ms for _ in range(rounds) for ms in asyncio.run(burst())]
+    return {"routing_step_in_process_ms": percentiles(seconds), "decided": len(seconds)}
 
 
 def main() -> None:
@@ -94,6 +113,7 @@ def main() -> None:
     parser.add_argument("--max_batch_size", type=int, default=32)
     parser.add_argument("--max_length", type=int, default=256)
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--in_process", action="store_true", help="also time PromptRouter alone, without HTTP")
     args = parser.parse_args()
     behaviours = {name: UpstreamBehaviour(name) for name in ("weak", "strong")}
     texts = prompts(args.requests)
@@ -131,6 +151,8 @@ def main() -> None:
 
     result = {
         "requests": sent, "answered_right": good, "lost": sent - good,
+        "statuses": {str(k): v for k, v in sorted(Counter(status for status, _, _, _ in routed).items())},
+        "errors": sorted({content[:200] for status, _, _, content in routed if status != 200})[:5],
         "routing_step_ms": percentiles([float(h["x-hf-defer-routing-ms"]) for s, _, h, _ in routed if s == 200]),
         "end_to_end_via_router_ms": percentiles([1000 * t for s, t, _, _ in routed if s == 200]),
         "end_to_end_direct_ms": percentiles([1000 * t for s, t, _, _ in direct if s == 200]),
@@ -141,6 +163,10 @@ def main() -> None:
                      "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
                                 f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, Python "
                                 f"{platform.python_version()}"}}
+    if args.in_process:
+        with tempfile.TemporaryDirectory() as tmp:
+            result |= in_process(args.router or str(minilm_router(Path(tmp) / "router")), texts, args.max_batch_size,
+                                 args.max_length, args.rounds)
     print(json.dumps(result, indent=1))
     if args.output:
         args.output.write_text(json.dumps(result, indent=1) + "\n")

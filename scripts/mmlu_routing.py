@@ -4,7 +4,7 @@ Writes results/mmlu_routing.json and results/mmlu_routing.md. The logic lives in
 
     python scripts/mmlu_routing.py                  # embeddings of the 14,037 questions (cached), then all routers
     python scripts/mmlu_routing.py --render-only    # rewrite the report from the JSON
-    python scripts/mmlu_routing.py --route-only     # with the route-only deferral model, once it exists
+    python scripts/mmlu_routing.py --route-only     # with the route-only deferral models (text; text + subject)
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from hf_defer.experiments import mmlu_routing as mr
+from hf_defer.experiments.mmlu_side_features import fit_route_only_side_features
 from hf_defer.experts.embeddings import DEFAULT_SENTENCE_ENCODER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bootstrap", type=int, default=200, help="resamples for the APGR intervals")
     parser.add_argument("--epochs", type=int, default=30, help="epochs of each logistic regression")
     parser.add_argument("--route-only", action="store_true",
-                        help="add the route-only deferral model (hf_defer.experiments.mmlu_routing.fit_route_only_deferral)")
+                        help="add the route-only deferral models (mmlu_routing.fit_route_only_deferral, and "
+                             "mmlu_side_features.fit_route_only_side_features with the subject as a side feature)")
     parser.add_argument("--render-only", action="store_true", help="rewrite the markdown from the JSON")
     return parser.parse_args(argv)
 
@@ -52,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     embedding_seconds = round(time.perf_counter() - start, 1)
     record = mr.compare(features, data["subject"], data["gpt-4-1106-preview"], data["mixtral-8x7b-instruct"],
                         folds=args.folds, fold_seed=args.fold_seed, bootstrap=args.bootstrap, epochs=args.epochs,
-                        route_only=mr.fit_route_only_deferral if args.route_only else None)
+                        route_only=mr.fit_route_only_deferral if args.route_only else None,
+                        route_only_subject=fit_route_only_side_features if args.route_only else None)
     record["settings"] |= {
         "encoder": args.model, "embedding_seconds": embedding_seconds, "max_rows": args.max_rows,
         "subjects": len(set(data["subject"])), "date": datetime.date.today().isoformat(),

@@ -304,3 +304,13 @@ def pipeline_inputs(dataset: datasets.Dataset, text_column: str | None = None, t
     if text_pair_column is not None:
         return [{"text": t, "text_pair": p} for t, p in zip(dataset[text_column], dataset[text_pair_column])]
     return list(dataset[text_column])
+
+
+def side_feature_rows(inputs: list[Any], chunk: Mapping[str, list[Any]], names: Sequence[str]) -> list[Any]:
+    """One chunk's pipeline inputs with the row's side features (`names`, read from the chunk's columns of those
+    names) for a model with `config.side_features`: each input a dict with its text (or image) and those values."""
+    if not names:
+        return inputs
+    return [{**(item if isinstance(item, dict) else {"text": item}), **{name: chunk[name][row] for name in names}}
+            for row, item in enumerate(inputs)]
+

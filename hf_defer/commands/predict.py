@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .inputs import TableStream, empty_text_rows, join_text_columns, read_table
+from .inputs import TableStream, empty_text_rows, join_text_columns, read_table, side_feature_rows
 from .outputs import (
     PredictionWriter,
     check_output_file,
@@ -251,6 +251,11 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
     copied = list(copy_columns or ())
     pipeline_kwargs.setdefault("return_margin", True)  # the output shows why an input was (not) deferred
     header = prediction_header(config.expert_names, id_column, copied, route_only, margin=True)
+    side = [spec["name"] for spec in getattr(config, "side_features", None) or []]
+    missing = [name for name in side if name not in stream.column_names]
+    if missing:
+        raise ValueError(f"the model routes on the side features {side}: {flag_input} lacks the column(s) {missing}; "
+                         f"its columns are {stream.column_names}.")
     found = _on_main(state, lambda: resume_predictions(output, header) if resume and os.path.exists(output) else None)
     done, written_digest = found if found is not None else (0, None)
     writer = None
@@ -278,7 +283,8 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
                 start += size
                 continue
             # the whole chunk, even where resumed inside it: the same batches, so the same floats, as one run
-            outputs = _decide(pipe, to_inputs(chunk, start), batch_size, state, **pipeline_kwargs)[skip:]
+            inputs = side_feature_rows(to_inputs(chunk, start), chunk, side)
+            outputs = _decide(pipe, inputs, batch_size, state, **pipeline_kwargs)[skip:]
             if writer is not None:
                 columns = [ids, *(chunk[name] for name in copied)]
                 writer.write_rows([[column[row] for column in columns]

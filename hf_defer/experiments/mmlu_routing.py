@@ -49,6 +49,8 @@ ROUTERS = {
     "correctness": "Two correctness classifiers (logistic regressions on MiniLM), route by a_GPT-4 - a_Mixtral",
     "correctness_subject": "Two correctness classifiers on MiniLM + the subject (one-hot)",
     "route_only": "Route-only deferral model (DeferralConfig(route_only=True)) on MiniLM",
+    "route_only_subject": "Route-only deferral model on MiniLM + the subject as a side feature embedded in the model "
+                          "(head chosen by inner cross-validation)",
     "oracle": "Oracle (RouteLLM's optimum)",
 }
 """Row names of the report, in its order."""
@@ -193,7 +195,9 @@ def _evaluate(score: np.ndarray, strong: np.ndarray, weak: np.ndarray, samples: 
     record = routing_summary(curve, LEVELS) | {"apgr_exact": apgr(call_performance_curve(score, strong, weak, None)),
                                                "curve": _curve_record(curve)}
     record["cpt_first_crossing"] = {f"cpt_{round(100 * x)}": cpt(curve, x, "first_crossing") for x in LEVELS}
-    record["bootstrap_apgr"] = [apgr(call_performance_curve(score[rows], strong[rows], weak[rows])) for rows in samples]
+    curves = [call_performance_curve(score[rows], strong[rows], weak[rows]) for rows in samples]
+    record["bootstrap_apgr"] = [apgr(resampled) for resampled in curves]
+    record["bootstrap_cpt_50"] = [cpt(resampled, 0.5) for resampled in curves]
     return record
 
 
@@ -210,7 +214,7 @@ def _evaluate_estimates(estimates: np.ndarray, strong: np.ndarray, weak: np.ndar
 
 def compare(features: np.ndarray, subjects: Sequence[str], strong_correct: Any, weak_correct: Any, folds: int = 5,
             fold_seed: int = 0, bootstrap: int = 200, epochs: int = 30, route_only: RouteOnlyFit | None = None,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
+            log: Callable[[str], None] = print, route_only_subject: Callable[..., Any] | None = None) -> dict[str, Any]:
     """Every router of [`ROUTERS`], cross-fitted on the same folds, measured as RouteLLM measures (APGR, CPT).
 
     Args:
@@ -221,6 +225,10 @@ def compare(features: np.ndarray, subjects: Sequence[str], strong_correct: Any, 
         bootstrap (`int`): resamples of the questions for the APGR intervals (the routers' scores are kept fixed).
         epochs (`int`): training epochs of each logistic regression.
         route_only ([`RouteOnlyFit`], *optional*): the route-only deferral model; `None` marks its row pending.
+        route_only_subject (*optional*): `(features, subjects, correct, seed) -> ((features, subjects) -> [m, 2])`,
+            the route-only model with the subject as a side feature (`mmlu_side_features.fit_route_only_side_features`); its row is
+            pending without it. Its APGR and CPT(50 %) are compared, paired, with the subject-only router and the two
+            correctness classifiers on MiniLM + the subject.
         log (`Callable[[str], None]`): progress messages.
 
     Returns:
@@ -264,6 +272,23 @@ def compare(features: np.ndarray, subjects: Sequence[str], strong_correct: Any, 
         routers[name] = _evaluate_estimates(estimates, strong, weak, samples)
         scored[name] = estimates[:, 1] - estimates[:, 0]
         log(f"{name}: APGR {routers[name]['apgr']:.3f}, {time.perf_counter() - start:.0f} s")
+    if route_only_subject is None:
+        routers["route_only_subject"] = {"pending": True}
+    else:
+        subject_array = np.asarray(subjects, dtype=object)
+
+        def fit_with_subject(train: np.ndarray) -> Scorer:
+            estimate = route_only_subject(features[train], subject_array[train], correct[train], fold_seed)
+            return lambda rows: np.asarray(estimate(features[rows], subject_array[rows]), dtype=np.float64)
+
+        estimates = cross_fit(fit_with_subject, fold)
+        routers["route_only_subject"] = _evaluate_estimates(estimates, strong, weak, samples)
+        scored["route_only_subject"] = estimates[:, 1] - estimates[:, 0]
+        result = routers["route_only_subject"]
+        result["paired"] = {other: {measure: (np.asarray(result[f"bootstrap_{measure}"]) - np.asarray(
+            routers[other][f"bootstrap_{measure}"])).tolist() for measure in ("apgr", "cpt_50")}
+            for other in ("subject", "correctness_subject") if "bootstrap_apgr" in routers.get(other, {})}
+        log(f"route_only_subject: APGR {result['apgr']:.3f}, {time.perf_counter() - start:.0f} s")
     routers["oracle"] = routing_summary(oracle_curve(strong, weak), LEVELS) | {
         "apgr_exact": apgr(oracle_curve(strong, weak, np.arange(n + 1) / n)), "curve": _curve_record(oracle_curve(strong, weak))}
     for name in scored:  # paired bootstrap: the same resamples for every router
@@ -315,6 +340,15 @@ def _findings(record: dict[str, Any]) -> list[str]:
         verdict = ("below" if high < 0 else "above" if low > 0 else "not distinguishable from")
         findings.append(f"{ROUTERS[name]}: APGR {result['apgr'] - routers['subject']['apgr']:+.3f} against the "
                         f"subject-only router, {verdict} it (paired 95 % interval [{low:.3f}, {high:.3f}]).")
+    for other, paired in fitted.get("route_only_subject", {}).get("paired", {}).items():
+        for measure, better, label in (("apgr", "above", "APGR"), ("cpt_50", "below", "CPT(50 %)")):
+            low, high = np.percentile(paired[measure], [2.5, 97.5])
+            mean = float(np.mean(paired[measure]))
+            wins = (low > 0) if better == "above" else (high < 0)
+            findings.append(f"{ROUTERS['route_only_subject']} against {ROUTERS[other]}: {label} difference "
+                            f"{mean:+.3f} (paired 95 % interval [{low:.3f}, {high:.3f}]): "
+                            + ("ahead, the interval excludes 0." if wins else "**not ahead**: the interval does not "
+                               f"exclude 0 on the side that would make it better (lower CPT, higher APGR is better)."))
     for name, result in fitted.items():
         free = [p for p in result.get("cost_sweep", []) if p["price"] == 0]
         if free:

@@ -90,16 +90,17 @@ def test_hf_defer_serve_runs_and_answers_the_openai_client(router_folder):
              "--model", f"strong={strong}/v1", "--port", str(port)], env={**os.environ, "HF_HUB_OFFLINE": "1"},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 600  # imports take minutes on a loaded machine
             while True:
                 try:
                     httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).raise_for_status()
                     break
                 except httpx.HTTPError:
                     if process.poll() is not None or time.monotonic() > deadline:
+                        process.kill()  # communicate() would wait for a server that never exits
                         raise AssertionError(f"hf-defer serve did not start: {process.communicate()[0][-2000:]}")
                     time.sleep(0.5)
-            chat = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+            chat = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
             completion = chat.chat.completions.create(model="hf-defer-router",
                                                       messages=[{"role": "user", "content": PROMPTS[0]}])
         finally:

@@ -1,0 +1,43 @@
+"""`hf-defer predict` with a model that has side features: they are read from the input's columns named as them (the
+pipeline on dict inputs, itself checked against the forward pass in tests/modeling/test_side_features.py)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from transformers import BertTokenizer, pipeline
+
+from hf_defer import EncoderForDeferral
+from hf_defer.commands.cli import main as hf_defer_main
+from tiny_bert import save_tiny_bert
+
+WORDS = "prove the theorem name a city add two numbers".split()
+SPECS = [{"name": "tier", "kind": "categorical", "categories": ["free", "pro"], "dim": 2},
+         {"name": "length", "kind": "numeric", "mean": 50.0, "std": 20.0}]
+
+
+def test_predict_reads_the_side_features_from_their_columns(tmp_path, capsys):
+    save_tiny_bert(tmp_path / "enc", WORDS)
+    torch.manual_seed(4)
+    model = EncoderForDeferral.from_encoder_pretrained(str(tmp_path / "enc"), route_only=True, num_experts=2,
+                                                       expert_names=["weak", "strong"], pooling="mean",
+                                                       side_features=SPECS)
+    model.save_pretrained(tmp_path / "router")
+    BertTokenizer.from_pretrained(tmp_path / "enc").save_pretrained(tmp_path / "router")
+    frame = pd.DataFrame({"prompt": ["prove the theorem", "name a city", "add two numbers", "name a city"],
+                          "tier": ["free", "pro", "team", "free"], "length": [10, 90, 40.5, 70]})
+    frame.to_csv(tmp_path / "in.csv", index=False)
+    assert hf_defer_main(["predict", "--model", str(tmp_path / "router"), "--input", str(tmp_path / "in.csv"),
+                          "--text_column_names", "prompt", "--output", str(tmp_path / "out.csv")]) == 0
+    got = pd.read_csv(tmp_path / "out.csv")
+    router = pipeline("deferral", model=str(tmp_path / "router"))
+    expected = router([{"text": p, "tier": t, "length": n} for p, t, n in frame.itertuples(index=False)])
+    assert got["expert"].tolist() == [out["expert"] for out in expected]
+    for name in ("weak", "strong"):
+        assert got[f"expert_accuracy_{name}"].tolist() == \
+            [pytest.approx(out["expert_scores"][name], abs=1e-6) for out in expected]
+    frame.drop(columns=["length"]).to_csv(tmp_path / "short.csv", index=False)
+    assert hf_defer_main(["predict", "--model", str(tmp_path / "router"), "--input", str(tmp_path / "short.csv"),
+                          "--text_column_names", "prompt", "--output", str(tmp_path / "out2.csv")]) == 2
+    assert "lacks the column(s) ['length']" in capsys.readouterr().err
