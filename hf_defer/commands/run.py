@@ -346,7 +346,8 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     columns = (text_column, data_args.text_pair_column_name, image_column)
     promises = {"confidence": data_args.confidence, "max_error": data_args.max_error,
                 "selective": data_args.selective, "max_mean_cost": data_args.max_mean_cost}
-    if data_args.max_deferral_rate is not None or data_args.max_error is not None or data_args.max_mean_cost:
+    if any(promise is not None for promise in (data_args.max_deferral_rate, data_args.max_error,
+                                               data_args.max_mean_cost)):
         if data_args.max_error is not None and not data_args.route_only:  # the labels and answers the model reads
             if len(splits["validation"]) != len(raw["validation"]):
                 raise ValueError("--max_error needs every validation row: use --missing_expert mask, not drop.")

@@ -373,21 +373,24 @@ def certify_threshold(
         claims.append({"kind": "selective_error" if selective else "system_error", "target": alpha,
                        "bound": EXACT_LTT if _error_binary(kept_loss, deferred_loss, selective) else HB_LTT,
                        "confidence": share})
+    values = {"experts": experts}
+    if max_error is not None:
+        values.update(kept_loss=kept_loss, deferred_loss=deferred_loss)
+    if max_mean_cost is not None:
+        values.update(costs=costs * bound)
     for claim in claims:
-        claim["observed"] = _observed(claim, margins, threshold, experts, locals())
+        claim["observed"] = _observed(claim, margins > threshold, values)
     return DeferralGuarantee(threshold=float(threshold), confidence=confidence, n=n, claims=claims)
 
 
-def _observed(claim: dict[str, Any], margins: np.ndarray, threshold: float, experts: Any,
-              scope: dict[str, Any]) -> float:
-    """The claim's value on the calibration inputs at the threshold."""
-    deferred = margins > threshold
+def _observed(claim: dict[str, Any], deferred: np.ndarray, values: dict[str, Any]) -> float:
+    """The claim's value on the calibration inputs, given which are deferred at the threshold."""
     if claim["kind"] == "deferral_rate":
         return float(deferred.mean() if "expert" not in claim else
-                     (deferred & (np.asarray(experts) == claim["expert"])).mean())
+                     (deferred & (np.asarray(values["experts"]) == claim["expert"])).mean())
     if claim["kind"] == "mean_cost":
-        return float((scope["costs"] * scope["bound"] * deferred).mean())
-    kept, lost = scope["kept_loss"], scope["deferred_loss"]
+        return float((values["costs"] * deferred).mean())
+    kept, lost = values["kept_loss"], values["deferred_loss"]
     if claim["kind"] == "selective_error":
         return float(kept[~deferred].mean()) if (~deferred).any() else 0.0
     return float(np.where(deferred, lost, kept).mean())
