@@ -5,20 +5,21 @@ Synthetic cached arrays (margins ~ U(-1, 1), two experts, 0/1 losses, prices 1 a
 timed as `calibrate_deferral` runs it after the pipeline pass: today's empirical budget, a budget with confidence 0.9,
 per-expert budgets, a mean-cost budget (Hoeffding-Bentkus), the system and selective errors (Learn-then-Test), and all
 of a budget, an error target and a cost budget together. Median of the rounds, after one warm-up call (scipy and MAPIE
-imports). With `--model`, also a head-only `calibrate_deferral` on N feature vectors, end to end, and the pipeline
+imports). With `--model`, also a head-only `calibrate_deferral` on `--model-n` feature vectors, end to end, and the pipeline
 pass alone, so that the difference is the time beyond the margins.
 
 Example:
 
 ```
 python benchmarks/bench_guarantees.py                 # 100,000 inputs, 5 rounds
-python benchmarks/bench_guarantees.py --n 1000000 --rounds 3 --model
+python benchmarks/bench_guarantees.py --n 1000000 --rounds 3 --model --model-n 10000
 ```
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import time
@@ -44,6 +45,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--model", action="store_true", help="also time calibrate_deferral end to end")
+    parser.add_argument("--model-n", type=int, default=10_000, help="inputs of the end-to-end run (default 10,000)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     n = args.n
@@ -71,10 +73,11 @@ def main() -> None:
     for name, call in kinds.items():
         print(f"| {name} | {_median_seconds(call, args.rounds):.3f} |")
     if args.model:
-        _end_to_end(n, args.rounds)
+        _end_to_end(args.model_n, args.rounds)
 
 
 def _end_to_end(n: int, rounds: int) -> None:
+    os.environ["TQDM_DISABLE"] = "1"  # no progress bar in the timings
     import torch
     from datasets import Dataset
     from transformers import pipeline

@@ -214,6 +214,16 @@ class DataTrainingArguments:
         metadata={"help": "Calibrate the deferral threshold on the validation split so that at most this share of "
                           "inputs is deferred; stored in the saved config."},
     )
+    confidence: float | None = field(
+        default=None,
+        metadata={"help": "Certify the calibration's promises on new inputs with this probability, in (0, 1), e.g. "
+                          "0.9 (hf_defer.calibrate_deferral; recorded in the config and the model card)."},
+    )
+    max_error: float | None = field(
+        default=None, metadata={"help": "With --confidence: the system error target, with the fewest deferrals."})
+    selective: bool = field(default=False, metadata={"help": "--max_error is the error on the inputs kept."})
+    max_mean_cost: float | None = field(
+        default=None, metadata={"help": "With --confidence: a budget on the mean expert cost per input."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training rows."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N validation rows."})
     max_predict_samples: int | None = field(default=None, metadata={"help": "Keep the first N test rows."})

@@ -389,14 +389,23 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
         processor.model_max_length = min(processor.model_max_length, max_length)
     call_kwargs = {"truncation": True} if not image_column else {}
     columns = (text_column, data_args.text_pair_column_name, image_column)
-    if data_args.max_deferral_rate is not None:
+    promises = {"confidence": data_args.confidence, "max_error": data_args.max_error,
+                "selective": data_args.selective, "max_mean_cost": data_args.max_mean_cost}
+    if any(promise is not None for promise in (data_args.max_deferral_rate, data_args.max_error,
+                                               data_args.max_mean_cost)):
+        if data_args.max_error is not None and not data_args.route_only:  # the labels and answers the model reads
+            if len(splits["validation"]) != len(raw["validation"]):
+                raise ValueError("--max_error needs every validation row: use --missing_expert mask, not drop.")
+            rows = splits["validation"].with_format("numpy")
+            promises.update(labels=rows["labels"], expert_labels=rows["expert_labels"])
         threshold = calibrate_deferral(final, pipeline_inputs(raw["validation"], *columns), data_args.max_deferral_rate,
                                        batch_size=training_args.per_device_eval_batch_size,
                                        tokenizer=None if image_column else processor,
-                                       image_processor=processor if image_column else None, **call_kwargs)
+                                       image_processor=processor if image_column else None, **promises, **call_kwargs)
         model.config.defer_threshold = threshold
+        model.config.deferral_guarantee = final.config.deferral_guarantee
         results["defer_threshold"] = threshold
-        logger.info(f"deferral threshold {threshold:.4f} defers at most {data_args.max_deferral_rate:.0%} of inputs")
+        logger.info(f"deferral threshold {threshold:.4f}; guarantee: {final.config.deferral_guarantee}")
         if training_args.do_eval:
             _record(trainer, "calibrated_eval", trainer.evaluate(metric_key_prefix="calibrated_eval"), results)
     if training_args.do_predict and "test" in splits:  # the saved model's numbers: after calibrating its threshold

@@ -325,11 +325,18 @@ def _certify(margins: np.ndarray, chosen: np.ndarray, predicted: np.ndarray, tar
     config.deferral_guarantee = {
         **guarantee.to_dict(), "date": date.today().isoformat(), "expert_names": names,
         "expert_costs": None if costs is None else [float(c) for c in costs],
-        "available_experts": available_experts if isinstance(available_experts, list) and all(
-            isinstance(name, str) for name in available_experts) else (None if available_experts is None else
-                                                                      "given per input"),
+        "available_experts": _described(available_experts, names),
     }
     return guarantee.threshold
+
+
+def _described(available_experts: Any, names: list[str]) -> list[str] | str | None:
+    """The availability a guarantee holds for: `None` (every expert), the names of the whole call, or "given per
+    input" (the pipeline cannot check that one)."""
+    if available_experts is None:
+        return None
+    per_input, mask = _availability(available_experts, names)
+    return "given per input" if per_input else [name for name, on in zip(names, mask) if on]
 
 
 __all__ = ["calibrate_deferral"]

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .learn_then_test import (EXACT_LTT, HB_LTT, _above, _binom, _certified, _clear, _error_binary, _error_threshold,
-                              _is_binary, _lattice)
+                              _is_binary, _lattice, _scaled_costs)
 
 MARGIN_TOLERANCE = 1e-7
 """Margins closer than twice this (in units of probability, times the largest margin when that exceeds 1) count as
@@ -245,27 +245,6 @@ def _rate_constraints(margins: np.ndarray, max_deferral_rate: Any, experts: Any)
              _check_unit(f"max_deferral_rate[{name!r}]", rate)) for name, rate in max_deferral_rate.items()]
 
 
-def _scaled_costs(margins: np.ndarray, cost_if_deferred: Any, max_mean_cost: Any,
-                  cost_bound: float | None) -> tuple[np.ndarray, float, float]:
-    """The costs divided by their bound (into [0, 1]), the budget on that scale, and the bound."""
-    if isinstance(max_mean_cost, bool) or not isinstance(max_mean_cost, Real) or not max_mean_cost > 0:
-        raise ValueError(f"max_mean_cost must be a positive number, got {max_mean_cost!r}.")
-    if cost_if_deferred is None:
-        raise ValueError("max_mean_cost needs cost_if_deferred: the price each input would cost if deferred.")
-    costs = np.asarray(cost_if_deferred, dtype=np.float64)
-    if costs.shape != margins.shape:
-        raise ValueError(f"cost_if_deferred must have one value per margin (shape {margins.shape}), got "
-                         f"{costs.shape}.")
-    costs = np.where(np.isneginf(margins), 0.0, costs)
-    if not np.isfinite(costs).all() or (costs < 0).any():
-        raise ValueError("cost_if_deferred must be finite and non-negative (NaN only where the margin is -inf).")
-    bound = float(costs.max()) if cost_bound is None else float(cost_bound)
-    if not bound >= costs.max() or bound <= 0:
-        raise ValueError(f"cost_bound must be positive and at least every cost (largest {costs.max()!r}), got "
-                         f"{cost_bound!r}.")
-    return costs / bound, float(max_mean_cost) / bound, bound
-
-
 def certify_threshold(
     margins: Any,
     *,
@@ -394,21 +373,24 @@ def certify_threshold(
         claims.append({"kind": "selective_error" if selective else "system_error", "target": alpha,
                        "bound": EXACT_LTT if _error_binary(kept_loss, deferred_loss, selective) else HB_LTT,
                        "confidence": share})
+    values = {"experts": experts}
+    if max_error is not None:
+        values.update(kept_loss=kept_loss, deferred_loss=deferred_loss)
+    if max_mean_cost is not None:
+        values.update(costs=costs * bound)
     for claim in claims:
-        claim["observed"] = _observed(claim, margins, threshold, experts, locals())
+        claim["observed"] = _observed(claim, margins > threshold, values)
     return DeferralGuarantee(threshold=float(threshold), confidence=confidence, n=n, claims=claims)
 
 
-def _observed(claim: dict[str, Any], margins: np.ndarray, threshold: float, experts: Any,
-              scope: dict[str, Any]) -> float:
-    """The claim's value on the calibration inputs at the threshold."""
-    deferred = margins > threshold
+def _observed(claim: dict[str, Any], deferred: np.ndarray, values: dict[str, Any]) -> float:
+    """The claim's value on the calibration inputs, given which are deferred at the threshold."""
     if claim["kind"] == "deferral_rate":
         return float(deferred.mean() if "expert" not in claim else
-                     (deferred & (np.asarray(experts) == claim["expert"])).mean())
+                     (deferred & (np.asarray(values["experts"]) == claim["expert"])).mean())
     if claim["kind"] == "mean_cost":
-        return float((scope["costs"] * scope["bound"] * deferred).mean())
-    kept, lost = scope["kept_loss"], scope["deferred_loss"]
+        return float((values["costs"] * deferred).mean())
+    kept, lost = values["kept_loss"], values["deferred_loss"]
     if claim["kind"] == "selective_error":
         return float(kept[~deferred].mean()) if (~deferred).any() else 0.0
     return float(np.where(deferred, lost, kept).mean())

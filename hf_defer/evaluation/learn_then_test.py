@@ -10,6 +10,7 @@ here (see [`_fixed_sequence`] for why not MAPIE's).
 from __future__ import annotations
 
 import math
+from numbers import Real
 from typing import Any
 
 import numpy as np
@@ -153,3 +154,24 @@ def _error_threshold(margins: np.ndarray, kept_loss: np.ndarray, deferred_loss: 
         f"max_error {alpha!r} ({what}) cannot be certified at confidence {confidence!r} with {margins.size} "
         f"calibration inputs{' and these budgets' if budgets else ''}: the smallest max_error certified here is "
         f"{smallest:.4g}" + (" (none below 1: more calibration inputs are needed)" if smallest >= 1 else "") + ".")
+
+
+def _scaled_costs(margins: np.ndarray, cost_if_deferred: Any, max_mean_cost: Any,
+                  cost_bound: float | None) -> tuple[np.ndarray, float, float]:
+    """The costs divided by their bound (into [0, 1]), the budget on that scale, and the bound."""
+    if isinstance(max_mean_cost, bool) or not isinstance(max_mean_cost, Real) or not max_mean_cost > 0:
+        raise ValueError(f"max_mean_cost must be a positive number, got {max_mean_cost!r}.")
+    if cost_if_deferred is None:
+        raise ValueError("max_mean_cost needs cost_if_deferred: the price each input would cost if deferred.")
+    costs = np.asarray(cost_if_deferred, dtype=np.float64)
+    if costs.shape != margins.shape:
+        raise ValueError(f"cost_if_deferred must have one value per margin (shape {margins.shape}), got "
+                         f"{costs.shape}.")
+    costs = np.where(np.isneginf(margins), 0.0, costs)
+    if not np.isfinite(costs).all() or (costs < 0).any():
+        raise ValueError("cost_if_deferred must be finite and non-negative (NaN only where the margin is -inf).")
+    bound = float(costs.max()) if cost_bound is None else float(cost_bound)
+    if not bound >= costs.max() or bound <= 0:
+        raise ValueError(f"cost_bound must be positive and at least every cost (largest {costs.max()!r}), got "
+                         f"{cost_bound!r}.")
+    return costs / bound, float(max_mean_cost) / bound, bound

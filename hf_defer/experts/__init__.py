@@ -3,7 +3,8 @@ that are models (`model_expert`), the TwitterAAE dialect model, cached sentence 
 (`deferral_cascade`, its `"deferral-cascade"` pipeline in `cascade_pipeline`).
 
 Imports `hf_defer.data.bundled_data` (the shipped dialect model), `hf_defer.modeling` (the cascade's stages and the
-pipeline's option checks) and the libraries; never training, hub, commands or experiments.
+pipeline's option checks), `hf_defer.evaluation.guarantees` (the cascade's escalation budget) and the libraries; never
+training, hub, commands or experiments.
 """
 
 from .model_experts import model_expert

@@ -264,7 +264,8 @@ class DeferralCascade:
         where it answers), ``prediction`` (the class stage 1 answers: its classifier's or the first expert's),
         ``escalate`` (bool: stage 2 pays another expert), ``stage2`` (that expert's index in stage 2's experts),
         ``stage2_prediction`` (the class that stands after the escalation expert: stage 2's classifier's, or that
-        expert's; ``-1`` where not called) and ``probs`` (the escalation expert's probabilities, NaN where not called).
+        expert's; ``-1`` where not called), ``stage2_margin`` (stage 2's deferral margin, ``-inf`` where not reached)
+        and ``probs`` (the escalation expert's probabilities, NaN where not called).
         `expert_probs(rows)` and `first_probs(rows)` return the escalation and first experts' `[len(rows), K]`
         probabilities for those row indices. With `stage2_min_confidence`, stage 2 pays its best expert (by estimated
         accuracy less decision cost) exactly where the answer's max probability is below it, instead of the cost rule.
@@ -293,13 +294,14 @@ class DeferralCascade:
             stage1, prediction = prediction.numpy(), torch.as_tensor(first.argmax(1))
         probs = np.full((n, k), np.nan)
         escalate = np.zeros(n, dtype=bool)
-        stage2, answer2 = np.full(n, -1), np.full(n, -1)
+        stage2, answer2, margin2 = np.full(n, -1), np.full(n, -1), np.full(n, -np.inf)
         rows = np.flatnonzero(stage1 == c1.expert_names.index(self.escalation_expert))
         if len(rows):
             probs[rows] = answered = self._answers(self.escalation_expert, expert_probs, rows)
             z = torch.as_tensor(escalation_features(x[rows], answered))
             z = self.stage2(features=z.to(self.stage2.device, self.stage2.dtype)).logits.float().cpu()
             up, second, chosen = self.stage2.surrogate.decide(z, expert_costs=costs2, defer_threshold=threshold)
+            margin2[rows] = self.stage2.surrogate.deferral_margin(z, costs2)[0].numpy()
             stacked = c2.route_only is not True
             answer2[rows] = second.numpy() if stacked else answered.argmax(1)
             if stage2_min_confidence is not None:
@@ -309,7 +311,22 @@ class DeferralCascade:
                 chosen = self.stage2.surrogate.deferral_margin(z, costs2)[1]
             escalate[rows], stage2[rows] = up.numpy(), torch.where(up, chosen, -1).numpy()
         return {"stage1": stage1, "prediction": prediction.numpy(), "escalate": escalate, "stage2": stage2,
-                "stage2_prediction": answer2, "probs": probs}
+                "stage2_prediction": answer2, "probs": probs, "stage2_margin": margin2}
+
+    def calibrate_escalation(self, features: Any, expert_probs: Callable[[np.ndarray], Any],
+                             max_escalation_rate: float, confidence: float | None = 0.9, **decide_kwargs: Any) -> float:
+        """The ``stage2_threshold`` under which stage 2 pays another expert (the costly call: a person) on at most
+        ``max_escalation_rate`` of new inputs, with probability at least ``confidence`` over the draw of these
+        calibration inputs ([`budget_threshold`] on stage 2's margins; inputs stage 1 keeps count, never escalated;
+        never below 0); ``confidence=None``: the empirical rule. Calls the escalation expert (`expert_probs`) on the
+        inputs stage 1 sends it; `decide_kwargs` are [`decide`]'s (the costs and stage-1 threshold to decide with)."""
+        from ..evaluation.guarantees import budget_threshold
+
+        if decide_kwargs.pop("stage2_min_confidence", None) is not None:
+            raise ValueError("calibrate_escalation budgets the cost rule's threshold; stage2_min_confidence replaces it.")
+        decide_kwargs.pop("stage2_threshold", None)
+        margins = self.decide(features, expert_probs, **decide_kwargs)["stage2_margin"]
+        return budget_threshold(margins, max_escalation_rate, confidence)
 
     def __call__(self, features: Any, experts: Mapping[str, Callable[[list[Any]], Any]], inputs: Sequence[Any] | None
                  = None, stage1_costs: Any = None, stage2_costs: Any = None, stage2_threshold: float = 0.0,

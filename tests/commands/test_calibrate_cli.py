@@ -75,3 +75,22 @@ def test_calibrate_error_target_in_place(saved, tmp_path, capsys):
     claim = DeferralConfig.from_pretrained(tmp_path / "model").deferral_guarantee["claims"][0]
     assert claim["kind"] == "system_error" and claim["target"] == 0.3 and claim["observed"] <= 0.3
     assert summary["deferral_guarantee"]["n"] == N  # --missing_expert mask keeps every row
+
+
+def test_train_certifies_on_the_validation_split(saved, tmp_path, capsys):
+    _, table = saved
+    encoder = table.parent / "encoder"
+    frame = pd.read_csv(table)
+    frame.iloc[:100].to_csv(tmp_path / "train.csv", index=False)
+    frame.iloc[100:].to_csv(tmp_path / "dev.csv", index=False)
+    argv = ["train", "--model_name_or_path", str(encoder), "--train_file", str(tmp_path / "train.csv"),
+            "--validation_file", str(tmp_path / "dev.csv"), "--text_column_name", "review", "--label_column_name",
+            "label", "--expert_column_names", "alice,bob", "--missing_expert", "mask", "--max_seq_length", "8",
+            "--do_train", "--num_train_epochs", "1", "--output_dir", str(tmp_path / "out"), "--report_to", "none",
+            "--use_cpu", "--save_strategy", "no", "--disable_tqdm", "true", "--per_device_train_batch_size", "16",
+            "--max_error", "0.6", "--confidence", "0.9", "--json"]
+    assert hf_defer_main(argv) == 0
+    guarantee = DeferralConfig.from_pretrained(tmp_path / "out").deferral_guarantee
+    assert guarantee["n"] == N - 100 and guarantee["claims"][0]["kind"] == "system_error"
+    assert guarantee["claims"][0]["target"] == 0.6 and guarantee["claims"][0]["observed"] <= 0.6
+    assert "### What is guaranteed" in (tmp_path / "out" / "README.md").read_text()

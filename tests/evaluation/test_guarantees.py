@@ -238,3 +238,15 @@ def test_error_is_not_loose():
     errors = [_system_error(error_threshold(*_error_draw(rng, 20_000), max_error=0.15, confidence=CONFIDENCE))
               for _ in range(3)]
     assert 0.145 < np.mean(errors) <= 0.15
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import hf_defer.commands.calibrate as calibrate
+    import hf_defer.evaluation.calibration as calibration
+    import hf_defer.evaluation.guarantees as guarantees
+    import hf_defer.hub.model_card as model_card
+
+    for module in (guarantees, calibration, calibrate, model_card):
+        assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0, module.__name__
