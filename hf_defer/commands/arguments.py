@@ -13,7 +13,6 @@ The flags of transformers' `run_classification.py` carry over under their names,
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -24,7 +23,8 @@ from typing import Any
 
 from transformers import HfArgumentParser, TrainingArguments
 
-from .flag_check import closest_flag, unknown_flags, unknown_flags_message
+from .flag_check import (ESSENTIAL_FLAGS, HelpAllAction, closest_flag, short_help, unknown_flags,
+                         unknown_flags_message)
 
 __all__ = ["DataTrainingArguments", "ModelArguments", "build_run_parser", "parse_run_arguments"]
 
@@ -310,14 +310,6 @@ def _given_flags(argv: Sequence[str]) -> set[str]:
     return {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
 
 
-ESSENTIAL_FLAGS = ("model_name_or_path", "freeze_encoder", "dataset_name", "train_file", "validation_file", "test_file",
-                   "text_column_names", "label_column_name", "expert_column_names", "expert_correct_columns",
-                   "missing_expert", "route_only", "default_expert", "max_deferral_rate", "max_seq_length",
-                   "output_dir", "overwrite_output_dir", "do_train", "do_eval", "do_predict", "num_train_epochs",
-                   "learning_rate", "per_device_train_batch_size", "push_to_hub")
-"""The flags a first run needs, which `--help` shows alone (`--help-all` adds the others, in their groups)."""
-
-
 def help_group(dataclass_type: type, name: str) -> str:
     """The `--help` group of a flag: `essential` for [`ESSENTIAL_FLAGS`], `deferral` for every other flag about
     experts, the surrogate or the deferral budget, else `model`, `data` or `training` after its dataclass."""
@@ -326,15 +318,6 @@ def help_group(dataclass_type: type, name: str) -> str:
     if dataclass_type in (ModelArguments, DataTrainingArguments) and any(w in name for w in _DEFERRAL_WORDS):
         return "deferral"
     return {ModelArguments: "model", DataTrainingArguments: "data"}.get(dataclass_type, "training")
-
-
-class _HelpAllAction(argparse.Action):
-    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        parser.print_help(full=True)
-        parser.exit()
 
 
 class RunArgumentParser(HfArgumentParser):
@@ -351,28 +334,14 @@ class RunArgumentParser(HfArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.add_argument("--help-all", action=_HelpAllAction, help="show every flag, in groups, and exit")
+        self.add_argument("--help-all", action=HelpAllAction, help="show every flag, in groups, and exit")
 
     def print_help(self, file: Any = None, full: bool = False) -> None:  # type: ignore[override]
         self._print_message(self.format_help(full), file or sys.stdout)
 
     def format_help(self, full: bool = False) -> str:  # type: ignore[override]
         """The help: every group with `full`, else usage, the short groups and how many flags `--help-all` adds."""
-        if full:
-            return super().format_help()
-        formatter = self._get_formatter()
-        formatter.add_usage(self.usage, self._actions, self._mutually_exclusive_groups)
-        shown = [group for group in self._action_groups if group.title in self._SHORT or group.title == "options"]
-        for group in shown:
-            formatter.start_section(group.title)
-            formatter.add_text(group.description)
-            formatter.add_arguments(group._group_actions)
-            formatter.end_section()
-        hidden = [(group.title, len(group._group_actions)) for group in self._action_groups if group not in shown
-                  and group._group_actions]
-        formatter.add_text(f"`{self.prog} --help-all` lists {sum(n for _, n in hidden)} more flags: "
-                           + ", ".join(f"{title} ({n})" for title, n in hidden) + ".")
-        return formatter.format_help()
+        return super().format_help() if full else short_help(self, self._SHORT)
 
     def _add_dataclass_arguments(self, dtype: Any) -> None:
         groups = getattr(self, "_run_groups", None)

@@ -14,8 +14,9 @@
 - `hf-defer review push|pull ...`: the review loop with Label Studio (`hf_defer.review.cli`; `pip install
   'hf-defer[review]'`).
 
-This module imports the standard library only: `hf-defer --help`, `--version` and a mistyped command answer without
-loading torch (the `hf-defer` launcher, `hf_defer_cli.py`, runs this file before the `hf_defer` package is imported).
+This module imports the standard library only: `hf-defer --help`, `--version`, a mistyped command or flag (named with
+the closest known one) and `train`'s mistakes that need no data read answer without loading torch (the `hf-defer`
+launcher, `hf_defer_cli.py`, runs this file before the `hf_defer` package is imported).
 A command imports what it needs when it runs. A mistake (a missing file, a wrong flag value, data that does not fit)
 ends with one line on stderr that names the flag and the fix, and exit status 2; `--debug` shows the traceback.
 A new command is one more [`Command`] in `COMMANDS`.
@@ -328,8 +329,9 @@ def run_train(argv: list[str], prog: str = f"{PROG} train") -> int:
     """`hf-defer train [--json] FLAGS | CONFIG.json`: [`run_deferral`] with the flags of `scripts/run_deferral.py`.
     The run's final JSON goes to `<output_dir>/hf_defer_run.json`; with `--json` it is all that stdout gets.
 
-    Unknown flags (with the closest known one), missing data files and an `--output_dir` holding files no hf_defer
-    run wrote are reported before torch and transformers are imported."""
+    Unknown flags (with the closest known one), missing data files, the flags' own checks and an `--output_dir`
+    holding files no hf_defer run or save wrote are reported before torch and transformers are imported
+    ([`hf_defer.commands.flag_check`])."""
     json_only = "--json" in argv
     argv = [arg for arg in argv if arg != "--json"]
     problem = _light("flag_check").check_run_flags(

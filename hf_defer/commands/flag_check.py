@@ -10,6 +10,7 @@ read from the source of the argument dataclasses ([`run_options`]): `ModelArgume
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import difflib
@@ -22,7 +23,45 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_run_flags", "closest_flag", "run_options", "unknown_flags", "unknown_flags_message"]
+__all__ = ["ESSENTIAL_FLAGS", "HelpAllAction", "check_run_flags", "closest_flag", "run_options", "short_help",
+           "unknown_flags", "unknown_flags_message"]
+
+ESSENTIAL_FLAGS = ("model_name_or_path", "freeze_encoder", "dataset_name", "train_file", "validation_file", "test_file",
+                   "text_column_names", "label_column_name", "expert_column_names", "expert_correct_columns",
+                   "missing_expert", "route_only", "default_expert", "max_deferral_rate", "max_seq_length",
+                   "output_dir", "overwrite_output_dir", "do_train", "do_eval", "do_predict", "num_train_epochs",
+                   "learning_rate", "per_device_train_batch_size", "push_to_hub")
+"""The flags a first run needs, which `--help` shows alone (`--help-all` adds the others, in their groups)."""
+
+
+class HelpAllAction(argparse.Action):
+    """`--help-all`: the parser's full help (`print_help(full=True)`), then exit."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        parser.print_help(full=True)  # type: ignore[call-arg]
+        parser.exit()
+
+
+def short_help(parser: argparse.ArgumentParser, titles: Sequence[str]) -> str:
+    """The usage, the options and the argument groups named in `titles`, then one line counting the flags of the
+    other groups, which `--help-all` lists (the way `git` and `pip` keep their first help short)."""
+    formatter = parser._get_formatter()
+    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
+    shown = [group for group in parser._action_groups if group.title in titles or group.title == "options"]
+    for group in shown:
+        formatter.start_section(group.title)
+        formatter.add_text(group.description)
+        formatter.add_arguments(group._group_actions)
+        formatter.end_section()
+    hidden = [(group.title, len(group._group_actions)) for group in parser._action_groups
+              if group not in shown and group._group_actions]
+    formatter.add_text(f"`{parser.prog} --help-all` lists {sum(n for _, n in hidden)} more flags: "
+                       + ", ".join(f"{title} ({n})" for title, n in hidden) + ".")
+    return formatter.format_help()
+
 
 DATA_FILE_FLAGS = ("train_file", "validation_file", "test_file")
 COMMAND_OPTIONS = ("-h", "--help", "--help-all", "--json")

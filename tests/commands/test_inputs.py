@@ -141,10 +141,11 @@ def test_run_flag_mistakes_are_errors_naming_the_flag(tmp_path):
 def test_help_groups_and_bare_debug():
     from hf_defer.commands.arguments import DataTrainingArguments, ModelArguments
 
-    assert help_group(DataTrainingArguments, "expert_column_names") == "deferral"
-    assert help_group(DataTrainingArguments, "expert_correct_columns") == "deferral"  # a later expert flag too
+    assert help_group(DataTrainingArguments, "expert_column_names") == "essential"  # what --help shows alone
+    assert help_group(DataTrainingArguments, "annotator_count_columns") == "deferral"  # a later expert flag too
     assert help_group(ModelArguments, "surrogate") == "deferral" and help_group(ModelArguments, "pooling") == "model"
-    assert help_group(DataTrainingArguments, "train_file") == "data" and help_group(object, "seed") == "training"
+    assert help_group(DataTrainingArguments, "train_file") == "essential" and help_group(object, "seed") == "training"
+    assert help_group(DataTrainingArguments, "text_column_delimiter") == "data"
     assert _bare_debug(["--a", "1", "--debug"]) == (["--a", "1"], True)
     assert _bare_debug(["--debug", "underflow_overflow"]) == (["--debug", "underflow_overflow"], False)
 
