@@ -364,7 +364,7 @@ def report_markdown(record: dict[str, Any]) -> str:
 
     rows, sweep_rows, calibration_rows, not_monotone = [], [], [], []
     for name, label in ROUTERS.items():
-        result = record["routers"][name]
+        result = record["routers"].get(name, {"pending": True})  # a record from before the row existed
         if result.get("pending"):
             rows.append([label, "pending", "", "pending", "pending", "pending", "pending", "not run"])
             continue
