@@ -33,10 +33,12 @@ def plot_violations(record: dict[str, Any], path: Any) -> None:
             values = [100 * pool["sizes"][str(n)][rule]["pool"]["violation"] for n in sizes]
             style = {"budget_guaranteed": "-", "error_ltt": "-", "selective_ltt": "-", "selective_mapie": "-."}
             axis.plot(sizes, values, marker="o", color=colours[kind], linestyle=style.get(rule, "--"),
-                      label=f"{kind}: {label.split(' (')[0]}")
+                      label=f"{kind}: {'MAPIE' if rule == 'selective_mapie' else label.split(' (')[0]}")
         axis.axhline(100 * (1 - pool["confidence"]), color="black", linewidth=1, linestyle=":",
                      label="1 - confidence")
         axis.set_xscale("log")
+        axis.set_xticks(sizes, [str(n) for n in sizes])
+        axis.minorticks_off()
         axis.set_title(pool["name"], fontsize=10)
         axis.set_xlabel("calibration inputs n")
         axis.grid(alpha=0.3)
@@ -126,7 +128,7 @@ def guarantees_markdown(record: dict[str, Any], figure: str = "guarantees.png") 
         "the population: its inputs were never seen by the model that scored them. The draws come from the pool "
         "without replacement, and a promise is broken when it fails on the whole pool (the distribution the draws "
         f"come from). A guaranteed rule should break it in at most {_pct(1 - confidence, 0)} of the draws (Monte-Carlo "
-        f"standard error about {_pct((0.1 * 0.9 / settings['draws']) ** 0.5)} at {settings['draws']:,} draws).", "",
+        f"standard error about {_pct(((1 - confidence) * confidence / settings['draws']) ** 0.5)} at {settings['draws']:,} draws).", "",
         "The rules: the empirical budget keeps the floor(bn) highest margins (`budget_threshold(confidence=None)`, "
         "today's `calibrate_deferral`); the guaranteed budget is a binomial order statistic "
         "(`budget_threshold(confidence=...)`); the error target is certified by Learn-then-Test, fixed-sequence, "
@@ -197,8 +199,8 @@ def findings(record: dict[str, Any]) -> list[str]:
         made = [n for n in sizes if p["sizes"][n]["error_ltt"]["pool"]["deferral_rate"] is not None]
         if made:
             r = p["sizes"][made[-1]]["error_ltt"]["pool"]
-            extra.append(f"{p['name']} at n={made[-1]}: {_pct(r['deferral_rate'])} deferred, error {_pct(r['error'])} "
-                         f"(oracle {_pct(p['oracle']['error']['deferral_rate'])}, target "
+            extra.append(f"{p['name']} at n={made[-1]}: {_pct(r['deferral_rate'])} deferred (the oracle: "
+                         f"{_pct(p['oracle']['error']['deferral_rate'])}), error {_pct(r['error'])} (target "
                          f"{_pct(p['targets']['max_error'])})")
     out.append("- **What the error guarantee costs**: " + "; ".join(extra) + ". Learn-then-Test refused (nothing "
                "certified) in " + ("; ".join(refused) if refused else "no draw") + ".")
