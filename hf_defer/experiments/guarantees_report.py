@@ -150,6 +150,23 @@ def guarantees_markdown(record: dict[str, Any], figure: str = "guarantees.png") 
         tables["error"], "", "**Selective risk at most the selective target** (the classifier's error on the inputs "
         "it keeps; MAPIE's question)", "", tables["selective"], "", "### In words", "", *record.get("findings", []),
         "",
+        "## What this does not show", "",
+        "- The pool stands for the population. It is finite (1,200 images per ImageNet-16H noise level, about 4,000 "
+        "ConvAbuse items), so sizes n with 2n above the pool were not run (the table of pools lists them), and the "
+        "oracle is the best threshold on the pool, not on the true distribution.",
+        "- ConvAbuse and ImageNet-16H are too small to set a training part aside: their margins come from five "
+        "cross-fitted heads (each input scored by a head trained on the other folds), a mixture of five models rather "
+        "than one. HateSpeech and MMLU use one model trained on a separate part.",
+        "- The MMLU questions are described by TF-IDF features (reduced by an SVD) unless the script is run with "
+        "`--mmlu-encoder` set to a sentence encoder: embedding 14,000 long prompts with MiniLM on the shared 2-core CPU "
+        "would have taken most of an hour. The guarantees do not depend on how good the margins are; the costs do.",
+        "- The draws are made without replacement from a finite pool, which makes a calibration sample a little "
+        "more representative of the pool than independent draws would be: the standard deviation of a sample share "
+        "shrinks by sqrt(1 - n/N). On the whole pool a rule exactly at its confidence therefore breaks its promise "
+        "somewhat less often than 1 - confidence where n/N is large (HateSpeech at n = 3,000: n/N = 16 %); on the "
+        "rest of the pool (last table) it breaks it somewhat more often.",
+        "- Every guarantee assumes that new inputs are drawn independently from the calibration inputs' distribution; "
+        "the draws here satisfy it by construction. A shift between calibration and use is not covered.", "",
         "## The same thresholds on the rest of the pool only", "",
         "Measured on the inputs of the pool that were not drawn (a finite batch of new inputs, N - n of them), the "
         "batch's own sampling noise adds to the calibration's: the standard deviation of the rate grows by about "
