@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="features of the MMLU questions: tfidf, or a sentence encoder (slow on a CPU)")
     parser.add_argument("--no-mapie", action="store_true", help="skip the MAPIE comparison")
     parser.add_argument("--cache-dir", default=None, help="embedding cache (default: hf_defer's)")
+    parser.add_argument("--rerun", nargs="+", default=[], choices=list(g.RULES),
+                        help="recompute these rules on the cached draws (the same draws) and keep the rest")
     parser.add_argument("--quick", action="store_true", help="smoke run: small pools, 2 epochs, 50 draws")
     parser.add_argument("--overwrite", action="store_true", help="replace existing result files without asking")
     parser.add_argument("--render-only", action="store_true", help="rewrite the .md and .png from the JSON")
@@ -150,6 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         if file.is_file():
             record["pools"].append(json.loads(file.read_text()))
             print(f"{pool.name}: draws from {file}", flush=True)
+            if args.rerun:
+                again = g.run_draws(pool, tuple(args.sizes), args.draws, args.budget, args.confidence, args.seed,
+                                    mapie=not args.no_mapie, rules=tuple(args.rerun))
+                for n, results in again["sizes"].items():
+                    record["pools"][-1]["sizes"][n].update(results)
+                write_json(file, record["pools"][-1])
         else:
             record["pools"].append(g.run_draws(pool, tuple(args.sizes), args.draws, args.budget, args.confidence,
                                                args.seed, mapie=not args.no_mapie))

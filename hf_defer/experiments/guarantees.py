@@ -199,18 +199,24 @@ def mapie_selective_threshold(margins: np.ndarray, loss_if_kept: np.ndarray, max
     when its score `(1 - margin) / 2` is at least lambda, and precision (the share of kept inputs it gets right) is
     controlled at `1 - max_selective_risk` with `confidence` (`mapie.risk_control.BinaryClassificationController`, its
     defaults otherwise: Hoeffding-Bentkus p-values, Bonferroni-Holm over lambda in linspace(0, 0.99, 100), the
-    valid lambda with the highest recall). Returns the margin threshold `1 - 2 lambda` (defer iff margin > it), NaN
-    when no lambda is certified."""
+    valid lambda with the highest recall). A lambda that keeps no calibration input has a NaN p-value in MAPIE 1.6,
+    on which its Bonferroni-Holm procedure stops and certifies nothing; it is read as 1 (no evidence) here. Returns
+    the margin threshold `1 - 2 lambda` (defer iff margin > it), NaN when no lambda is certified."""
     import warnings
 
-    from mapie.risk_control import BinaryClassificationController
+    from mapie.risk_control import BinaryClassificationController, FWERBonferroniHolm
+
+    class HolmReadingNaNAsOne(FWERBonferroniHolm):  # a threshold that keeps nothing has p-value NaN in MAPIE 1.6,
+        def run(self, p_values: np.ndarray, delta: float) -> np.ndarray:  # which stops its Holm procedure at once
+            return super().run(np.nan_to_num(np.asarray(p_values, dtype=float), nan=1.0), delta)
 
     def keep_probability(x: np.ndarray) -> np.ndarray:
         score = (1.0 - np.asarray(x, dtype=np.float64).reshape(-1)) / 2.0
         return np.column_stack([1.0 - score, score])
 
     controller = BinaryClassificationController(keep_probability, risk="precision",
-                                                target_level=1.0 - max_selective_risk, confidence_level=confidence)
+                                                target_level=1.0 - max_selective_risk, confidence_level=confidence,
+                                                fwer_method=HolmReadingNaNAsOne())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no valid parameter" is a result here, counted as a refusal
         controller.calibrate(np.clip(margins, -1.0, 1.0).reshape(-1, 1), (1 - loss_if_kept).astype(int))
@@ -267,10 +273,11 @@ def evaluate_thresholds(population: Population, margins: np.ndarray, loss_if_kep
 
 
 def run_draws(pool: Pool, sizes: tuple[int, ...] = SIZES, draws: int = 1000, budget: float = 0.1,
-              confidence: float = 0.9, seed: int = 0, mapie: bool = True,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every rule of [`RULES`] on `draws` random calibration draws of each size in `sizes` (those with 2n <= N), scored
-    on the population (see the module docstring); returns the record `results/guarantees.json` keeps per data set."""
+              confidence: float = 0.9, seed: int = 0, mapie: bool = True, log: Callable[[str], None] = print,
+              rules: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The rules of [`RULES`] (all, or `rules`) on `draws` random calibration draws of each size in `sizes` (those with
+    2n <= N; the draws depend only on `seed` and n), scored on the population (see the module docstring); returns the
+    record `results/guarantees.json` keeps per data set."""
     from ..evaluation.guarantees import budget_threshold, error_threshold
 
     population = Population(pool.margins, pool.loss_if_kept, pool.loss_if_deferred)
@@ -312,7 +319,7 @@ def run_draws(pool: Pool, sizes: tuple[int, ...] = SIZES, draws: int = 1000, bud
                                         for row, loss in zip(m, lk)],
         }
         for rule, call in calls.items():
-            if rule == "selective_mapie" and not mapie:
+            if (rule == "selective_mapie" and not mapie) or (rules is not None and rule not in rules):
                 continue
             start = time.perf_counter()
             thresholds[rule] = np.asarray(call(), dtype=np.float64)

@@ -110,6 +110,10 @@ def test_mapie_certifies_a_threshold_the_population_supports():
     threshold = mapie_selective_threshold(margins, (margins > 0).astype(float), 0.1, 0.9)
     assert -0.2 < threshold <= 1 / 9
     assert mapie_selective_threshold(margins, np.zeros_like(margins), 0.1, 0.9) == pytest.approx(1.0)  # keeps all
+    # Margins within [-0.5, 0.5]: MAPIE's thresholds above 0.75 keep nothing (a NaN p-value, read as 1). Keeping
+    # margins <= x has precision 0.5 / (x + 0.5), so 0.9 needs x <= 1/18.
+    narrow = np.linspace(-0.5, 0.5, 2001)
+    assert -0.2 < mapie_selective_threshold(narrow, (narrow > 0).astype(float), 0.1, 0.9) <= 1 / 18
 
 
 @pytest.mark.slow  # about 15 s: 80 draws of Learn-then-Test, twice
