@@ -62,7 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="recompute these rules on the cached draws (the same draws) and keep the rest")
     parser.add_argument("--quick", action="store_true", help="smoke run: small pools, 2 epochs, 50 draws")
     parser.add_argument("--overwrite", action="store_true", help="replace existing result files without asking")
-    parser.add_argument("--render-only", action="store_true", help="rewrite the .md and .png from the JSON")
+    parser.add_argument("--render-only", action="store_true",
+                        help="rewrite the .md, the .png and the findings in the JSON from the JSON")
     args = parser.parse_args(argv)
     if args.draws < 1 or min(args.sizes) < 1 or not 0 < args.budget < 1 or not 0 < args.confidence < 1:
         parser.error("--draws and --sizes must be positive, --budget and --confidence in (0, 1).")
@@ -120,6 +121,9 @@ def build_pools(args: argparse.Namespace) -> list[tuple[str, g.Pool]]:
 
 
 def render(record: dict, output: Path) -> str:
+    """The findings, the figure and the markdown from the record (the findings are kept in the JSON too)."""
+    record["findings"] = findings(record)
+    write_json(output / "guarantees.json", record)
     plot_violations(record, output / "guarantees.png")
     text = guarantees_markdown(record)
     (output / "guarantees.md").write_text(text)
@@ -131,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output_dir
     output.mkdir(parents=True, exist_ok=True)
     if args.render_only:
-        confirm_overwrite(output, ["guarantees.md", "guarantees.png"], args.overwrite)
+        confirm_overwrite(output, OUTPUTS, args.overwrite)
         record = json.loads((output / "guarantees.json").read_text())
         render(record, output)
-        print(f"Rewrote {output / 'guarantees.md'} and the figure from {output / 'guarantees.json'}.")
+        print(f"Rewrote {output / 'guarantees.md'}, the figure and the findings from {output / 'guarantees.json'}.")
         return 0
     confirm_overwrite(output, OUTPUTS, args.overwrite)
     if "imagenet16h" in args.datasets and not args.imagenet16h:
@@ -163,9 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                                                args.seed, mapie=not args.no_mapie))
             write_json(file, record["pools"][-1])
         write_json(output / "guarantees.json", record)
-    record["findings"] = findings(record)
     record["settings"]["seconds"] = round(time.perf_counter() - start, 1)
-    write_json(output / "guarantees.json", record)
     print(render(record, output))
     print(f"Done in {record['settings']['seconds']:.0f} s; results in {output}/")
     return 0

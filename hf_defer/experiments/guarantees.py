@@ -48,7 +48,7 @@ class Pool:
     name: str
     margins: np.ndarray  # [N] float64: defer iff margin > t; -inf where nobody can be asked (never deferred)
     loss_if_kept: np.ndarray  # [N] 0/1: the classifier is wrong
-    loss_if_deferred: np.ndarray  # [N] 0/1: the chosen expert is wrong (the classifier's loss where nobody is available)
+    loss_if_deferred: np.ndarray  # [N] 0/1: the chosen expert is wrong (where nobody is available: the classifier's)
     description: str = ""
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -243,7 +243,7 @@ def _summary(kind: str, rates: np.ndarray, errors: np.ndarray, selective: np.nda
     broken = np.zeros(len(refused), dtype=bool)
     broken[~refused] = np.nan_to_num(measured, nan=-np.inf) > limit + 1e-12
     made = ~refused
-    mean = lambda values: float(np.nanmean(values)) if values.size and not np.isnan(values).all() else None  # noqa: E731
+    mean = lambda v: float(np.nanmean(v)) if v.size and not np.isnan(v).all() else None  # noqa: E731
     return {"violation": float(broken.mean()), "refused": float(refused.mean()),
             "violation_when_made": float(broken[made].mean()) if made.any() else None,
             "deferral_rate": mean(rates), "error": mean(errors), "selective_risk": mean(selective),
