@@ -133,3 +133,26 @@ def test_run_draws_keeps_the_promises_it_guarantees():
     assert result["budget_guaranteed"]["pool"]["violation"] <= 0.1 + 3 * np.sqrt(0.09 / 80)
     assert result["error_ltt"]["pool"]["violation"] <= 0.1 + 3 * np.sqrt(0.09 / 80)
     assert result["budget_guaranteed"]["pool"]["deferral_rate"] < 0.1
+
+
+def test_report_states_the_numbers_of_the_record(tmp_path):
+    from hf_defer.experiments.guarantees import RULES
+    from hf_defer.experiments.guarantees_report import findings, guarantees_markdown, plot_violations
+
+    summary = {"violation": 0.5, "refused": 0.0, "deferral_rate": 0.1, "error": 0.2, "selective_risk": 0.1}
+    rules = {rule: {"pool": dict(summary), "rest": dict(summary)} for rule in RULES}
+    rules["budget_guaranteed"]["pool"] |= {"violation": 0.083, "deferral_rate": 0.0871}
+    oracle = {"deferral_rate": 0.1, "error": 0.2, "selective_risk": 0.1, "threshold": 0.0}
+    pool = {"name": "Toy", "description": "a toy", "pool": 1000, "skipped": [3000], "confidence": 0.9,
+            "targets": {"classifier_error": 0.3, "best_error": 0.1, "max_error": 0.2, "max_selective_risk": 0.15,
+                        "selective_coverage": 0.5},
+            "oracle": {kind: dict(oracle) for kind in ("budget", "error", "selective")}, "sizes": {"100": rules}}
+    record = {"settings": {"confidence": 0.9, "budget": 0.1, "draws": 1000, "date": "today", "machine": "m"},
+              "pools": [pool]}
+    record["findings"] = findings(record)
+    text = guarantees_markdown(record)
+    assert "| Toy | 100 | 50.0 % | 8.3 % | 10.0 % | 8.7 % | 10.0 %" in text  # the budget table's first cells
+    assert "the guaranteed rule in 8.3 % (Toy, n=100) to 8.3 % (Toy, n=100)" in text
+    assert "| 3000 |" in text  # the size the pool could not hold
+    plot_violations(record, tmp_path / "figure.png")
+    assert (tmp_path / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
