@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all test-explore demo reproduce cascade mmlu-routing convabuse clean
+.PHONY: install test test-all test-explore demo reproduce cascade mmlu-routing convabuse guarantees clean
 .PHONY: test-latest test-oldest review-server review-demo test-review
 
 $(STAMP): pyproject.toml constraints.txt
@@ -101,6 +101,14 @@ mmlu-routing: install
 CONVABUSE_ARGS ?=
 convabuse: install
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(PY) scripts/convabuse.py $(CONVABUSE_ARGS)
+
+# Deferral budgets and error targets with a stated confidence (results/guarantees.md, .json, .png): how often the
+# empirical rule and the guaranteed one break their promise over 1,000 calibration draws, on HateSpeech, ConvAbuse,
+# MMLU routing and, given its folder (not shipped), ImageNet-16H: GUARANTEES_ARGS="--imagenet16h PATH". Embeddings and
+# pools are cached; committed results are kept unless GUARANTEES_ARGS contains --overwrite.
+GUARANTEES_ARGS ?=
+guarantees: install
+	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) scripts/guarantees.py $(GUARANTEES_ARGS)
 
 # From deferral to reviewers and back (README): hf_defer.review with label-studio-sdk in .venv, the Label Studio server
 # in its own venv (LS_VENV, created on first use: its pins differ from the training stack). The admin's API token comes

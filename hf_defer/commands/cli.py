@@ -300,7 +300,7 @@ def _guarded(call: Callable[[], int], prog: str, debug: bool) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT (a run's record says so too)
         if debug:
             raise
-        print(f"{PROG} {command.name}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -13,6 +13,8 @@ from here.
 - [`cascade`]: a cheap model, a costly model and a person on HateSpeech: cascades, routers and deferral models in the
   error-cost plane.
 - [`mmlu_routing`]: routing between two LLMs on RouteLLM's MMLU correctness (APGR, CPT).
+- [`guarantees`], [`guarantees_data`] and [`guarantees_report`]: deferral budgets and error targets with a stated
+  confidence, the empirical rule against the guaranteed one over many calibration draws (results/guarantees.md).
 - [`statistics`]: mean and standard error over seeds, the paired t-test behind the bold cells.
 - [`reporting`]: the markdown reports, rendered from the saved JSON through the templates in `hf_defer/templates/`.
 - [`overhead`]: the data and the report of `benchmarks/bench_finetune_overhead.py`.
