@@ -306,11 +306,21 @@ def pipeline_inputs(dataset: datasets.Dataset, text_column: str | None = None, t
     return list(dataset[text_column])
 
 
-def side_feature_rows(inputs: list[Any], chunk: Mapping[str, list[Any]], names: Sequence[str]) -> list[Any]:
-    """One chunk's pipeline inputs with the row's side features (`names`, read from the chunk's columns of those
-    names) for a model with `config.side_features`: each input a dict with its text (or image) and those values."""
+def side_feature_rows(inputs: list[Any], chunk: Mapping[str, list[Any]], names: Mapping[str, bool]) -> list[Any]:
+    """One chunk's pipeline inputs with the row's side features for a model with `config.side_features`: each input a
+    dict with its text (or image) and the values of the chunk's columns named in `names` (name -> numeric). A CSV
+    streams as text, so a numeric feature's cell is read as a float here (an empty cell stays `None`, which the
+    model refuses naming the feature and the row)."""
     if not names:
         return inputs
-    return [{**(item if isinstance(item, dict) else {"text": item}), **{name: chunk[name][row] for name in names}}
-            for row, item in enumerate(inputs)]
 
+    def value(name: str, cell: Any) -> Any:
+        if names[name] and isinstance(cell, str):
+            try:
+                return float(cell) if cell.strip() else None
+            except ValueError:
+                return cell  # the model's check names the feature, the row and what it got
+        return cell
+
+    return [{**(item if isinstance(item, dict) else {"text": item}),
+             **{name: value(name, chunk[name][row]) for name in names}} for row, item in enumerate(inputs)]

@@ -251,11 +251,12 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
     copied = list(copy_columns or ())
     pipeline_kwargs.setdefault("return_margin", True)  # the output shows why an input was (not) deferred
     header = prediction_header(config.expert_names, id_column, copied, route_only, margin=True)
-    side = [spec["name"] for spec in getattr(config, "side_features", None) or []]
+    specs = getattr(config, "side_features", None) or []
+    side = {spec["name"]: spec["kind"] == "numeric" for spec in specs}  # name -> numeric
     missing = [name for name in side if name not in stream.column_names]
     if missing:
-        raise ValueError(f"the model routes on the side features {side}: {flag_input} lacks the column(s) {missing}; "
-                         f"its columns are {stream.column_names}.")
+        raise ValueError(f"the model routes on the side features {list(side)}: {flag_input} lacks the column(s) "
+                         f"{missing}; its columns are {stream.column_names}.")
     found = _on_main(state, lambda: resume_predictions(output, header) if resume and os.path.exists(output) else None)
     done, written_digest = found if found is not None else (0, None)
     writer = None

@@ -251,14 +251,14 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     output = OutputFolder(training_args.output_dir, overwrite=data_args.overwrite_output_dir)
     output.check()  # every process, before anything is written
     check_stages(training_args)
-    for flag in ("model_name_or_path", "config_name", "tokenizer_name"):  # offline: fail fast, or the shipped copy
-        if getattr(model_args, flag):
-            setattr(model_args, flag, offline_model_path(getattr(model_args, flag), f"--{flag}",
-                                                         model_args.model_revision, model_args.cache_dir))
     for flag, name in (("--model_name_or_path", model_args.model_name_or_path),
                        ("--config_name", model_args.config_name), ("--tokenizer_name", model_args.tokenizer_name)):
         if name:  # a mistyped local folder fails now, not after the data is prepared or a minute of Hub retries
             check_model_source(name, flag, model_args.token, model_args.model_revision, model_args.cache_dir)
+    for flag in ("model_name_or_path", "config_name", "tokenizer_name"):  # offline: fail fast, or the shipped copy
+        if getattr(model_args, flag):
+            setattr(model_args, flag, offline_model_path(getattr(model_args, flag), f"--{flag}",
+                                                         model_args.model_revision, model_args.cache_dir))
     with output.recording():  # hf_defer_run.json says how the run ended: completed, failed (and why) or interrupted
         return _run_deferral(model_args, data_args, training_args, output)
 
