@@ -15,8 +15,8 @@ from typing import Any
 
 import datasets
 
-__all__ = ["TableStream", "check_splits", "empty_text_rows", "join_text_columns", "load_raw_datasets", "pipeline_inputs",
-           "read_table", "split_sources"]
+__all__ = ["TableStream", "check_splits", "empty_text_rows", "join_text_columns", "load_raw_datasets",
+           "pipeline_inputs", "read_table", "split_sources"]
 
 logger = logging.getLogger(__name__)
 
