@@ -52,7 +52,8 @@ def table(tmp_path_factory) -> tuple[Path, np.ndarray]:
 
 
 def expected(model: Path, features: np.ndarray) -> list[dict]:
-    return pipeline("deferral", model=str(model))([list(row) for row in features], batch_size=ROWS)
+    return pipeline("deferral", model=str(model))([list(row) for row in features], batch_size=ROWS,
+                                                  return_margin=True)
 
 
 def test_each_output_format_holds_the_pipeline_decisions_in_input_order(model, table, tmp_path):
@@ -67,11 +68,12 @@ def test_each_output_format_holds_the_pipeline_decisions_in_input_order(model, t
     frames["parquet"] = pd.read_parquet(tmp_path / "p.parquet")
     for kind, frame in frames.items():
         assert list(frame.columns) == ["id", "note", "label", "defer", "expert", "class_label", "class_score",
-                                       "expert_accuracy_alice", "expert_accuracy_bob"], kind
+                                       "margin", "expert_accuracy_alice", "expert_accuracy_bob"], kind
         assert list(frame["id"]) == [f"r{i:03d}" for i in range(ROWS)], kind
         assert list(frame["label"]) == [out["label"] for out in want], kind
         assert [bool(value) for value in frame["defer"]] == [out["defer"] for out in want], kind
         assert list(frame["class_score"]) == pytest.approx([out["class_score"] for out in want], abs=1e-6), kind
+        assert list(frame["margin"]) == pytest.approx([out["margin"] for out in want], abs=1e-6), kind
         assert list(frame["expert_accuracy_bob"]) == pytest.approx([out["expert_accuracy"][1] for out in want],
                                                                    abs=1e-6), kind
     assert frames["csv"]["note"][3] == "'=1+2" and frames["jsonl"]["note"][3] == "=1+2"  # spreadsheet-safe CSV only
@@ -133,7 +135,7 @@ def test_resume_refuses_another_inputs_rows_and_other_columns(model, table, tmp_
     lines = text.split("\n")
     out.write_bytes("\n".join([*lines[:4], "r003,x\r", *lines[5:8]]).encode())  # a short row inside: not a killed run's
     with pytest.raises(ValueError, match=r"--resume: row 3 \(counting from 0\) of .* does not have the columns"):
-        resume_predictions(out, ["id", "label", "defer", "expert", "class_label", "class_score",
+        resume_predictions(out, ["id", "label", "defer", "expert", "class_label", "class_score", "margin",
                                  "expert_accuracy_alice", "expert_accuracy_bob"])
     with pytest.raises(ValueError, match="Parquet, which is only readable once complete|a Parquet file is only"):
         predict_file(str(model), str(path), str(tmp_path / "p.parquet"), resume=True)
