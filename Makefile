@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all test-explore demo reproduce cascade mmlu-routing convabuse guarantees clean
+.PHONY: install test test-all test-slow test-explore demo reproduce cascade mmlu-routing convabuse guarantees clean
 .PHONY: test-latest test-oldest review-server review-demo test-review
 
 $(STAMP): pyproject.toml constraints.txt
@@ -22,6 +22,10 @@ test: install
 
 test-all: install
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+# The slow tests alone (several processes, FSDP, end-to-end experiment runs): CI runs them after `make test`.
+test-slow: install
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -m slow -n 2 $(PYTEST_ARGS)
 
 # Before a release: the hypothesis tests with random draws and ten times the examples (tests/hypothesis_profiles.py);
 # `make test` is derandomized, the same examples on every machine. Each failure found here becomes an @example.

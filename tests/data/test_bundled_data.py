@@ -52,6 +52,7 @@ def test_docstring_examples():
     assert result.attempted > 0 and result.failed == 0
 
 
+@pytest.mark.slow  # make test-slow (CI): the quick suite stays under 3 minutes on 2 cores
 def test_wheel_carries_the_data_and_loads_it_when_installed(tmp_path):
     """`pip wheel .` then `pip install` into a fresh folder: the installed package reads its own copy."""
     wheels, site, source = tmp_path / "wheels", tmp_path / "site", tmp_path / "source"

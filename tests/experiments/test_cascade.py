@@ -39,6 +39,7 @@ def run_script(argv: list[str]) -> None:
                    text=True)
 
 
+@pytest.mark.slow  # make test-slow (CI): the quick suite stays under 3 minutes on 2 cores
 def test_both_stages_on_a_tiny_encoder(tmp_path):
     torch.manual_seed(0)
     encoder = tmp_path / "tiny"

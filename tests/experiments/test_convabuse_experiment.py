@@ -99,6 +99,7 @@ def test_item_difference_brackets_the_mean_difference():
     assert item_difference([1.0, 0.0], [1.0, 0.0]) == {"mean": 0.0, "low": 0.0, "high": 0.0}
 
 
+@pytest.mark.slow  # make test-slow (CI): the quick suite stays under 3 minutes on 2 cores
 def test_one_reduced_run_end_to_end(tmp_path):
     arguments = ConvAbuseArguments(seeds=[0], epochs=1, context=False, max_rows=80, cache_dir=str(tmp_path / "cache"),
                                    output_dir=str(tmp_path))

@@ -67,6 +67,7 @@ def _run(tmp_path: Path, **overrides) -> tuple[Path, dict]:
     return out, json.loads((out / "imagenet16h_runs.json").read_text())
 
 
+@pytest.mark.slow  # make test-slow (CI): the quick suite stays under 3 minutes on 2 cores
 def test_run_writes_every_run_and_the_report(tmp_path):
     out, record = _run(tmp_path)
     assert record["complete"] and record["settings"]["epochs"] == 1.0

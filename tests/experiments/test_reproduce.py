@@ -311,6 +311,7 @@ def _script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow  # make test-slow (CI): the quick suite stays under 3 minutes on 2 cores
 def test_script_render_only_rewrites_the_committed_results_byte_for_byte(tmp_path):
     names = ["hatespeech_runs.json", "hatespeech_multi_expert.json", "hatespeech_finetune.json"]
     for name in names:

@@ -209,6 +209,7 @@ if trainer.is_world_process_zero():
 """
 
 
+@pytest.mark.slow  # make test-slow (CI): the quick suite stays under 3 minutes on 2 cores
 def test_two_processes_train_and_evaluate_every_example_once(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(DISTRIBUTED_SCRIPT)
