@@ -12,6 +12,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 import peft  # noqa: F401  (a test dependency, pyproject [test])
@@ -52,6 +53,7 @@ def test_the_gpu_model_is_qwen2_0_5b_sized():
     assert sum(p.numel() for p in model.parameters()) == 494_032_768 + 896 * 4 + 4
 
 
+@pytest.mark.slow  # make test-slow (CI): the quick suite stays under 3 minutes on 2 cores
 def test_tiny_cpu_run_writes_metrics_speed_and_parameter_counts(tmp_path):
     data = hatespeech_like_csv(tmp_path / "labeled_data.csv.gz")
     output = tmp_path / "results" / "tiny.json"

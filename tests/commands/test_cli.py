@@ -82,6 +82,7 @@ def test_version_usage_and_unknown_commands():
         "hf-defer predict: error: the following arguments are required: --input (see `hf-defer predict --help`)")
 
 
+@pytest.mark.slow  # a fresh interpreter or process: make test-slow (CI) runs it
 def test_a_mistake_is_one_line_and_exit_status_2_and_debug_shows_the_traceback(tmp_path):
     data_file = tmp_path / "x.csv"
     data_file.write_text("text\nhello\n")

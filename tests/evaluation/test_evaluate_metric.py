@@ -171,6 +171,7 @@ def test_probabilities_outside_zero_one_are_refused_not_clipped(bad):
                                        inputs="probabilities")
 
 
+@pytest.mark.slow  # a fresh interpreter or process: make test-slow (CI) runs it
 def test_evaluate_load_of_the_folder_works_in_a_fresh_interpreter(tmp_path):
     import json
     import os

@@ -236,6 +236,7 @@ def test_hyperparameters_say_how_many_epochs_were_trained(tmp_path):
     assert trainer.model_card_data().hyperparameters["num_train_epochs"] == pytest.approx(0.6)
 
 
+@pytest.mark.slow  # a fresh interpreter or process: make test-slow (CI) runs it
 def test_the_cards_line_for_transformers_alone_runs_without_hf_defer(tmp_path):
     import re
     import subprocess

@@ -52,6 +52,7 @@ def test_library_mode_loads_a_folder_saved_by_the_flat_layout(folder):
     np.testing.assert_allclose(logits.numpy(), RECORDED["logits"], atol=1e-5)
 
 
+@pytest.mark.slow  # a fresh interpreter or process: make test-slow (CI) runs it
 def test_remote_code_mode_loads_a_folder_saved_by_the_flat_layout(folder, tmp_path):
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), TOKENIZERS_PARALLELISM="false")

@@ -211,6 +211,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter or process: make test-slow (CI) runs it
 def test_remote_code_mode_routes_as_the_library(tmp_path):
     model = EncoderForDeferral(config(expert_costs=COSTS)).eval()
     model.save_pretrained(tmp_path / "saved")
