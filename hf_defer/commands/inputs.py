@@ -306,11 +306,12 @@ def pipeline_inputs(dataset: datasets.Dataset, text_column: str | None = None, t
     return list(dataset[text_column])
 
 
-def side_feature_rows(inputs: list[Any], chunk: Mapping[str, list[Any]], names: Mapping[str, bool]) -> list[Any]:
+def side_feature_rows(inputs: list[Any], chunk: Mapping[str, list[Any]], names: Mapping[str, bool],
+                      key: str = "text") -> list[Any]:
     """One chunk's pipeline inputs with the row's side features for a model with `config.side_features`: each input a
-    dict with its text (or image) and the values of the chunk's columns named in `names` (name -> numeric). A CSV
-    streams as text, so a numeric feature's cell is read as a float here (an empty cell stays `None`, which the
-    model refuses naming the feature and the row)."""
+    dict with its `key` (`"text"`, or `"features"` for a head-only model) and the values of the chunk's columns named
+    in `names` (name -> numeric). A CSV streams as text, so a numeric feature's cell is read as a float here (an empty
+    cell stays `None`, which the model refuses naming the feature and the row)."""
     if not names:
         return inputs
 
@@ -322,5 +323,5 @@ def side_feature_rows(inputs: list[Any], chunk: Mapping[str, list[Any]], names: 
                 return cell  # the model's check names the feature, the row and what it got
         return cell
 
-    return [{**(item if isinstance(item, dict) else {"text": item}),
+    return [{**(item if isinstance(item, dict) else {key: item}),
              **{name: value(name, chunk[name][row]) for name in names}} for row, item in enumerate(inputs)]

@@ -284,7 +284,8 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
                 start += size
                 continue
             # the whole chunk, even where resumed inside it: the same batches, so the same floats, as one run
-            inputs = side_feature_rows(to_inputs(chunk, start), chunk, side)
+            inputs = side_feature_rows(to_inputs(chunk, start), chunk, side,
+                                       "features" if pipe.input_kind == "features" else "text")
             outputs = _decide(pipe, inputs, batch_size, state, **pipeline_kwargs)[skip:]
             if writer is not None:
                 columns = [ids, *(chunk[name] for name in copied)]

@@ -3,12 +3,14 @@ pipeline on dict inputs, itself checked against the forward pass in tests/modeli
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 import torch
 from transformers import BertTokenizer, pipeline
 
-from hf_defer import EncoderForDeferral
+from hf_defer import DeferralConfig, EncoderForDeferral
 from hf_defer.commands.cli import main as hf_defer_main
 from tiny_bert import save_tiny_bert
 
@@ -41,3 +43,24 @@ def test_predict_reads_the_side_features_from_their_columns(tmp_path, capsys):
     assert hf_defer_main(["predict", "--model", str(tmp_path / "router"), "--input", str(tmp_path / "short.csv"),
                           "--text_column_names", "prompt", "--output", str(tmp_path / "out2.csv")]) == 2
     assert "lacks the column(s) ['length']" in capsys.readouterr().err
+
+
+def test_a_head_only_router_reads_its_feature_vectors_and_side_features(tmp_path):
+    torch.manual_seed(5)
+    config = DeferralConfig(feature_size=3, route_only=True, num_experts=2, expert_names=["weak", "strong"],
+                            side_features=SPECS)
+    EncoderForDeferral(config).save_pretrained(tmp_path / "router")
+    vectors = [[0.5, -1.0, 2.0], [1.5, 0.0, -0.5], [-2.0, 1.0, 0.25]]
+    frame = pd.DataFrame({"features": [json.dumps(v) for v in vectors], "tier": ["pro", "free", "team"],
+                          "length": [30, 80.5, 55]})
+    frame.to_csv(tmp_path / "in.csv", index=False)
+    assert hf_defer_main(["predict", "--model", str(tmp_path / "router"), "--input", str(tmp_path / "in.csv"),
+                          "--features_column_name", "features", "--output", str(tmp_path / "out.csv")]) == 0
+    got = pd.read_csv(tmp_path / "out.csv")
+    router = pipeline("deferral", model=str(tmp_path / "router"))
+    expected = router([{"features": v, "tier": t, "length": n}
+                       for v, t, n in zip(vectors, frame["tier"], frame["length"])])
+    assert got["expert"].tolist() == [out["expert"] for out in expected]
+    for name in ("weak", "strong"):
+        assert got[f"expert_accuracy_{name}"].tolist() == \
+            [pytest.approx(out["expert_scores"][name], abs=1e-6) for out in expected]
