@@ -11,7 +11,7 @@ import pytest
 
 from hf_defer.evaluation.guarantees import (MARGIN_TOLERANCE, binomial_order_statistic, budget_threshold,
                                             certify_threshold, error_threshold)
-from hf_defer.evaluation.learn_then_test import _fixed_sequence
+from hf_defer.evaluation.guarantees import _fixed_sequence
 
 CONFIDENCE = 0.9
 DRAWS = 1_000
