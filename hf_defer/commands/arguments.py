@@ -180,6 +180,21 @@ class DataTrainingArguments:
         metadata={"help": "--route_only: the expert that answers unless routing elsewhere pays (the cheap model); "
                           "any other counts as a deferral for --max_deferral_rate. Default: the first expert."},
     )
+    side_feature_columns: str | None = field(
+        default=None,
+        metadata={"help": "Comma-separated columns the model reads beside the text, as a router knows the subject, the "
+                          "prompt's length or the user's tier: a column of numbers is standardised, any other embedded "
+                          "by category, inside the model. Saved in its config: hf-defer predict, the pipeline and "
+                          "hf-defer serve --router then need the same columns (or request metadata)."},
+    )
+    categorical_side_feature_columns: str | None = field(
+        default=None,
+        metadata={"help": "Of --side_feature_columns, the columns of numbers to embed as categories (a tier 1/2/3) "
+                          "rather than standardise."},
+    )
+    side_feature_dim: int = field(
+        default=8, metadata={"help": "Width of each categorical side feature's embedding (--side_feature_columns)."}
+    )
     missing_expert: str = field(
         default="error",
         metadata={"help": "Missing annotation (empty, -1, NaN): 'error', 'drop' the row, or 'mask' (keep the row; "
@@ -271,6 +286,23 @@ class DataTrainingArguments:
             raise ValueError(f"--max_deferral_rate must lie in (0, 1], got {self.max_deferral_rate!r}.")
         if self.max_seq_length < 1:
             raise ValueError(f"--max_seq_length must be a positive number of tokens, got {self.max_seq_length!r}.")
+        side, categorical = _names(self.side_feature_columns), _names(self.categorical_side_feature_columns)
+        if len(set(side)) != len(side):
+            raise ValueError(f"--side_feature_columns names a column twice: {self.side_feature_columns!r}.")
+        if [name for name in categorical if name not in side]:
+            raise ValueError(f"--categorical_side_feature_columns {[n for n in categorical if n not in side]} must be "
+                             f"among --side_feature_columns {side}.")
+        taken = [name for name in side if name in [self.label_column_name, *self.expert_columns,
+                                                   *self.correct_columns, *self.text_columns,
+                                                   self.text_pair_column_name, self.image_column_name]]
+        if taken:
+            raise ValueError(f"--side_feature_columns {taken} are also the label, an expert or the input column: a side "
+                             "feature is a column of its own.")
+        if self.side_feature_dim < 1:
+            raise ValueError(f"--side_feature_dim must be a positive integer, got {self.side_feature_dim!r}.")
+        if self.side_feature_columns is not None and self.image_column_name is not None and side:
+            raise ValueError("--side_feature_columns is for text (and feature) models; the pipeline takes no side "
+                             "features beside an image.")
         if self.text_column_names is not None and not _names(self.text_column_names):
             raise ValueError(f"--text_column_names must name a column, got {self.text_column_names!r}.")
 
@@ -290,6 +322,15 @@ class DataTrainingArguments:
     @property
     def correct_columns(self) -> list[str]:
         return _names(self.expert_correct_columns)
+
+    @property
+    def side_features(self) -> list[str]:
+        """The columns of `--side_feature_columns` (empty: none)."""
+        return _names(self.side_feature_columns)
+
+    @property
+    def categorical_side_features(self) -> list[str]:
+        return _names(self.categorical_side_feature_columns)
 
     @property
     def classes(self) -> list[str] | None:

@@ -114,7 +114,8 @@ def evaluate_file(model: str, input_path: str, label_column_name: str = "label",
     prepared = prepare_deferral_dataset(
         table, **({"label_column": None} | targets), text_column=None if image else column,
         text_pair_column=text_pair_column_name, image_column=column if image else None, processor=processor,
-        max_length=None if image else input_length_limit(pipe), missing_expert=missing_expert)
+        max_length=None if image else input_length_limit(pipe), missing_expert=missing_expert,
+        side_feature_columns=getattr(config, "side_features", None) or ())  # the model's, read from their columns
     data = prepared.dataset
     keep = [name for name in data.column_names if name not in ("text", "text_pair")]
     collator = DataCollatorForDeferral(tokenizer=None if image else processor)

@@ -296,14 +296,21 @@ def check_splits(raw: Mapping[str, datasets.Dataset], sources: Mapping[str, str]
 
 
 def pipeline_inputs(dataset: datasets.Dataset, text_column: str | None = None, text_pair_column: str | None = None,
-                    image_column: str | None = None) -> list[Any]:
-    """The raw inputs of a split, as the deferral pipeline takes them: texts, text pairs or images."""
+                    image_column: str | None = None, side_features: Sequence[str] = ()) -> list[Any]:
+    """The raw inputs of a split, as the deferral pipeline takes them: texts, text pairs or images; with
+    `side_features` (the columns of a model's `config.side_features`), each text input a dict holding them too."""
     dataset = dataset.with_format(None)
     if image_column is not None:
         return list(dataset[image_column])
     if text_pair_column is not None:
-        return [{"text": t, "text_pair": p} for t, p in zip(dataset[text_column], dataset[text_pair_column])]
-    return list(dataset[text_column])
+        inputs = [{"text": t, "text_pair": p} for t, p in zip(dataset[text_column], dataset[text_pair_column])]
+    else:
+        inputs = list(dataset[text_column])
+    if side_features:
+        values = {name: dataset[name][:] for name in side_features}
+        inputs = [{**(item if isinstance(item, dict) else {"text": item}),
+                   **{name: values[name][row] for name in side_features}} for row, item in enumerate(inputs)]
+    return inputs
 
 
 def side_feature_rows(inputs: list[Any], chunk: Mapping[str, list[Any]], names: Mapping[str, bool],

@@ -33,7 +33,7 @@ from ..hub.model_source import check_model_source
 from ..hub.hub_ids import offline_model_path
 from ..hub.sharing import push_to_hub, save_for_hub
 from ..modeling.modeling_deferral import EncoderForDeferral
-from ..data.preparation import prepare_deferral_dataset
+from ..data.preparation import check_side_feature_columns, prepare_deferral_dataset
 from ..training.trainer import DeferralTrainer
 
 __all__ = ["head_on_sentence_encoder", "load_raw_datasets", "pipeline_inputs", "run_deferral",
@@ -152,7 +152,8 @@ def sentence_encoder_max_length(path: str) -> int | None:
 
 
 _HEAD_FIELDS = ("surrogate", "id2label", "num_experts", "expert_names", "expert_costs", "expert_kinds",
-                "defer_threshold", "head_hidden_sizes", "head_dropout")
+                "defer_threshold", "head_hidden_sizes", "head_dropout", "side_features", "route_only",
+                "default_expert")
 
 
 def head_on_sentence_encoder(head_model: EncoderForDeferral, encoder_path: str) -> EncoderForDeferral:
@@ -164,6 +165,8 @@ def head_on_sentence_encoder(head_model: EncoderForDeferral, encoder_path: str) 
     text_model = EncoderForDeferral.from_encoder_pretrained(encoder_path, pooling=pooling, normalize_pooled=normalize,
                                                             freeze_encoder=True, **fields)
     text_model.head.load_state_dict(head_model.head.state_dict())
+    if head_model.side is not None:  # the side features' embeddings were trained with the head
+        text_model.side.load_state_dict(head_model.side.state_dict())
     return text_model
 
 
@@ -175,8 +178,9 @@ def with_lora(model: EncoderForDeferral, model_args: ModelArguments) -> Any:
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise ImportError("--use_lora needs peft: pip install 'hf-defer[peft]'.") from None
+    trained = ["head"] + (["side"] if model.side is not None else [])  # side features' embeddings train in full
     config = LoraConfig(r=model_args.lora_r, lora_alpha=model_args.lora_alpha, lora_dropout=model_args.lora_dropout,
-                        target_modules=model_args.lora_targets, modules_to_save=["head"])
+                        target_modules=model_args.lora_targets, modules_to_save=trained)
     return get_peft_model(model, config)
 
 
@@ -290,6 +294,15 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
         check_splits(raw, sources, inputs, ([("--label_column_name", label)] if label is not None else [])
                      + [(expert_flag, column) for column in expert_columns]
                      + [("--expert_correct_columns", column) for column in data_args.correct_columns])
+        side = data_args.side_features
+        if side and image_column is not None:
+            raise ValueError("--side_feature_columns is for text (and feature) models; the pipeline takes no side "
+                             f"features beside an image (--image_column_name {image_column!r}).")
+        for split, dataset in raw.items():  # the test split too: predictions.csv reads them
+            absent = [column for column in side if column not in dataset.column_names]
+            if absent:
+                raise ValueError(f"--side_feature_columns {absent} not among the columns of split {split!r} "
+                                 f"({sources.get(split, split)}), which are {dataset.column_names}.")
         if "test" in raw:  # the columns predictions.csv copies, checked before training too
             test_columns = raw["test"].column_names
             for flag, columns in (("--id_column_name", [data_args.id_column_name] if data_args.id_column_name else []),
@@ -313,7 +326,10 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
             text_pair_column=data_args.text_pair_column_name, image_column=image_column,
             processor=processor if image_column else None, max_length=data_args.max_seq_length,
             label_names=data_args.classes, missing_expert=data_args.missing_expert,
-            expert_correct_columns=data_args.correct_columns)
+            expert_correct_columns=data_args.correct_columns, side_feature_columns=side,
+            categorical_side_features=data_args.categorical_side_features, side_feature_dim=data_args.side_feature_dim)
+        if side and "test" in raw and "test" not in labelled:  # an unlabelled test file: its values checked here
+            check_side_feature_columns(raw["test"], prepared.side_features, where=f" of split 'test' ({sources['test']})")
         splits, names = prepared.dataset, prepared.model_kwargs()
         if data_args.route_only and data_args.default_expert is not None:
             names["default_expert"] = data_args.default_expert
@@ -388,7 +404,7 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
     if hasattr(processor, "model_max_length"):  # pipelines called with truncation=True cut where training did
         processor.model_max_length = min(processor.model_max_length, max_length)
     call_kwargs = {"truncation": True} if not image_column else {}
-    columns = (text_column, data_args.text_pair_column_name, image_column)
+    columns = (text_column, data_args.text_pair_column_name, image_column, data_args.side_features)
     promises = {"confidence": data_args.confidence, "max_error": data_args.max_error,
                 "selective": data_args.selective, "max_mean_cost": data_args.max_mean_cost}
     if any(promise is not None for promise in (data_args.max_deferral_rate, data_args.max_error,

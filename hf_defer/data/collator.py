@@ -15,7 +15,7 @@ from transformers.utils import PaddingStrategy
 
 __all__ = ["DataCollatorForDeferral"]
 
-_PASSTHROUGH_FLOAT_KEYS = ("features", "pixel_values")
+_PASSTHROUGH_FLOAT_KEYS = ("features", "pixel_values", "side_numeric")
 _LABEL_ALIASES = ("label", "label_ids")
 
 
@@ -37,7 +37,9 @@ class DataCollatorForDeferral:
     `expert_correct` (float32 `[B]` / `[B, M]`: whether each expert was right, or its score; -100 where there is
     none) in its place; without a tokenizer it stacks the
     precomputed `features` vectors (float `[B, D]`) for head-only models; and string columns such as `text` are
-    dropped instead of breaking the tensor conversion. `pixel_values` are stacked as float tensors. Any other
+    dropped instead of breaking the tensor conversion. `pixel_values` are stacked as float tensors, and a model's side
+    features (`hf_defer.prepare_deferral_dataset(..., side_feature_columns=...)`) as `side_numeric` (float32
+    `[B, n]`) and `side_categorical` (category ids, long `[B, n]`). Any other
     column is passed to `tokenizer.pad` (or, without a tokenizer, stacked as is). A `label` or `label_ids` key is
     renamed to `labels`.
 
@@ -149,6 +151,19 @@ class DataCollatorForDeferral:
         return array
 
     @staticmethod
+    def _category_ids(values: list[Any]) -> np.ndarray:
+        """`side_categorical` as int64 `[B, n]`: the same number of category ids (integers >= 0) in every row."""
+        try:
+            array = np.asarray([value.tolist() if hasattr(value, "tolist") else value for value in values])
+        except (TypeError, ValueError):  # ragged rows
+            array = None
+        if array is None or array.ndim != 2 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0) \
+                or (array < 0).any():
+            raise ValueError("`features`: side_categorical must be a list of category ids (integers >= 0), the same "
+                             f"number in every row; got rows such as {values[:2]!r:.120}.")
+        return array.astype(np.int64, copy=False)
+
+    @staticmethod
     def _float_arrays(values: list[Any], key: str) -> np.ndarray:
         if not hasattr(values[0], "detach"):  # fast path for lists and numpy arrays, as for the labels
             try:
@@ -223,7 +238,10 @@ class DataCollatorForDeferral:
             if key in keys:
                 batch[key] = self._to_output(self._float_arrays([row[key] for row in rows], key))
 
-        handled = {"labels", "expert_labels", "expert_correct", *_PASSTHROUGH_FLOAT_KEYS}
+        if "side_categorical" in keys:
+            batch["side_categorical"] = self._to_output(self._category_ids([row["side_categorical"] for row in rows]))
+
+        handled = {"labels", "expert_labels", "expert_correct", "side_categorical", *_PASSTHROUGH_FLOAT_KEYS}
         rest = [key for key in keys if key not in handled and not _is_string_value(rows[0][key])]
         if not rest:
             return batch

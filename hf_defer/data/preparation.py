@@ -9,8 +9,9 @@ pipelines, model cards and metrics speak the data's names rather than `LABEL_0` 
 from __future__ import annotations
 
 import logging
+import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,13 +19,14 @@ import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from ..modeling.side_features import check_side_features, side_feature_specs, side_feature_tensors
 from ..modeling.surrogate_base import IGNORE_INDEX
 from .labels import LabelMap as _LabelMap  # the label rules live there, stated once
 from .labels import class_names as _class_names
 from .labels import training_split as _training_split
 from .labels import is_missing
 
-__all__ = ["MISSING_EXPERT_MODES", "PreparedDeferralData", "prepare_deferral_dataset"]
+__all__ = ["MISSING_EXPERT_MODES", "PreparedDeferralData", "check_side_feature_columns", "prepare_deferral_dataset"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +46,16 @@ class PreparedDeferralData:
         expert_names (`list[str]`): one name per expert, in the order of `expert_labels`.
         route_only (`bool`, *optional*, defaults to `False`): data for a route-only model (no label column: no class,
             only `expert_correct`).
+        side_features (`list[dict]`, *optional*): the `DeferralConfig.side_features` of the side-feature columns
+            (their categories, or the training split's mean and standard deviation), when some were given; the
+            dataset then carries them as `side_categorical` / `side_numeric`.
     """
 
     dataset: datasets.Dataset | datasets.DatasetDict
     id2label: dict[int, str]
     expert_names: list[str]
     route_only: bool = False
+    side_features: list[dict[str, Any]] | None = None
 
     @property
     def label2id(self) -> dict[str, int]:
@@ -66,11 +72,13 @@ class PreparedDeferralData:
     def model_kwargs(self) -> dict[str, Any]:
         """`num_labels`, `num_experts`, `id2label` and `expert_names`, for `DeferralConfig(...)` or
         `EncoderForDeferral.from_encoder_pretrained(...)`; for route-only data `route_only=True`, `num_experts` and
-        `expert_names` (no class head, so no `num_labels` nor `id2label`)."""
+        `expert_names` (no class head, so no `num_labels` nor `id2label`); with side features, `side_features`."""
+        side = {} if self.side_features is None else {"side_features": [dict(s) for s in self.side_features]}
         if self.route_only:
-            return {"route_only": True, "num_experts": self.num_experts, "expert_names": list(self.expert_names)}
+            return {"route_only": True, "num_experts": self.num_experts, "expert_names": list(self.expert_names),
+                    **side}
         return {"num_labels": self.num_labels, "num_experts": self.num_experts, "id2label": dict(self.id2label),
-                "expert_names": list(self.expert_names)}
+                "expert_names": list(self.expert_names), **side}
 
 
 class _ImageTransform:
@@ -145,6 +153,79 @@ def _expert_scores(split: datasets.Dataset, columns: list[str], split_name: Any)
     return out
 
 
+def _is_side_missing(value: Any) -> bool:
+    """A missing side-feature value: `None`, NaN or a blank string (-1 is a number like any other here)."""
+    return value is None or (isinstance(value, float) and math.isnan(value)) or \
+        (isinstance(value, str) and not value.strip())
+
+
+def _as_number(value: Any) -> float | None:
+    """`value` as a float when it is a real number (not a bool) or a string holding one, else None."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def check_side_feature_columns(split: datasets.Dataset, side_features: Sequence[Any],
+                                 categorical: Sequence[str] = (), where: str = "") -> dict[str, list[Any]]:
+    """The values of the side-feature columns of `split` (name -> values), checked: every column present, no value
+    missing (`None`, NaN, a blank string), and, for a numeric side feature (a spec of a model's
+    `config.side_features`), every value a finite number. With column names (no specs yet), a column of text whose
+    values are mostly numbers is refused too (a stray word in a column of numbers would make every number a category),
+    unless it is named in `categorical`. Each `ValueError` names the column, the row and the value."""
+    names = [spec["name"] if isinstance(spec, Mapping) else spec for spec in side_features]
+    missing = [name for name in names if name not in split.column_names]
+    if missing:
+        raise ValueError(f"side feature column(s) {missing} not found in the dataset{where}; its columns are "
+                         f"{split.column_names}.")
+    out = {}
+    for name, spec in zip(names, side_features):
+        if isinstance(split.features[name], (datasets.List, datasets.LargeList, list, dict)):
+            raise ValueError(f"side feature column {name!r}{where} holds lists or dicts: give one value per row "
+                             "(a number, or a category such as a subject).")
+        values = split[name][:]
+        absent = [row for row, value in enumerate(values) if _is_side_missing(value)]
+        if absent:
+            raise ValueError(f"side feature column {name!r}{where}, row {absent[0]}: the value is missing (None, NaN or "
+                             f"empty) in {len(absent)} row(s); fill them in (e.g. 'unknown' for a category, 0 for a "
+                             "number) or remove the rows.")
+        numeric_spec = isinstance(spec, Mapping) and spec.get("kind") == "numeric"
+        as_numbers = [_as_number(value) for value in values]
+        if numeric_spec:
+            bad = [row for row, number in enumerate(as_numbers) if number is None or not math.isfinite(number)] or \
+                [row for row, value in enumerate(values) if isinstance(value, str)]  # then numbers written as text
+            if bad:
+                raise ValueError(f"side feature column {name!r}{where}, row {bad[0]}: the model reads {name!r} as a "
+                                 f"number, got {values[bad[0]]!r:.40} ({len(bad)} such row(s)).")
+        elif not isinstance(spec, Mapping):
+            texts = [row for row, value in enumerate(values) if isinstance(value, str)]
+            words = [row for row in texts if as_numbers[row] is None]
+            if name not in categorical and texts and len(words) < len(values) / 2:
+                raise ValueError(
+                    f"side feature column {name!r}{where} holds mostly numbers but row {words[0] if words else texts[0]}"
+                    f" holds {values[words[0] if words else texts[0]]!r:.40} ({len(words) or len(texts)} such row(s)): "
+                    "a column of numbers needs a number in every row; to treat each value as a category instead, "
+                    "name the column among the categorical side features (--categorical_side_feature_columns)."
+                    if words else
+                    f"side feature column {name!r}{where} holds numbers written as text (row {texts[0]}: "
+                    f"{values[texts[0]]!r:.40}): write them as numbers, or name the column among the categorical side "
+                    "features (--categorical_side_feature_columns) to treat each value as a category.")
+            infinite = [row for row, value in enumerate(values) if isinstance(value, numbers.Real)
+                        and not isinstance(value, (bool, np.bool_)) and not math.isfinite(float(value))]
+            if infinite:
+                raise ValueError(f"side feature column {name!r}{where}, row {infinite[0]}: {values[infinite[0]]!r} is "
+                                 "not a finite number.")
+        out[name] = values
+    return out
+
+
 def prepare_deferral_dataset(
     dataset: datasets.Dataset | datasets.DatasetDict,
     label_column: str | None = "label",
@@ -158,6 +239,9 @@ def prepare_deferral_dataset(
     label_names: Sequence[str] | None = None,
     missing_expert: str = "error",
     expert_correct_columns: str | Sequence[str] = (),
+    side_feature_columns: str | Sequence[str] | Sequence[Mapping[str, Any]] = (),
+    categorical_side_features: Sequence[str] = (),
+    side_feature_dim: int = 8,
 ) -> PreparedDeferralData:
     """Prepares any dataset with a label column and one or more expert columns for [`DeferralTrainer`].
 
@@ -188,6 +272,15 @@ def prepare_deferral_dataset(
       `processor`, are tokenized (`truncation=True`, `max_length`). `image_column` becomes `image`; with an image
       processor it is turned into `pixel_values` when rows are read (`with_transform`: train such a split with
       `TrainingArguments(remove_unused_columns=False)`). Other columns are dropped.
+    * Side features (`side_feature_columns`: what a router knows beside the text, such as the subject or the prompt's
+      length): a column of numbers is a numeric feature (standardised in the model by the training split's mean and
+      standard deviation), any other column, and those named in `categorical_side_features`, a categorical one (its
+      distinct values in the training split are the categories, embedded `side_feature_dim` wide; a value not among
+      them gets the "unseen" row). Give a model's `config.side_features` (dicts) instead of names to prepare data for
+      that model. The dataset carries `side_categorical` (category ids, 0 for unseen) and `side_numeric` (the raw
+      numbers) and `.model_kwargs()` gives `side_features` for the config. A missing value (`None`, NaN, blank), a
+      column of numbers with a word in it, or a non-number where the model reads a number is an error naming the
+      column and the row.
 
     Every check runs before anything is tokenized, so errors come before any model is loaded.
 
@@ -202,6 +295,11 @@ def prepare_deferral_dataset(
             `config.id2label` (`{id: name}`) or `label2id`: the classes of a model to prepare an evaluation split for.
         missing_expert (`str`, *optional*, defaults to `"error"`): `"error"`, `"drop"` or `"mask"`.
         expert_correct_columns (`str` or `list[str]`, *optional*): experts given as correctness or scores.
+        side_feature_columns (`str`, `list[str]` or `list[dict]`, *optional*): the side-feature columns, or a model's
+            `config.side_features`.
+        categorical_side_features (`list[str]`, *optional*): side-feature columns of numbers to treat as categories
+            (a tier 1/2/3).
+        side_feature_dim (`int`, *optional*, defaults to 8): the embedding width of each categorical side feature.
 
     Returns:
         [`PreparedDeferralData`]: `.dataset` (same type as `dataset`), `.id2label`, `.expert_names`, and
@@ -228,6 +326,13 @@ def prepare_deferral_dataset(
     ...                                     text_column="prompt")
     >>> prepared.model_kwargs(), prepared.dataset["expert_correct"][:]
     ({'route_only': True, 'num_experts': 2, 'expert_names': ['small', 'large']}, [[1.0, 1.0], [0.0, 1.0]])
+    >>> routes = routes.add_column("subject", ["math", "logic"]).add_column("length", [6, 9])
+    >>> prepared = prepare_deferral_dataset(routes, None, expert_correct_columns=["small", "large"],
+    ...                                     text_column="prompt", side_feature_columns=["subject", "length"])
+    >>> [(spec["name"], spec["kind"]) for spec in prepared.side_features]
+    [('subject', 'categorical'), ('length', 'numeric')]
+    >>> prepared.dataset["side_categorical"][:], prepared.dataset["side_numeric"][:]
+    ([[2], [1]], [[6.0], [9.0]])
 
     ```
     """
@@ -278,6 +383,40 @@ def prepare_deferral_dataset(
         )
     inputs = {name: renamed for name, renamed in ((text_column, "text"), (text_pair_column, "text_pair"),
                                                   (image_column, "image")) if name is not None}
+    if isinstance(side_feature_columns, str):
+        side_feature_columns = [side_feature_columns]
+    side_given = list(side_feature_columns or ())
+    given_specs = bool(side_given) and all(isinstance(item, Mapping) for item in side_given)
+    if given_specs:
+        side_given = check_side_features(side_given)
+    elif not all(isinstance(item, str) and item for item in side_given):
+        raise ValueError(f"side_feature_columns must be column names or a model's config.side_features (dicts), got "
+                         f"{side_feature_columns!r:.120}.")
+    side_names = [item["name"] if given_specs else item for item in side_given]
+    if len(set(side_names)) != len(side_names):
+        raise ValueError(f"side_feature_columns {side_names} name a column twice.")
+    taken = [name for name in side_names if name in [label_column, *experts, *judged, *inputs]]
+    if taken:
+        raise ValueError(f"side_feature_columns {taken} are also the label, an expert or the input column: a side "
+                         "feature is a column of its own.")
+    unknown = [name for name in categorical_side_features if name not in side_names]
+    if unknown or (categorical_side_features and given_specs):
+        raise ValueError(f"categorical_side_features {list(categorical_side_features)} must be among the "
+                         f"side_feature_columns {side_names} (and are given by the specs when those are a model's).")
+    if isinstance(side_feature_dim, bool) or not isinstance(side_feature_dim, int) or side_feature_dim < 1:
+        raise ValueError(f"side_feature_dim must be a positive integer, got {side_feature_dim!r}.")
+    side_values: dict[Any, dict[str, list[Any]]] = {}
+    for split_name, split in splits.items():
+        where = "" if split_name is None else f" of split {split_name!r}"
+        side_values[split_name] = check_side_feature_columns(split, side_given, categorical_side_features, where) \
+            if side_given else {}
+    side_specs: list[dict[str, Any]] | None = None
+    if side_given:
+        side_specs = side_given if given_specs else side_feature_specs(
+            side_values[_training_split(splits)], dim=side_feature_dim, categorical=categorical_side_features)
+        for split_name, split in splits.items():  # a numeric feature must be a number in every split
+            where = "" if split_name is None else f" of split {split_name!r}"
+            check_side_feature_columns(split, [spec for spec in side_specs if spec["kind"] == "numeric"], (), where)
     for split_name, split in splits.items():
         where = "" if split_name is None else f" of split {split_name!r}"
         for role, names in (("label_column", [] if route_only else [label_column]), ("expert_columns", experts),
@@ -359,6 +498,15 @@ def prepare_deferral_dataset(
         else:
             out = out.add_column(column, values.tolist(), feature=datasets.List(datasets.Value(dtype),
                                                                                 length=values.shape[1]))
+        if side_specs:  # the model's side inputs, as side_feature_tensors makes them for the pipeline
+            values = side_values[split_name]
+            categorical, numeric = side_feature_tensors(side_specs, [dict(zip(values, row))
+                                                                     for row in zip(*values.values())])
+            for name, tensor, dtype in (("side_categorical", categorical, "int64"),
+                                        ("side_numeric", numeric, "float32")):
+                if tensor.shape[1]:
+                    out = out.add_column(name, tensor.tolist(), feature=datasets.List(datasets.Value(dtype),
+                                                                                    length=tensor.shape[1]))
         out = out.remove_columns("_raw_label")
         if missing.any():
             logger.warning(f"prepare_deferral_dataset: dropped {int(missing.sum())} of {len(out)} rows{where} with a "
@@ -377,4 +525,5 @@ def prepare_deferral_dataset(
             out = out.with_transform(_ImageTransform(processor))
         prepared[split_name] = out
     result = prepared[None] if None in prepared else datasets.DatasetDict(prepared)
-    return PreparedDeferralData(result, dict(enumerate(names)), list(expert_names or []), route_only=route_only)
+    return PreparedDeferralData(result, dict(enumerate(names)), list(expert_names or []), route_only=route_only,
+                                side_features=side_specs)

@@ -228,6 +228,7 @@ class DeferralTrainer(Trainer):
             and getattr(model.config, "encoder", True) is None
             and isinstance(dataset, datasets.Dataset)
             and {"features", "labels"} <= set(dataset.column_names)
+            and not {"side_categorical", "side_numeric"} & set(dataset.column_names)  # the fast path holds 3 columns
             and ("expert_labels" in dataset.column_names) != ("expert_correct" in dataset.column_names)
             and self.args.train_sampling_strategy in ("random", "sequential")
         ):
