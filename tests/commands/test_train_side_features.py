@@ -101,6 +101,23 @@ def test_train_with_side_features_then_predict_agrees_with_the_pipeline(project,
         capsys.readouterr().err
 
 
+@pytest.mark.slow  # about 15 s on a shared CPU: 30 epochs
+def test_a_frozen_encoder_router_keeps_its_trained_side_features(project, tmp_path):
+    # --freeze_encoder trains a head (and the side features' embeddings) on cached sentence embeddings, then puts
+    # them on the encoder: the saved text model must carry the trained embeddings, or the subject would be noise
+    out = tmp_path / "frozen"
+    assert _train(project, out, "--freeze_encoder", "--embedding_cache_dir", str(tmp_path / "cache"),
+                  "--num_train_epochs", "30") == 0
+    test = pd.read_csv(project / "test.csv")
+    router = pipeline("deferral", model=str(out))
+    weak = np.array([o["expert_scores"]["weak"] for o in router(
+        [{"text": p, "subject": s, "length": int(n)} for p, s, n in test.itertuples(index=False)])])
+    is_math = (test["subject"] == "math").to_numpy()
+    assert weak[is_math].max() < weak[~is_math].min()
+    assert pd.read_csv(out / "predictions.csv")["expert_accuracy_weak"].tolist() == \
+        [pytest.approx(value, abs=1e-5) for value in weak]
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda f: f.drop(columns=["length"]), "--side_feature_columns ['length'] not among the columns of split 'train'"),
     (lambda f: f.assign(length=f["length"].astype(float).where(f.index != 5)),

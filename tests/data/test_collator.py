@@ -128,6 +128,24 @@ def test_collator_argument_validation():
         DataCollatorForDeferral(tokenizer="bert-base-uncased")
 
 
+def test_collator_stacks_side_features_beside_padded_text(tokenizer):
+    rows = [{"input_ids": tokenizer("the cat")["input_ids"], "expert_correct": [1.0, 0.0], "side_categorical": [2, 0],
+             "side_numeric": [12.5]},
+            {"input_ids": tokenizer("the cat sat on the mat")["input_ids"], "expert_correct": [0.0, 1.0],
+             "side_categorical": [1, 3], "side_numeric": [-4.0]}]
+    batch = DataCollatorForDeferral(tokenizer=tokenizer)(rows)
+    assert batch["side_categorical"].dtype == torch.long and batch["side_categorical"].tolist() == [[2, 0], [1, 3]]
+    assert batch["side_numeric"].dtype == torch.float32 and batch["side_numeric"].tolist() == [[12.5], [-4.0]]
+    assert batch["input_ids"].shape == (2, 8)  # padded to the longest: [CLS] + 6 words + [SEP]
+
+
+@pytest.mark.parametrize("values", [[[1], [1, 2]], [[1], [-1]], [[1.5], [2.0]]])
+def test_collator_refuses_bad_side_categorical(values):
+    rows = [{"features": [0.0], "expert_correct": [1.0, 0.0], "side_categorical": value} for value in values]
+    with pytest.raises(ValueError, match="side_categorical must be a list of category ids"):
+        DataCollatorForDeferral()(rows)
+
+
 def test_collator_names_a_ragged_nested_label():
     with pytest.raises(ValueError, match=r"`features` row 0: labels must be an int, got \[\[\], \[0\]\]"):
         DataCollatorForDeferral()([{"labels": [[], [0]], "expert_labels": [0]}])
