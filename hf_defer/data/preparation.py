@@ -179,7 +179,23 @@ def check_side_feature_columns(split: datasets.Dataset, side_features: Sequence[
     missing (`None`, NaN, a blank string), and, for a numeric side feature (a spec of a model's
     `config.side_features`), every value a finite number. With column names (no specs yet), a column of text whose
     values are mostly numbers is refused too (a stray word in a column of numbers would make every number a category),
-    unless it is named in `categorical`. Each `ValueError` names the column, the row and the value."""
+    unless it is named in `categorical`. Each `ValueError` names the column, the row and the value.
+
+    Example:
+
+    ```python
+    >>> import datasets
+    >>> from hf_defer.data.preparation import check_side_feature_columns
+    >>> table = datasets.Dataset.from_dict({"subject": ["law", "math"], "length": ["12", "long"]})
+    >>> check_side_feature_columns(table, ["subject"])
+    {'subject': ['law', 'math']}
+    >>> check_side_feature_columns(table, [{"name": "length", "kind": "numeric", "mean": 0.0, "std": 1.0}])
+    Traceback (most recent call last):
+    ...
+    ValueError: side feature column 'length', row 1: the model reads 'length' as a number, got 'long' (1 such row(s)).
+
+    ```
+    """
     names = [spec["name"] if isinstance(spec, Mapping) else spec for spec in side_features]
     missing = [name for name in names if name not in split.column_names]
     if missing:
