@@ -300,7 +300,7 @@ class DataTrainingArguments:
                              "feature is a column of its own.")
         if self.side_feature_dim < 1:
             raise ValueError(f"--side_feature_dim must be a positive integer, got {self.side_feature_dim!r}.")
-        if self.side_feature_columns is not None and self.image_column_name is not None and side:
+        if side and self.image_column_name is not None:
             raise ValueError("--side_feature_columns is for text (and feature) models; the pipeline takes no side "
                              "features beside an image.")
         if self.text_column_names is not None and not _names(self.text_column_names):
