@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .evaluate import match_expert_columns
-from .inputs import read_table
+from .inputs import pipeline_inputs, read_table
 from .outputs import check_output_file
 from .predict import input_column, input_length_limit, load_pipeline, parse_expert_costs
 
@@ -77,6 +77,17 @@ def calibrate_file(model: str, input_path: str, *, confidence: float | None = No
     image = pipe.input_kind == "image"
     if image and isinstance(table.features[column], datasets.Value):
         table = table.cast_column(column, datasets.Image())  # a column of image paths
+    side = [spec["name"] for spec in getattr(config, "side_features", None) or []]
+    side_inputs, targets = None, {}
+    if side:  # a model with side features reads them from the columns named as them, checked before any pass
+        from ..data.preparation import check_side_feature_columns
+
+        absent = [name for name in side if name not in table.column_names]
+        if absent:
+            raise ValueError(f"the model routes on the side features {side}: {flag_input} lacks the column(s) "
+                             f"{absent}; its columns are {table.column_names}.")
+        check_side_feature_columns(table, config.side_features, where=f" of {flag_input}")
+        side_inputs = pipeline_inputs(table, column, text_pair_column_name, None, side)
     if max_error is not None:  # the labels and the experts' answers, as ids, on the rows kept
         experts = match_expert_columns(expert_column_names, config.expert_names)
         for flag, columns in (("--label_column_name", [label_column_name]), ("--expert_column_names", experts)):
@@ -89,16 +100,23 @@ def calibrate_file(model: str, input_path: str, *, confidence: float | None = No
             text_pair_column=text_pair_column_name, image_column=column if image else None,
             label_names=[config.id2label[k] for k in range(config.num_labels)], missing_expert=missing_expert).dataset
         column = column if column in table.column_names else ("image" if image else "text")
+        if side_inputs is not None:  # the inputs are the raw rows: the targets must stay aligned with them
+            if len(table) != len(side_inputs):
+                raise ValueError("--max_error with a model that has side features needs every row: use "
+                                 "--missing_expert mask, not drop.")
+            rows = table.with_format("numpy")
+            targets = {"labels": rows["labels"], "expert_labels": rows["expert_labels"]}
     if column != pipe.input_kind:
         table = table.rename_column(column, pipe.input_kind)
     if text_pair_column_name and text_pair_column_name in table.column_names and text_pair_column_name != "text_pair":
         table = table.rename_column(text_pair_column_name, "text_pair")
     costs = parse_expert_costs(expert_costs, config.expert_names) if expert_costs else None
     options = {} if image else {"truncation": True, "max_length": input_length_limit(pipe)}
-    threshold = calibrate_deferral(pipe, table, max_deferral_rate=parse_rates(max_deferral_rate, config.expert_names)
+    threshold = calibrate_deferral(pipe, table if side_inputs is None else side_inputs, max_deferral_rate=parse_rates(max_deferral_rate, config.expert_names)
                                    if isinstance(max_deferral_rate, str) else max_deferral_rate,
                                    batch_size=batch_size, expert_costs=costs, confidence=confidence,
-                                   max_error=max_error, selective=selective, max_mean_cost=max_mean_cost, **options)
+                                   max_error=max_error, selective=selective, max_mean_cost=max_mean_cost, **targets,
+                                   **options)
     summary = {"defer_threshold": threshold, "deferral_guarantee": config.deferral_guarantee,
                "statement": describe_guarantee(config.deferral_guarantee, threshold)}
     return pipe, summary

@@ -87,18 +87,33 @@ def test_train_with_side_features_then_predict_agrees_with_the_pipeline(project,
     metrics = json.loads(capsys.readouterr().out)
     assert 0 <= metrics["system_error"] <= 1
 
+    # hf-defer calibrate too: at most a quarter of the validation rows go to the strong model, by the pipeline's
+    # margins on the rows with their side features
+    dev = pd.read_csv(project / "dev.csv")
+    assert hf_defer_main(["calibrate", "--model", str(out), "--input", str(project / "dev.csv"), "--text_column_names",
+                          "prompt", "--max_deferral_rate", "0.25", "--output_dir", str(project / "calibrated")]) == 0
+    threshold = json.loads(capsys.readouterr().out)["defer_threshold"]
+    margins = np.array([o["margin"] for o in router([{"text": p, "subject": s, "length": int(n)} for p, s, n in
+                                                      dev[["prompt", "subject", "length"]].itertuples(index=False)],
+                                                     return_margin=True)])
+    assert 3 / 16 <= (margins > threshold).mean() <= 4 / 16
+
     # a file without a side feature, or with a word where the model reads a number, is refused naming it
     test.drop(columns=["subject"]).to_csv(project / "no_subject.csv", index=False)
     assert hf_defer_main(["predict", "--model", str(out), "--input", str(project / "no_subject.csv"),
                           "--text_column_names", "prompt", "--output", str(project / "x.csv")]) == 2
     assert "lacks the column(s) ['subject']" in capsys.readouterr().err
-    dev = pd.read_csv(project / "dev.csv").astype({"length": object})
+    dev = dev.astype({"length": object})
     dev.loc[3, "length"] = "long"
     dev.to_csv(project / "bad_dev.csv", index=False)
     assert hf_defer_main(["evaluate", "--model", str(out), "--input", str(project / "bad_dev.csv"),
                           "--text_column_names", "prompt", "--expert_correct_columns", "weak,strong"]) == 2
     assert "side feature column 'length', row 3: the model reads 'length' as a number, got 'long'" in \
         capsys.readouterr().err
+    assert hf_defer_main(["calibrate", "--model", str(out), "--input", str(project / "bad_dev.csv"),
+                          "--text_column_names", "prompt", "--max_deferral_rate", "0.25", "--output_dir",
+                          str(project / "calibrated2")]) == 2
+    assert "side feature column 'length' of --input" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # about 15 s on a shared CPU: 30 epochs
