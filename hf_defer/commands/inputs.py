@@ -9,6 +9,8 @@ before the first training step with one message naming the flag or file, the spl
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -314,21 +316,33 @@ def pipeline_inputs(dataset: datasets.Dataset, text_column: str | None = None, t
 
 
 def side_feature_rows(inputs: list[Any], chunk: Mapping[str, list[Any]], names: Mapping[str, bool],
-                      key: str = "text") -> list[Any]:
+                      key: str = "text", start: int = 0) -> list[Any]:
     """One chunk's pipeline inputs with the row's side features for a model with `config.side_features`: each input a
     dict with its `key` (`"text"`, or `"features"` for a head-only model) and the values of the chunk's columns named
-    in `names` (name -> numeric). A CSV streams as text, so a numeric feature's cell is read as a float here (an empty
-    cell stays `None`, which the model refuses naming the feature and the row)."""
+    in `names` (name -> numeric). A CSV streams as text, so a numeric feature's cell is read as a float here. A missing
+    value (empty, NaN), or a numeric feature's cell that is no finite number, is a `ValueError` naming the column and
+    the row (counted from `start`, the chunk's first row)."""
     if not names:
         return inputs
 
-    def value(name: str, cell: Any) -> Any:
-        if names[name] and isinstance(cell, str):
-            try:
-                return float(cell) if cell.strip() else None
-            except ValueError:
-                return cell  # the model's check names the feature, the row and what it got
+    def value(name: str, row: int) -> Any:
+        cell = chunk[name][row]
+        if cell is None or (isinstance(cell, float) and math.isnan(cell)) or (isinstance(cell, str)
+                                                                              and not cell.strip()):
+            raise ValueError(f"side feature column {name!r}, row {start + row}: the value is missing; the model needs "
+                             "every side feature of every row.")
+        if names[name]:
+            number = cell
+            if isinstance(cell, str):
+                try:
+                    number = float(cell)
+                except ValueError:
+                    number = None
+            if isinstance(number, bool) or not isinstance(number, numbers.Real) or not math.isfinite(number):
+                raise ValueError(f"side feature column {name!r}, row {start + row}: the model reads {name!r} as a "
+                                 f"number, got {cell!r:.40}.")
+            return number
         return cell
 
     return [{**(item if isinstance(item, dict) else {key: item}),
-             **{name: value(name, chunk[name][row]) for name in names}} for row, item in enumerate(inputs)]
+             **{name: value(name, row) for name in names}} for row, item in enumerate(inputs)]

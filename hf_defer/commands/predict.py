@@ -285,7 +285,7 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
                 continue
             # the whole chunk, even where resumed inside it: the same batches, so the same floats, as one run
             inputs = side_feature_rows(to_inputs(chunk, start), chunk, side,
-                                       "features" if pipe.input_kind == "features" else "text")
+                                       "features" if pipe.input_kind == "features" else "text", start)
             outputs = _decide(pipe, inputs, batch_size, state, **pipeline_kwargs)[skip:]
             if writer is not None:
                 columns = [ids, *(chunk[name] for name in copied)]

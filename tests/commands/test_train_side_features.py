@@ -103,6 +103,14 @@ def test_train_with_side_features_then_predict_agrees_with_the_pipeline(project,
     assert hf_defer_main(["predict", "--model", str(out), "--input", str(project / "no_subject.csv"),
                           "--text_column_names", "prompt", "--output", str(project / "x.csv")]) == 2
     assert "lacks the column(s) ['subject']" in capsys.readouterr().err
+    for row, cell, message in ((5, "long", "the model reads 'length' as a number, got 'long'"),
+                               (7, None, "the value is missing")):
+        bad = test.astype({"length": object})
+        bad.loc[row, "length"] = cell
+        bad.to_csv(project / "bad_test.csv", index=False)
+        assert hf_defer_main(["predict", "--model", str(out), "--input", str(project / "bad_test.csv"),
+                              "--text_column_names", "prompt", "--output", str(project / "x.csv")]) == 2
+        assert f"side feature column 'length', row {row}: {message}" in capsys.readouterr().err
     dev = dev.astype({"length": object})
     dev.loc[3, "length"] = "long"
     dev.to_csv(project / "bad_dev.csv", index=False)
