@@ -7,6 +7,7 @@ errors, a reliability diagram of the expert-accuracy estimates, a usage snippet,
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -105,6 +106,8 @@ class DeferralModelCardData(ModelCardData):
         language / license / tags: card metadata (`license`: an identifier such as `apache-2.0`).
         license_notes (`str`, *optional*): the licenses of what the model was made from (base encoder, data), shown
             in the card's License section.
+        side_features (`list[dict]`, *optional*): the model's `config.side_features`; the card names them and its
+            usage example gives them with the input.
 
     Example:
 
@@ -147,6 +150,7 @@ class DeferralModelCardData(ModelCardData):
     license: str | None = None
     license_notes: str | None = None
     tags: list[str] = field(default_factory=list)
+    side_features: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -232,6 +236,7 @@ class DeferralModelCardData(ModelCardData):
             "defer_threshold": float(config.defer_threshold),
             "expert_costs": list(getattr(config, "expert_costs", None) or []) or None,
             "deferral_guarantee": getattr(config, "deferral_guarantee", None),
+            "side_features": getattr(config, "side_features", None),
             "base_model": adapter_base_model(model)  # an adapter names the deferral model it was added to
             or ((getattr(encoder, "name_or_path", None) or None) if encoder is not None else None),
         }
@@ -332,6 +337,15 @@ def render_model_card(
             logger.warning("matplotlib is not installed: the model card has no error-cost curve.")
 
     input_description, example_input, _ = _INPUTS[data.input_kind]
+    if data.side_features:  # each input is a dict holding them; the example gives a category or the mean
+        names = [spec["name"] for spec in data.side_features]
+        input_description += (", with the side feature(s) " + ", ".join(f"`{name}`" for name in names)
+                              + " beside it: each input a dict holding them, as in the example below")
+        values = [json.dumps(spec["categories"][0]) if spec["kind"] == "categorical" else f"{spec['mean']:.4g}"
+                  for spec in data.side_features]
+        key = "features" if data.input_kind == "features" else "text"
+        example_input = "{" + ", ".join([f'"{key}": {example_input}', *(f"{json.dumps(name)}: {value}"
+                                                                           for name, value in zip(names, values))]) + "}"
     dataset_label = _display_name(data.dataset_name or data.dataset_id) or "held-out evaluation data"
     metric_rows = [
         {"name": name, "value": f"{value:.4f}", "meaning": meaning}  # per-expert rows by the experts' own names

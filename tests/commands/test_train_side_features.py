@@ -66,6 +66,12 @@ def test_train_with_side_features_then_predict_agrees_with_the_pipeline(project,
 
     test = pd.read_csv(project / "test.csv")
     router = pipeline("deferral", model=str(out))
+    # the model card names the side features, and its usage example (a category, the mean) runs as written
+    card = (out / "README.md").read_text()
+    assert "with the side feature(s) `subject`, `length`" in card
+    example = next(line for line in card.splitlines() if line.startswith("deferral({"))[len("deferral("):-1]
+    assert example == '{"text": "An example input.", "subject": "history", "length": %.4g}' % length["mean"]
+    assert router(json.loads(example))["expert"] in ("weak", "strong")
     expected = router([{"text": p, "subject": s, "length": int(n)} for p, s, n in test.itertuples(index=False)])
     assert hf_defer_main(["predict", "--model", str(out), "--input", str(project / "test.csv"), "--text_column_names",
                           "prompt", "--output", str(project / "decisions.csv")]) == 0
