@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..training.adapters import check_adapter_loadable, has_adapters
-from ..data.checks import check_deferral_model
+from ..inspection.adapters import check_adapter_loadable, has_adapters
+from ..inspection.model_checks import check_deferral_model
 from ..modeling.saving_deferral import move_saved_files
 
 

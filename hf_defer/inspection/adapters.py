@@ -1,4 +1,7 @@
-"""LoRA and other PEFT adapters on deferral models, both ways `transformers` users know them.
+"""What a deferral model's PEFT adapters say: whether it has any, which base model they name, whether the head trains
+and whether a saved adapter folder could be loaded again. Read by the trainer and by the Hub helpers alike (this
+module imports no other part of hf_defer). LoRA and other PEFT adapters go on deferral models both ways `transformers`
+users know them:
 
 * `peft.get_peft_model(model, LoraConfig(..., modules_to_save=["head"]))` wraps the model in a `PeftModel`;
 * `model.add_adapter(LoraConfig(..., modules_to_save=["head"]))` (transformers' `PeftAdapterMixin`) injects the
@@ -35,7 +38,6 @@ True
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 
@@ -54,13 +56,15 @@ def has_adapters(model: Any) -> bool:
     return is_peft_model(model) or bool(getattr(model, "_hf_peft_config_loaded", False))
 
 
-def _active_adapter(model: Any) -> str:
+def active_adapter(model: Any) -> str:
+    """The name of the active adapter of a model with adapters (a `PeftModel`, or a model given one by
+    `add_adapter`)."""
     active = model.active_adapters  # a property of PeftModel, a method of transformers' PeftAdapterMixin
     return (active() if callable(active) else active)[0]
 
 
 def _active_peft_config(model: Any) -> Any:
-    return model.peft_config[_active_adapter(model)]
+    return model.peft_config[active_adapter(model)]
 
 
 def adapter_base_model(model: Any) -> str | None:
@@ -88,7 +92,7 @@ def check_adapter_loadable(model: Any) -> None:
         return
     after = ("model.merge_and_unload().save_pretrained(folder) saves it whole, as a plain deferral model"
              if is_peft_model(model) else "point the adapter at a saved copy of its base weights, "
-             f"model.peft_config[{_active_adapter(model)!r}].base_model_name_or_path = 'base', then save it")
+             f"model.peft_config[{active_adapter(model)!r}].base_model_name_or_path = 'base', then save it")
     raise ValueError(
         "this model's adapter was added to a deferral model built in memory (e.g. "
         "EncoderForDeferral.from_encoder_pretrained(...)), so the adapter's base_model_name_or_path is None and a "
@@ -96,32 +100,6 @@ def check_adapter_loadable(model: Any) -> None:
         "loaded copy: base.save_pretrained('base'); model = get_peft_model(AutoModelForDeferral.from_pretrained("
         f"'base'), lora_config) (the adapter then names 'base'). For a model trained already: {after}."
     )
-
-
-def load_adapter_checkpoint(model: Any, checkpoint: str | os.PathLike) -> None:
-    """Loads the adapter and head weights of a checkpoint folder into the active adapter of `model`, in place.
-
-    [`DeferralTrainer`] resumes with it for models given their adapter by `add_adapter`: `Trainer` resumes the
-    adapter of a `PeftModel` only, and looks for full model weights otherwise.
-
-    Raises:
-        `ValueError`: the checkpoint has no `adapter_model.safetensors`, or weights the model's adapter does not have.
-    """
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    path = os.path.join(checkpoint, "adapter_model.safetensors")
-    if not os.path.isfile(path):
-        raise ValueError(
-            f"checkpoint must hold adapter_model.safetensors, got the files {sorted(os.listdir(checkpoint))}."
-        )
-    state_dict = load_file(path)
-    if not is_peft_model(model):  # saved in peft's format, with the keys of a PeftModel around the model
-        state_dict = {key.removeprefix("base_model.model."): value for key, value in state_dict.items()}
-    result = set_peft_model_state_dict(model, state_dict, adapter_name=_active_adapter(model))
-    unexpected = getattr(result, "unexpected_keys", None) or []
-    if unexpected:
-        raise ValueError(f"the adapter in {str(checkpoint)!r} has weights this model lacks: {unexpected[:5]}.")
 
 
 def check_head_trainable(model: Any) -> None:
@@ -142,5 +120,5 @@ def check_head_trainable(model: Any) -> None:
         )
 
 
-__all__ = ["adapter_base_model", "check_adapter_loadable", "check_head_trainable", "has_adapters", "is_peft_model",
-           "load_adapter_checkpoint"]
+__all__ = ["active_adapter", "adapter_base_model", "check_adapter_loadable", "check_head_trainable", "has_adapters",
+           "is_peft_model"]
