@@ -2,8 +2,9 @@
 that are models (`model_expert`), the TwitterAAE dialect model and cached sentence embeddings (the learned cascade
 has its own subpackage, `hf_defer.cascade`).
 
-Imports `hf_defer.data.bundled_data` (the shipped dialect model), `hf_defer.modeling` (the pipeline's answer marker)
-and the libraries; never evaluation, training, hub, commands or experiments.
+Imports `hf_defer.data.bundled_data` (the shipped dialect model), `hf_defer.modeling` (the pipeline's answer marker,
+and the model a head trained on sentence embeddings is put on) and the libraries; never evaluation, training, hub,
+commands or experiments.
 """
 
 from .model_experts import model_expert
