@@ -35,7 +35,7 @@ def save_for_hub(
     Everything is written to a temporary folder first. Unless ``overwrite=True``, no file already in
     ``save_directory`` is replaced (files with the same content excepted) and no stale weight shard deleted: a
     `FileExistsError` lists them and nothing is written.
-    A model with PEFT adapters ([`hf_defer.training.adapters`]) writes its adapter and head only, in peft's format.
+    A model with PEFT adapters ([`hf_defer.inspection.adapters`]) writes its adapter and head only, in peft's format.
 
     Args:
         model ([`EncoderForDeferral`]): the model.
