@@ -2,7 +2,8 @@
 
 The folders are the architecture: `modeling` (what a saved folder carries), `inspection` (model, adapter and
 checkpoint checks), `evaluation`, `data`, `experts`, `cascade` (two models run as one), `training`, `hub`, `commands`
-and `experiments`; each subpackage's docstring says what lives there and what it may import. This module re-exports the public API and registers the model type, the auto classes and the pipeline task.
+and `experiments`; each subpackage's docstring says what lives there and what it may import. This module re-exports
+the public API and registers the model type, the auto classes and the pipeline task.
 """
 
 from .evaluation.metrics import DeferralMetrics, deferral_metrics, expected_calibration_error, reliability_bins
