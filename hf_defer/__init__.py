@@ -1,8 +1,9 @@
 """hf_defer: learning to defer (A-SM and baselines) for the Hugging Face stack.
 
-The folders are the architecture: `modeling` (what a saved folder carries), `evaluation`, `data`, `experts`,
-`training`, `hub`, `commands` and `experiments`; each subpackage's docstring says what lives there and what it may
-import. This module re-exports the public API and registers the model type, the auto classes and the pipeline task.
+The folders are the architecture: `modeling` (what a saved folder carries), `inspection` (model, adapter and
+checkpoint checks), `evaluation`, `data`, `experts`, `cascade` (two models run as one), `training`, `hub`, `commands`
+and `experiments`; each subpackage's docstring says what lives there and what it may import. This module re-exports
+the public API and registers the model type, the auto classes and the pipeline task.
 """
 
 from .evaluation.metrics import DeferralMetrics, deferral_metrics, expected_calibration_error, reliability_bins
@@ -17,7 +18,7 @@ from .data.preparation import PreparedDeferralData, prepare_deferral_dataset
 from .data.annotations import aggregate_labels, annotations_to_columns
 from .experts.embeddings import add_embeddings, embed_texts
 from .experts import annotator_expert, class_subset_expert, model_expert, stack_experts
-from .experts.deferral_cascade import DeferralCascade
+from .cascade import DeferralCascade
 from .evaluation.costs import ErrorCostCurve, error_cost_curve, mean_cost
 from .evaluation.calibration import calibrate_deferral
 from .evaluation.guarantees import DeferralGuarantee, budget_threshold, certify_threshold, error_threshold
@@ -50,7 +51,7 @@ def _register_pipeline() -> None:
     folder's root, stage 2 and cascade_config.json read by the pipeline)."""
     from transformers.pipelines import PIPELINE_REGISTRY
 
-    from .experts.cascade_pipeline import CASCADE_TASK, DeferralCascadePipeline
+    from .cascade import CASCADE_TASK, DeferralCascadePipeline
 
     for task, pipeline_class in (("deferral", DeferralPipeline), (CASCADE_TASK, DeferralCascadePipeline)):
         if PIPELINE_REGISTRY.supported_tasks.get(task, {}).get("impl") is not pipeline_class:

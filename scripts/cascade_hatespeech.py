@@ -195,7 +195,7 @@ def markdown(record: dict, figure: str) -> str:
         "*route-only* model (linear head, "
         "per-expert binary log loss) over the three members, trained on the cheap model's 5-fold cross-fitted "
         "correctness and the other two members' correctness, routing to argmax_j (a_j − d_j) (d_cheap = 0, the same "
-        "37 × 37 values for the others); the *learned cascade* (`hf_defer.experts.deferral_cascade`): stage 1 is "
+        "37 × 37 values for the others); the *learned cascade* (`hf_defer.cascade`): stage 1 is "
         "the A-SM model above; where it calls the costly model, stage 2 — a route-only linear head over (costly model, "
         "person) whose input is the cheap features, the costly model's 3 class probabilities, their max, entropy and "
         "log-odds of the max, trained on the training tweets with the per-expert binary log loss — pays the person "

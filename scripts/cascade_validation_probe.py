@@ -40,7 +40,7 @@ import torch
 from hf_defer.evaluation.costs import area_under_error_cost
 from hf_defer.evaluation.routing import confidence_cascade_curve
 from hf_defer.experiments import cascade as cx
-from hf_defer.experts.deferral_cascade import escalation_features
+from hf_defer.cascade import escalation_features
 
 ROOT = Path(__file__).resolve().parent.parent
 PRICES = (1.0, 10.0, 100.0)

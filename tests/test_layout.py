@@ -1,4 +1,5 @@
-"""The package layout: the folders are the layers, and no module imports a higher layer or takes part in a circle.
+"""The package layout: the folders are the layers, no module imports a higher layer or takes part in a circle, and no
+folder imports one that imports it back (directly or through others).
 
 The graph is read from the source (every `import` / `from ... import` of hf_defer, at module level or inside a
 function), so a lazy import counts as much as a top-level one."""
@@ -12,8 +13,8 @@ import hf_defer
 
 PACKAGE = Path(hf_defer.__file__).resolve().parent
 # Lower number = lower layer. A module may import its own layer or lower ones; modeling imports nothing else.
-LAYERS = {"modeling": 0, "evaluation": 1, "data": 1, "experts": 1, "training": 2, "hub": 2,
-          "commands": 3, "review": 3, "experiments": 3, "serving": 3}
+LAYERS = {"modeling": 0, "inspection": 1, "evaluation": 1, "data": 1, "experts": 1, "cascade": 2, "training": 2,
+          "hub": 2, "commands": 3, "review": 3, "experiments": 3, "serving": 3}
 
 
 def module_name(path: Path) -> str:
@@ -57,7 +58,8 @@ def layer(name: str) -> int | None:
 def test_the_subpackages_are_the_layers_and_each_says_what_it_may_import():
     folders = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()}
     assert folders <= set(LAYERS), folders - set(LAYERS)
-    assert {"modeling", "evaluation", "data", "experts", "training", "hub", "commands", "experiments"} <= folders
+    assert {"modeling", "evaluation", "data", "experts", "cascade", "training", "hub", "commands",
+            "experiments"} <= folders
     for folder in folders:
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text())) or ""
         assert "import" in doc.lower(), f"hf_defer/{folder}/__init__.py must say what it may import"
@@ -101,3 +103,57 @@ def test_no_import_circles():
         if name not in state:
             visit(name, [name])
     assert not cycles, cycles
+
+
+# Imports that are on their way out of the package: each entry must still exist (delete it once the module is gone).
+LEAVING = {"hf_defer.experts.aae": "the synthetic dialect expert, which moves to research/ (issue 34)"}
+
+
+def folder_imports() -> dict[tuple[str, str], list[str]]:
+    """Per pair of subpackages (importer, imported), the module imports behind it."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for name, path in modules().items():
+        if name in LEAVING:
+            continue
+        source = name.split(".")
+        for target in imported_modules(path):
+            parts = target.split(".")
+            if len(source) > 1 and len(parts) > 1 and parts[1] != source[1]:
+                found.setdefault((source[1], parts[1]), []).append(f"{name} -> {target}")
+    return found
+
+
+def folder_loops(edges: dict[tuple[str, str], list[str]]) -> dict[str, list[str]]:
+    """The imports between folders that are part of a loop: from folder a to folder b where b reaches a again."""
+    graph: dict[str, set[str]] = {}
+    for source, target in edges:
+        graph.setdefault(source, set()).add(target)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            node = todo.pop()
+            if node == goal:
+                return True
+            if node not in seen:
+                seen.add(node)
+                todo.extend(graph.get(node, ()))
+        return False
+
+    return {f"{a} -> {b}": edges[a, b] for a, b in sorted(edges) if reaches(b, a)}
+
+
+def test_no_import_loops_between_folders():
+    assert all(name in modules() for name in LEAVING), f"delete the modules gone from LEAVING: {LEAVING}"
+    loops = folder_loops(folder_imports())
+    assert not loops, loops
+
+
+def test_the_folder_loop_check_finds_every_import_of_a_loop_and_only_those():
+    edges = {("a", "b"): ["a.x -> b.y"], ("b", "c"): ["b.y -> c.z"], ("c", "a"): ["c.z -> a.x"],
+             ("c", "d"): ["c.z -> d.w"], ("a", "d"): ["a.x -> d.w"]}  # a -> b -> c -> a is a loop; d is below all
+    assert sorted(folder_loops(edges)) == ["a -> b", "b -> c", "c -> a"]
+    del edges["c", "a"]
+    assert folder_loops(edges) == {}
+    assert folder_loops({("a", "b"): ["a.x -> b.y"], ("b", "a"): ["b.y -> a.x"]}) == {"a -> b": ["a.x -> b.y"],
+                                                                                     "b -> a": ["b.y -> a.x"]}

@@ -11,7 +11,7 @@
   `pip install 'hf-defer[serve]'`).
 - `hf-defer calibrate --model FOLDER --input FILE --max_error 0.05 --confidence 0.9`: the deferral threshold that
   keeps a budget, an error target or a cost budget on new inputs with that confidence, saved with the model.
-- `hf-defer review push|pull ...`: the review loop with Label Studio (`hf_defer.review.cli`; `pip install
+- `hf-defer review push|pull ...`: the review loop with Label Studio (`hf_defer.commands.review`; `pip install
   'hf-defer[review]'`).
 
 This module imports the standard library only: `hf-defer --help`, `--version`, a mistyped command or flag (named with
@@ -181,9 +181,9 @@ COMMANDS: dict[str, Command] = {command.name: command for command in (
             "hf_defer.commands.serve:run_serve"),
     Command("calibrate", "set a saved model's deferral threshold on a calibration file, with a stated confidence",
             "hf_defer.commands.calibrate:run_calibrate", _calibrate_arguments),
-    # hf_defer.review is the top layer: named here as a string, imported only when `hf-defer review` runs.
+    # named here as a string: label-studio-sdk is imported only when `hf-defer review` runs
     Command("review", "send deferred inputs to Label Studio reviewers (push) and their answers back (pull)",
-            "hf_defer.review.cli:main"),
+            "hf_defer.commands.review:main"),
 )}
 
 

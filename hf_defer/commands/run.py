@@ -10,7 +10,6 @@ the output folder is checked before anything is written. It runs unchanged under
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -28,6 +27,7 @@ from .outputs import RUN_SUMMARY, OutputFolder, format_summary, stage_metrics, w
 from .run_checks import check_stages, default_stages, first_line, hub_repository_error
 from ..evaluation.calibration import calibrate_deferral
 from ..modeling.configuration_deferral import DeferralConfig
+from ..experts.embeddings import head_on_sentence_encoder, sentence_encoder_max_length, sentence_encoder_pooling
 from ..experts.simulated import annotator_expert, class_subset_expert
 from ..hub.model_source import check_model_source
 from ..hub.hub_ids import offline_model_path
@@ -36,8 +36,7 @@ from ..modeling.modeling_deferral import EncoderForDeferral
 from ..data.preparation import check_side_feature_columns, prepare_deferral_dataset
 from ..training.trainer import DeferralTrainer
 
-__all__ = ["head_on_sentence_encoder", "load_raw_datasets", "pipeline_inputs", "run_deferral",
-           "sentence_encoder_max_length", "sentence_encoder_pooling", "write_predictions"]
+__all__ = ["load_raw_datasets", "pipeline_inputs", "run_deferral", "write_predictions"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,54 +119,6 @@ def _input_columns(raw: datasets.DatasetDict, data_args: DataTrainingArguments,
     if "text" in features:
         return raw, "text", None
     raise ValueError(f"give --text_column_names or --image_column_name; the data's columns are {list(features)}.")
-
-
-def sentence_encoder_pooling(path: str) -> tuple[str, bool]:
-    """How `sentence-transformers` pools the encoder at `path`: `(pooling, normalize)`. A plain transformers folder
-    gets mean pooling without normalization, as `SentenceTransformer(path)` builds it."""
-    modules_file = Path(path) / "modules.json"
-    if not modules_file.is_file():
-        return "mean", False
-    modules = json.loads(modules_file.read_text())
-    pooling, normalize = "mean", any(m["type"].endswith("Normalize") for m in modules)
-    for module in modules:
-        if module["type"].endswith("Pooling"):
-            config = json.loads((Path(path) / module["path"] / "config.json").read_text())
-            modes = [mode for mode in ("cls", "mean", "max") if config.get(f"pooling_mode_{mode}_token"
-                                                                           f"{'' if mode == 'cls' else 's'}")]
-            if len(modes) != 1:
-                raise ValueError(f"{path}: sentence-transformers pooling {config} has no one cls/mean/max mode.")
-            pooling = modes[0]
-    return pooling, normalize
-
-
-def sentence_encoder_max_length(path: str) -> int | None:
-    """The longest input `sentence-transformers` embeds with the encoder at `path` (`max_seq_length` of its
-    `sentence_bert_config.json`), or None when the folder does not say."""
-    file = Path(path) / "sentence_bert_config.json"
-    if file.is_file():
-        value = json.loads(file.read_text()).get("max_seq_length")
-        return int(value) if value else None
-    return None
-
-
-_HEAD_FIELDS = ("surrogate", "id2label", "num_experts", "expert_names", "expert_costs", "expert_kinds",
-                "defer_threshold", "head_hidden_sizes", "head_dropout", "side_features", "route_only",
-                "default_expert")
-
-
-def head_on_sentence_encoder(head_model: EncoderForDeferral, encoder_path: str) -> EncoderForDeferral:
-    """The head of a head-only model trained on the sentence embeddings of `encoder_path`, put on that encoder with
-    its own pooling (and normalization), so that the text model computes what the head was trained on. The encoder
-    is frozen; the config (surrogate, classes, experts, costs, threshold) is the head-only model's."""
-    pooling, normalize = sentence_encoder_pooling(encoder_path)
-    fields = {key: getattr(head_model.config, key) for key in _HEAD_FIELDS}
-    text_model = EncoderForDeferral.from_encoder_pretrained(encoder_path, pooling=pooling, normalize_pooled=normalize,
-                                                            freeze_encoder=True, **fields)
-    text_model.head.load_state_dict(head_model.head.state_dict())
-    if head_model.side is not None:  # the side features' embeddings were trained with the head
-        text_model.side.load_state_dict(head_model.side.state_dict())
-    return text_model
 
 
 def with_lora(model: EncoderForDeferral, model_args: ModelArguments) -> Any:

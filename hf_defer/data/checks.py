@@ -1,4 +1,5 @@
-"""What [`DeferralTrainer`] checks before the first step: the datasets, and the checkpoint it resumes from.
+"""What [`DeferralTrainer`] checks of its datasets before the first step (the model and the checkpoint it resumes from
+are checked in `hf_defer.inspection.model_checks`).
 
 Every check reads whole columns at once (Arrow compute or numpy, never a Python loop over rows), so it stays cheap on
 big datasets. A streamed `datasets.IterableDataset` is checked on its first examples.
@@ -7,10 +8,6 @@ big datasets. A streamed `datasets.IterableDataset` is checked on its first exam
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import re
-import struct
 from typing import Any
 
 import datasets
@@ -24,18 +21,6 @@ logger = logging.get_logger(__name__)
 
 PEEK_ROWS = 64
 """How many examples of a streamed dataset are checked (its first ones)."""
-
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin")
-
-
-def check_deferral_model(model: Any) -> None:
-    """Refuses anything but a deferral model (`config.model_type == "deferral"`): for the Trainer and the Hub helpers."""
-    if getattr(getattr(model, "config", None), "model_type", None) != "deferral":
-        raise ValueError(
-            f"model must be a deferral model (config.model_type == 'deferral'), got {type(model).__name__}."
-        )
-
 
 def _rows(mask: Any) -> list[int]:
     return np.flatnonzero(np.asarray(mask))[:5].tolist()
@@ -268,59 +253,4 @@ def _check_route_only_dataset(dataset: datasets.Dataset, model: Any, name: str, 
     return dict(zip(model.config.expert_names, observed.sum(dim=0).tolist()))
 
 
-def _is_complete(folder: str) -> bool:
-    """Whether the Trainer finished writing the checkpoint ``folder``: ``trainer_state.json``, which it writes last,
-    parses, and a weights file is there whole (a safetensors file as long as its header says)."""
-    try:
-        with open(os.path.join(folder, "trainer_state.json")) as file:
-            json.load(file)
-    except (OSError, ValueError):
-        return False
-    for weights in _WEIGHTS:
-        path = os.path.join(folder, weights)
-        if not os.path.isfile(path):
-            continue
-        if not weights.endswith(".safetensors"):
-            return True
-        try:
-            with open(path, "rb") as file:
-                (size,) = struct.unpack("<Q", file.read(8))
-                header = json.loads(file.read(size))
-            end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
-            return os.path.getsize(path) == 8 + size + end
-        except (OSError, ValueError, KeyError, TypeError, struct.error):
-            return False
-    return False
-
-
-def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
-    """The newest ``checkpoint-N`` folder of ``output_dir`` that the Trainer finished writing.
-
-    Newer folders left incomplete (the process was killed while saving) are skipped with a warning naming them.
-
-    Returns:
-        `str` or `None`: the folder, or `None` when ``output_dir`` holds no checkpoint at all.
-
-    Raises:
-        `ValueError`: every checkpoint folder is incomplete.
-    """
-    if not os.path.isdir(output_dir):
-        return None
-    found = [(int(match.group(1)), entry) for entry in os.listdir(output_dir)
-             if (match := _CHECKPOINT.match(entry)) and os.path.isdir(os.path.join(output_dir, entry))]
-    skipped: list[str] = []
-    for _, entry in sorted(found, reverse=True):
-        folder = os.path.join(output_dir, entry)
-        if _is_complete(folder):
-            if skipped:
-                logger.warning(f"Resuming from {folder}: the newer checkpoint(s) {skipped} are incomplete (no readable "
-                               "trainer_state.json or weights: the run was stopped while saving) and are skipped.")
-            return folder
-        skipped.append(folder)
-    if skipped:
-        raise ValueError(f"resume_from_checkpoint=True found no complete checkpoint in {str(output_dir)!r}: {skipped} "
-                         "are incomplete (no readable trainer_state.json or weights). Start without resuming.")
-    return None
-
-
-__all__ = ["PEEK_ROWS", "check_deferral_dataset", "check_deferral_model", "last_complete_checkpoint"]
+__all__ = ["PEEK_ROWS", "check_deferral_dataset"]

@@ -7,7 +7,7 @@ Two stages, run by `scripts/cascade_hatespeech.py`:
   predicted by a model trained on (a sample of) the other folds, so no tweet is ever answered by a model that saw it.
 - [`compare`] (`--stage compare`): per seed, on the same test tweets in the error-cost plane
   (`hf_defer.evaluation.costs`), the confidence cascade, a RouteLLM-style router, deferral models, a route-only model
-  and two learned cascades (`hf_defer.experts.deferral_cascade`).
+  and two learned cascades (`hf_defer.cascade`).
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
     from ..data.hatespeech import HATESPEECH_LABELS
     from ..evaluation.costs import error_cost_curve
     from ..evaluation.routing import confidence_cascade_curve, router_curve
-    from ..experts.deferral_cascade import escalation_features
+    from ..cascade import escalation_features
     from ..experts.simulated import annotator_expert
 
     cheap_price, costly_price, person_price = (float(p) for p in prices)
@@ -391,7 +391,7 @@ def _cheap_first_estimates(cheap: np.ndarray, crossfit: np.ndarray, costly: np.n
     [`escalation_features`] of the cheap probabilities (`crossfit` on training rows), `FIRST_STAGE_EPOCHS`. Stage 2:
     A-SM with classes and the person on those and the costly probabilities; its classifier stacks both models, the
     person is paid below a confidence threshold (`stage2_min_confidence`), so ``gain = -max p``."""
-    from ..experts.deferral_cascade import escalation_features
+    from ..cascade import escalation_features
 
     nothing = np.zeros((len(labels), 0), dtype=np.float32)
     first_train, first_all = escalation_features(nothing, crossfit), escalation_features(nothing, cheap)

@@ -1,10 +1,10 @@
 """Experts: simulated ones (a real annotator drawn from vote counts, class-subset and dialect-biased experts), experts
-that are models (`model_expert`), the TwitterAAE dialect model, cached sentence embeddings, and the learned cascade
-(`deferral_cascade`, its `"deferral-cascade"` pipeline in `cascade_pipeline`).
+that are models (`model_expert`), the TwitterAAE dialect model and cached sentence embeddings (the learned cascade
+has its own subpackage, `hf_defer.cascade`).
 
-Imports `hf_defer.data.bundled_data` (the shipped dialect model), `hf_defer.modeling` (the cascade's stages and the
-pipeline's option checks), `hf_defer.evaluation.guarantees` (the cascade's escalation budget) and the libraries; never
-training, hub, commands or experiments.
+Imports `hf_defer.data.bundled_data` (the shipped dialect model), `hf_defer.modeling` (the pipeline's answer marker,
+and the model a head trained on sentence embeddings is put on) and the libraries; never evaluation, training, hub,
+commands or experiments.
 """
 
 from .model_experts import model_expert

@@ -8,6 +8,8 @@
 - [`embed_texts`]: `[N, D]` float32 embeddings, cached as `.npy` files keyed by the model and the texts.
 - [`add_embeddings`]: adds a `features` column to a `Dataset` or to every split of a `DatasetDict`, so that
   `EncoderForDeferral(DeferralConfig(feature_size=D, ...))` can train on it directly.
+- [`head_on_sentence_encoder`]: the head trained on those embeddings put on the encoder, with the encoder's own pooling
+  ([`sentence_encoder_pooling`]), as a text model.
 
 `sentence-transformers` is an optional dependency (`pip install hf-defer[text]`); it is imported on first use.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -26,8 +29,11 @@ from pathlib import Path
 import datasets
 import numpy as np
 
+from ..modeling.modeling_deferral import EncoderForDeferral
+
 __all__ = ["DEFAULT_SENTENCE_ENCODER", "add_embeddings", "default_embedding_cache_dir", "embed_texts",
-           "resolve_sentence_encoder"]
+           "head_on_sentence_encoder", "resolve_sentence_encoder", "sentence_encoder_max_length",
+           "sentence_encoder_pooling"]
 
 logger = logging.getLogger(__name__)
 
@@ -391,3 +397,51 @@ def add_embeddings(
     if None in out:
         return out[None]
     return datasets.DatasetDict(out)
+
+
+def sentence_encoder_pooling(path: str) -> tuple[str, bool]:
+    """How `sentence-transformers` pools the encoder at `path`: `(pooling, normalize)`. A plain transformers folder
+    gets mean pooling without normalization, as `SentenceTransformer(path)` builds it."""
+    modules_file = Path(path) / "modules.json"
+    if not modules_file.is_file():
+        return "mean", False
+    modules = json.loads(modules_file.read_text())
+    pooling, normalize = "mean", any(m["type"].endswith("Normalize") for m in modules)
+    for module in modules:
+        if module["type"].endswith("Pooling"):
+            config = json.loads((Path(path) / module["path"] / "config.json").read_text())
+            modes = [mode for mode in ("cls", "mean", "max") if config.get(f"pooling_mode_{mode}_token"
+                                                                           f"{'' if mode == 'cls' else 's'}")]
+            if len(modes) != 1:
+                raise ValueError(f"{path}: sentence-transformers pooling {config} has no one cls/mean/max mode.")
+            pooling = modes[0]
+    return pooling, normalize
+
+
+def sentence_encoder_max_length(path: str) -> int | None:
+    """The longest input `sentence-transformers` embeds with the encoder at `path` (`max_seq_length` of its
+    `sentence_bert_config.json`), or None when the folder does not say."""
+    file = Path(path) / "sentence_bert_config.json"
+    if file.is_file():
+        value = json.loads(file.read_text()).get("max_seq_length")
+        return int(value) if value else None
+    return None
+
+
+_HEAD_FIELDS = ("surrogate", "id2label", "num_experts", "expert_names", "expert_costs", "expert_kinds",
+                "defer_threshold", "head_hidden_sizes", "head_dropout", "side_features", "route_only",
+                "default_expert")
+
+
+def head_on_sentence_encoder(head_model: EncoderForDeferral, encoder_path: str) -> EncoderForDeferral:
+    """The head of a head-only model trained on the sentence embeddings of `encoder_path`, put on that encoder with
+    its own pooling (and normalization), so that the text model computes what the head was trained on. The encoder
+    is frozen; the config (surrogate, classes, experts, costs, threshold) is the head-only model's."""
+    pooling, normalize = sentence_encoder_pooling(encoder_path)
+    fields = {key: getattr(head_model.config, key) for key in _HEAD_FIELDS}
+    text_model = EncoderForDeferral.from_encoder_pretrained(encoder_path, pooling=pooling, normalize_pooled=normalize,
+                                                            freeze_encoder=True, **fields)
+    text_model.head.load_state_dict(head_model.head.state_dict())
+    if head_model.side is not None:  # the side features' embeddings were trained with the head
+        text_model.side.load_state_dict(head_model.side.state_dict())
+    return text_model

@@ -1,7 +1,8 @@
 """The Hub: saving and uploading a deferral folder with its card (`save_for_hub`, `push_to_hub`), the model card and
 `AutoModelForDeferral`.
 
-Imports modeling, evaluation, data and training's adapter helpers; never commands, review or experiments.
+Imports modeling, evaluation, data and the inspection of models and adapters (`hf_defer.inspection`); never training,
+commands, review or experiments.
 """
 
 from .model_source import check_model_source

@@ -18,7 +18,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .hub_ids import display_name as _display_name, hub_id as _hub_id, known_hub_id
-from ..training.adapters import adapter_base_model
+from ..inspection.adapters import adapter_base_model
 from ..evaluation.metrics import metric_name_and_meaning
 from ..evaluation.plotting import plot_reliability_diagram
 from ..modeling.surrogates import SURROGATES, surrogate_class

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..training.adapters import check_adapter_loadable, has_adapters
-from ..data.checks import check_deferral_model
+from ..inspection.adapters import check_adapter_loadable, has_adapters
+from ..inspection.model_checks import check_deferral_model
 from ..modeling.saving_deferral import move_saved_files
 
 
@@ -35,7 +35,7 @@ def save_for_hub(
     Everything is written to a temporary folder first. Unless ``overwrite=True``, no file already in
     ``save_directory`` is replaced (files with the same content excepted) and no stale weight shard deleted: a
     `FileExistsError` lists them and nothing is written.
-    A model with PEFT adapters ([`hf_defer.training.adapters`]) writes its adapter and head only, in peft's format.
+    A model with PEFT adapters ([`hf_defer.inspection.adapters`]) writes its adapter and head only, in peft's format.
 
     Args:
         model ([`EncoderForDeferral`]): the model.

@@ -84,7 +84,7 @@ def _check_loader_options(options: dict[str, Any]) -> None:
 
 
 CASCADE_CONFIG_NAME = "cascade_config.json"
-"""The file that makes a folder a deferral cascade (`hf_defer.experts.deferral_cascade`): stage 1 at the folder's
+"""The file that makes a folder a deferral cascade (`hf_defer.cascade`): stage 1 at the folder's
 root, stage 2 in ``stage2/``."""
 
 

@@ -8,10 +8,11 @@ column per reviewer for the next training round.
 - `pushing` / `pulling`: idempotent, resumable push; incremental pull, [`reviews_to_columns`].
 - `server`: a local Label Studio server in its own virtual environment (tests, `make review-server`, the demo).
 - `simulated`: reviewers simulated from the CrowdFlower votes shipped with HateSpeech (the demo and tests).
-- `cli`: `hf-defer review push|pull`.
+- the command `hf-defer review push|pull` lives with the other commands, in `hf_defer.commands.review`.
 
-The top layer: it may import every other subpackage of hf_defer (modeling, evaluation, data, experts, training, hub,
-commands) and label-studio-sdk, pandas and the libraries; nothing in hf_defer imports it. Needs
+It may import the subpackages below the commands (modeling, evaluation, data, experts, training, hub) and
+label-studio-sdk, pandas and the libraries, never commands; the commands (`hf-defer review`, `hf-defer serve`) and the
+decision endpoint in serving import it. Needs
 `pip install 'hf-defer[review]'`.
 """
 

@@ -9,8 +9,8 @@ experts as a decision endpoint.
 - `decision_app`: [`build_decision_app`], the FastAPI app of `hf-defer serve --model` (`/v1/decide`,
   `/v1/decisions/{id}`), optionally sending deferred inputs to a Label Studio review project.
 
-The top layer: it may import every other subpackage of hf_defer (review included) and fastapi, uvicorn, httpx and
-prometheus-client; nothing in hf_defer imports it (the `serve` command names it as a string). Needs
+It may import the subpackages below the commands (review included) and fastapi, uvicorn, httpx and
+prometheus-client, never commands; only the `serve` command imports it, when it runs. Needs
 `pip install 'hf-defer[serve]'`.
 """
 

@@ -66,7 +66,7 @@ def load_router_pipeline(router: str, encoder: str | None = None) -> Any:
     if encoder is None:
         raise ValueError(f"--router {router!r} is a head-only model (it reads feature vectors): give --encoder, the "
                          "sentence encoder it was trained on (e.g. sentence-transformers/all-MiniLM-L6-v2).")
-    from ..commands.run import head_on_sentence_encoder
+    from ..experts.embeddings import head_on_sentence_encoder
     from ..modeling.modeling_deferral import EncoderForDeferral
 
     text_model = head_on_sentence_encoder(EncoderForDeferral.from_pretrained(router), encoder).eval()

@@ -16,8 +16,10 @@ from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.utils import logging
 from transformers.trainer_utils import EvalLoopOutput, IntervalStrategy
 
-from .adapters import check_adapter_loadable, check_head_trainable, has_adapters, is_peft_model, load_adapter_checkpoint
-from ..data.checks import check_deferral_dataset, check_deferral_model, last_complete_checkpoint
+from .adapters import load_adapter_checkpoint
+from ..inspection.adapters import check_adapter_loadable, check_head_trainable, has_adapters, is_peft_model
+from ..inspection.model_checks import check_deferral_model, last_complete_checkpoint
+from ..data.checks import check_deferral_dataset
 from ..data.collator import DataCollatorForDeferral
 from ..data.labels import check_label_names
 from ..modeling.surrogate_base import IGNORE_INDEX

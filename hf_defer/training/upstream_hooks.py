@@ -129,7 +129,7 @@ UPSTREAM_HOOKS: tuple[UpstreamHook, ...] = (
         (), ("accelerate.optimizer.AcceleratedOptimizer.step",)),
     UpstreamHook(
         "transformers.integrations.peft.PeftAdapterMixin._hf_peft_config_loaded", "read",
-        "hf_defer.training.adapters.has_adapters",
+        "hf_defer.inspection.adapters.has_adapters",
         "whether add_adapter/load_adapter gave the model adapters (it then saves adapters only, in peft's format)",
         referenced_by=("transformers.integrations.peft.PeftAdapterMixin.add_adapter",)),
     UpstreamHook(

@@ -1,21 +1,17 @@
-"""hf_defer.data.checks: bad data caught when DeferralTrainer is built (it used to fail mid-training), and the choice of
-the checkpoint to resume from when the newest one is half written."""
+"""hf_defer.data.checks: bad data caught when DeferralTrainer is built (it used to fail mid-training)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from datasets import Dataset, IterableDataset
-from safetensors.torch import save_file
 from transformers import BertConfig, BertTokenizer, TrainingArguments
-from transformers.testing_utils import CaptureLogger
 
 from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral
-from hf_defer.data.checks import PEEK_ROWS, check_deferral_dataset, last_complete_checkpoint, logger
+from hf_defer.data.checks import PEEK_ROWS, check_deferral_dataset
 
 K, D = 3, 6
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat is good bad very".split()]
@@ -176,49 +172,6 @@ def test_checks_are_cheap_on_a_big_dataset():
     check_deferral_dataset(data.select(range(0, n, 2)), head_model(), "train_dataset")  # through an indices mapping
     check_deferral_dataset(data, head_model(), "train_dataset")
     assert time.perf_counter() - start < 2.0
-
-
-# ---------------------------------------------------------------------------------------------------- checkpoints
-
-
-def fake_checkpoint(folder: Path, step: int) -> Path:
-    """What Trainer._save_checkpoint writes, in its order: the weights, the optimizer, trainer_state.json last."""
-    path = folder / f"checkpoint-{step}"
-    path.mkdir(parents=True)
-    save_file({"head.weight": torch.randn(4, 3)}, str(path / "model.safetensors"))
-    torch.save({"state": {}}, path / "optimizer.pt")
-    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    return path
-
-
-@pytest.mark.parametrize(
-    "break_it",
-    [
-        lambda path: (path / "trainer_state.json").unlink(),  # killed inside the optimizer save: never written
-        lambda path: (path / "trainer_state.json").write_text('{"global_st'),  # killed while writing it
-        lambda path: (path / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes()[:-10]),
-        lambda path: (path / "model.safetensors").unlink(),
-    ],
-)
-def test_the_newest_incomplete_checkpoint_is_skipped_with_a_warning(tmp_path, break_it):
-    fake_checkpoint(tmp_path, 3)
-    break_it(fake_checkpoint(tmp_path, 12))
-    fake_checkpoint(tmp_path, 9).joinpath("trainer_state.json").unlink()
-    with CaptureLogger(logger) as captured:
-        assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-3")
-    assert "checkpoint-12" in captured.out and "checkpoint-9" in captured.out and "incomplete" in captured.out
-
-
-def test_no_checkpoint_or_only_incomplete_ones(tmp_path):
-    assert last_complete_checkpoint(tmp_path) is None
-    assert last_complete_checkpoint(tmp_path / "missing") is None
-    fake_checkpoint(tmp_path, 5)
-    with CaptureLogger(logger) as captured:
-        assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-5")
-    assert captured.out == ""
-    (tmp_path / "checkpoint-5" / "trainer_state.json").unlink()
-    with pytest.raises(ValueError, match=r"found no complete checkpoint .*checkpoint-5"):
-        last_complete_checkpoint(tmp_path)
 
 
 def test_docstring_examples_run():

@@ -20,7 +20,7 @@ from transformers import BertConfig, BertTokenizer
 
 import hf_defer
 import hf_defer.review as review
-from hf_defer.review.cli import main as review_main
+from hf_defer.commands.review import main as review_main
 from hf_defer.review.server import LabelStudioServer, free_port
 
 pytestmark = pytest.mark.review

@@ -160,7 +160,7 @@ def test_an_unreachable_server_and_an_unset_token_are_clear_errors(monkeypatch):
 
 
 def test_the_command_says_what_is_wrong_in_one_line_and_exits_2(monkeypatch, capsys):
-    from hf_defer.review.cli import main
+    from hf_defer.commands.review import main
 
     monkeypatch.delenv("LABEL_STUDIO_API_KEY")
     assert main(["pull", "--url", "http://127.0.0.1:9", "--project", "p"]) == 2
@@ -176,7 +176,7 @@ def test_pull_refuses_to_replace_a_reviewer_columns_file_without_overwrite(tmp_p
     # The README invites users to add their labels to reviewers.csv; a second pull rebuilt it from answers.csv and
     # the labels were gone. Refused before the server is asked; with --overwrite the pull goes on (to an unreachable
     # server here).
-    from hf_defer.review.cli import main
+    from hf_defer.commands.review import main
 
     columns = tmp_path / "reviewers.csv"
     columns.write_text("item,text,ann@example.com,label\nid:2,tweet one,hate_speech,hate_speech\n")

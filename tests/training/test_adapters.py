@@ -25,7 +25,7 @@ from test_sharing import fake_hub  # noqa: E402, F401  (the patched HfApi fixtur
 
 import hf_defer  # noqa: E402
 from hf_defer import AutoModelForDeferral, DeferralTrainer  # noqa: E402
-from hf_defer.training.adapters import adapter_base_model, check_head_trainable, has_adapters  # noqa: E402
+from hf_defer.inspection.adapters import adapter_base_model, check_head_trainable, has_adapters  # noqa: E402
 
 TARGETS = ["q_proj", "v_proj"]
 

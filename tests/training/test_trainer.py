@@ -323,7 +323,7 @@ def test_resume_true_skips_a_half_written_newest_checkpoint(tmp_path):
     the uninterrupted run's weights."""
     from transformers.testing_utils import CaptureLogger
 
-    from hf_defer.data.checks import logger
+    from hf_defer.inspection.model_checks import logger
 
     data = make_data(48, seed=4)
     common = dict(per_device_train_batch_size=8, max_steps=6, learning_rate=0.3, optim="sgd", optim_args="momentum=0.9")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hf_defer.evaluation.guarantees import binomial_order_statistic
-from test_deferral_cascade import build
+from test_modeling_cascade import build
 
 N = 2_000
 

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .client import DEFAULT_TOKEN_ENV, ReviewServerError
+from ..review.client import DEFAULT_TOKEN_ENV, ReviewServerError
 
 __all__ = ["add_review_parser", "main"]
 
@@ -64,10 +64,9 @@ def _push(options: argparse.Namespace) -> str:
     from transformers import pipeline
 
     import hf_defer  # noqa: F401  (registers the "deferral" task)
-    from hf_defer.commands.inputs import read_table
-
-    from .client import connect
-    from .pushing import push_dataset
+    from ..review.client import connect
+    from ..review.pushing import push_dataset
+    from .inputs import read_table
 
     classifier = pipeline("deferral", model=options.model)
     project = connect(options.url, options.project, classifier.model.config.id2label, token_env=options.token_env,
@@ -79,8 +78,8 @@ def _push(options: argparse.Namespace) -> str:
 
 
 def _pull(options: argparse.Namespace) -> str:
-    from .client import connect
-    from .pulling import pull_to_csv, read_answers, reviews_to_columns
+    from ..review.client import connect
+    from ..review.pulling import pull_to_csv, read_answers, reviews_to_columns
 
     if options.columns_output and os.path.exists(options.columns_output) and not options.overwrite:
         raise FileExistsError(  # before the server is asked: nothing pulled, nothing written

@@ -16,10 +16,8 @@ from transformers import pipeline
 
 import hf_defer  # noqa: F401  (registers the tasks)
 from hf_defer import DeferralConfig, EncoderForDeferral
-from hf_defer.experts import cascade_pipeline
-from hf_defer.experts.cascade_pipeline import DeferralCascadePipeline
-from hf_defer.experts.deferral_cascade import DeferralCascade
-from test_deferral_cascade import Recorder, build
+from hf_defer.cascade import DeferralCascade, DeferralCascadePipeline, pipeline_cascade
+from test_modeling_cascade import Recorder, build
 
 PRICES = {"model": 0.5, "llm": 3.0, "person": 40.0}
 TEXTS = ["a", "b", "c", "d"]
@@ -38,7 +36,7 @@ def stages() -> tuple[EncoderForDeferral, EncoderForDeferral]:
     one-hot feature): E0 -> u = [2, -2, -3, -3]: p_no 0.88 > a 0.05, the classifier answers "no"; E1 -> [0, 0, 3, -3]:
     a_llm 0.95 > p 0.5, the llm; E2 -> [0, 0, -3, 3]: the person. Stage 2 (route-only, a_j = sigmoid(u_j), default
     the llm) reads [x (3), p (2), max p, entropy, log-odds]: u_llm = 10 * max p - 7.5, u_person = 0 (a_person 0.5)."""
-    cascade = build()  # the stages worked by hand in test_deferral_cascade.py
+    cascade = build()  # the stages worked by hand in test_modeling_cascade.py
     return cascade.stage1, cascade.stage2
 
 
@@ -204,5 +202,5 @@ def test_bad_options_and_inputs(folder) -> None:
 
 
 def test_docstring_example_runs() -> None:
-    result = doctest.testmod(cascade_pipeline, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(pipeline_cascade, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

@@ -12,7 +12,7 @@ import torch
 
 from hf_defer import DeferralConfig, EncoderForDeferral
 from hf_defer.experiments.cascade import _learned_cascade_curve
-from hf_defer.experts.deferral_cascade import DeferralCascade, escalation_features
+from hf_defer.cascade import DeferralCascade, escalation_features
 
 PRICES = {"model": 1.0, "llm": 10.0, "person": 100.0}
 TEXTS = ["a", "b", "c", "d"]

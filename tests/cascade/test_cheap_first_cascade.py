@@ -14,8 +14,8 @@ from transformers import pipeline
 import hf_defer  # noqa: F401  (registers the tasks)
 from hf_defer import DeferralConfig, EncoderForDeferral
 from hf_defer.experiments.cascade import _learned_cascade_curve
-from hf_defer.experts.deferral_cascade import DeferralCascade, escalation_features
-from test_deferral_cascade import Recorder
+from hf_defer.cascade import DeferralCascade, escalation_features
+from test_modeling_cascade import Recorder
 
 PRICES = {"model": 0.0, "cheap": 1.0, "llm": 10.0, "person": 100.0}
 TEXTS = ["a", "b", "c", "d"]

@@ -5,7 +5,7 @@ model), stage 2 in `stage2/` and `cascade_config.json`; the pipeline reads the l
 loaded from (`model.name_or_path`). `import hf_defer` registers the task (library mode only: the code copied next to
 the weights knows only the single-model ``"deferral"`` task, which refuses a cascade folder).
 
-Imports `hf_defer.modeling` (the model class and the pipeline's option checks) and `.deferral_cascade`.
+Imports `hf_defer.modeling` (the model class and the pipeline's option checks) and `.modeling_cascade`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from transformers import Pipeline
 from ..modeling.modeling_deferral import EncoderForDeferral
 from ..modeling.pipeline_options import CASCADE_CONFIG_NAME, _check_device
 from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs
-from .deferral_cascade import (DeferralCascade, cascade_options, cascade_stage_folders, check_min_confidence,
+from .modeling_cascade import (DeferralCascade, cascade_options, cascade_stage_folders, check_min_confidence,
                                read_cascade_config)
 
 __all__ = ["CASCADE_TASK", "DeferralCascadePipeline"]

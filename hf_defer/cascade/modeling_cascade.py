@@ -15,7 +15,7 @@ of every expert called.
 
 Both stages are ordinary saved deferral models. A cascade folder holds stage 1 at its root (`config.json`, the weights
 and the code files: the folder transformers' `pipeline()` reads, so `pipeline("deferral-cascade", model=folder,
-experts=...)` loads it, see [`~hf_defer.experts.cascade_pipeline.DeferralCascadePipeline`]), stage 2 in `stage2/`, and
+experts=...)` loads it, see [`~hf_defer.cascade.pipeline_cascade.DeferralCascadePipeline`]), stage 2 in `stage2/`, and
 `cascade_config.json` (the escalation expert, the first expert, the class names, the prices and the stages'
 subfolders). Folders saved before this layout (stage 1 in `stage1/`) still load with
 [`DeferralCascade.from_pretrained`]. Decision costs and thresholds of both stages are set per call, so one training
@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..experts.model_experts import answers_to_ids, one_answer_per_input
 from ..modeling.modeling_deferral import EncoderForDeferral
 from ..modeling.pipeline_options import CASCADE_CONFIG_NAME
 from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs
-from .model_experts import answers_to_ids, one_answer_per_input
 
 __all__ = ["CASCADE_CONFIG_NAME", "MODEL_ANSWER", "DeferralCascade", "cascade_options", "cascade_stage_folders",
            "check_min_confidence", "escalation_features", "read_cascade_config"]
@@ -69,7 +69,7 @@ def escalation_features(features: Any, expert_probs: Any) -> np.ndarray:
 
     ```python
     >>> import numpy as np
-    >>> from hf_defer.experts.deferral_cascade import escalation_features
+    >>> from hf_defer.cascade import escalation_features
     >>> row = escalation_features([[0.5, -0.5]], [[0.5, 0.5]])[0]
     >>> [round(float(v), 4) for v in row]  # features, probs, max, entropy log 2, log-odds 0
     [0.5, -0.5, 0.5, 0.5, 0.5, 0.6931, 0.0]
@@ -138,7 +138,7 @@ class DeferralCascade:
     ```python
     >>> import numpy as np, torch
     >>> from hf_defer import DeferralConfig, EncoderForDeferral
-    >>> from hf_defer.experts.deferral_cascade import DeferralCascade
+    >>> from hf_defer.cascade import DeferralCascade
     >>> stage1 = EncoderForDeferral(DeferralConfig(feature_size=2, num_labels=2, num_experts=2, surrogate="aova",
     ...                                            expert_names=["llm", "person"]))
     >>> stage2 = EncoderForDeferral(DeferralConfig(feature_size=2 + 2 + 3, route_only=True, num_experts=2,

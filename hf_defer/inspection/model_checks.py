@@ -1,0 +1,86 @@
+"""Checks of a model and of its training checkpoints, shared by [`DeferralTrainer`] and the Hub helpers: that a model
+is a deferral model, and which `checkpoint-N` folder the Trainer finished writing (the one to resume from).
+
+Imports no other part of hf_defer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from typing import Any
+
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin")
+
+
+def check_deferral_model(model: Any) -> None:
+    """Refuses anything but a deferral model (`config.model_type == "deferral"`): for the Trainer and the Hub helpers."""
+    if getattr(getattr(model, "config", None), "model_type", None) != "deferral":
+        raise ValueError(
+            f"model must be a deferral model (config.model_type == 'deferral'), got {type(model).__name__}."
+        )
+
+
+def _is_complete(folder: str) -> bool:
+    """Whether the Trainer finished writing the checkpoint ``folder``: ``trainer_state.json``, which it writes last,
+    parses, and a weights file is there whole (a safetensors file as long as its header says)."""
+    try:
+        with open(os.path.join(folder, "trainer_state.json")) as file:
+            json.load(file)
+    except (OSError, ValueError):
+        return False
+    for weights in _WEIGHTS:
+        path = os.path.join(folder, weights)
+        if not os.path.isfile(path):
+            continue
+        if not weights.endswith(".safetensors"):
+            return True
+        try:
+            with open(path, "rb") as file:
+                (size,) = struct.unpack("<Q", file.read(8))
+                header = json.loads(file.read(size))
+            end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+            return os.path.getsize(path) == 8 + size + end
+        except (OSError, ValueError, KeyError, TypeError, struct.error):
+            return False
+    return False
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The newest ``checkpoint-N`` folder of ``output_dir`` that the Trainer finished writing.
+
+    Newer folders left incomplete (the process was killed while saving) are skipped with a warning naming them.
+
+    Returns:
+        `str` or `None`: the folder, or `None` when ``output_dir`` holds no checkpoint at all.
+
+    Raises:
+        `ValueError`: every checkpoint folder is incomplete.
+    """
+    if not os.path.isdir(output_dir):
+        return None
+    found = [(int(match.group(1)), entry) for entry in os.listdir(output_dir)
+             if (match := _CHECKPOINT.match(entry)) and os.path.isdir(os.path.join(output_dir, entry))]
+    skipped: list[str] = []
+    for _, entry in sorted(found, reverse=True):
+        folder = os.path.join(output_dir, entry)
+        if _is_complete(folder):
+            if skipped:
+                logger.warning(f"Resuming from {folder}: the newer checkpoint(s) {skipped} are incomplete (no readable "
+                               "trainer_state.json or weights: the run was stopped while saving) and are skipped.")
+            return folder
+        skipped.append(folder)
+    if skipped:
+        raise ValueError(f"resume_from_checkpoint=True found no complete checkpoint in {str(output_dir)!r}: {skipped} "
+                         "are incomplete (no readable trainer_state.json or weights). Start without resuming.")
+    return None
+
+
+__all__ = ["check_deferral_model", "last_complete_checkpoint"]
