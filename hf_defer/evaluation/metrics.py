@@ -26,7 +26,7 @@ from .reliability import (  # noqa: F401  (pool_reliability, reliability_ece, MA
     reliability_ece,
 )
 from .costs import mean_cost
-from .route_only_metrics import route_only_metrics
+from .metrics_routing import route_only_metrics
 from ..modeling.surrogates import DeferralSurrogate, RouteOnlySurrogate, get_surrogate, surrogate_for_config
 
 

@@ -35,7 +35,7 @@ from .pipeline_options import (
     warn_outside_guarantee,
 )
 from .surrogate_base import check_defer_threshold, check_expert_costs
-from .route_only import route_only_output
+from .surrogate_routing import route_only_output
 
 DEFER_LABEL = "defer"
 """The ``"label"`` of a deferred input (no class may be named so: `DeferralConfig` refuses it)."""

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from .surrogate_base import IGNORE_INDEX, MAX_ABS_LOGIT, DeferralSurrogate
 from .surrogate_kernels import _AOvALoss, _ASMLoss, _asm_rest, _SOvALoss, _SSMLoss
-from .route_only import RouteOnlySurrogate
+from .surrogate_routing import RouteOnlySurrogate
 
 __all__ = [
     "IGNORE_INDEX", "MAX_ABS_LOGIT", "SURROGATES", "AOvASurrogate", "ASMSurrogate", "DeferralSurrogate",

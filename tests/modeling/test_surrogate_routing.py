@@ -16,7 +16,7 @@ from transformers import pipeline
 
 import hf_defer  # noqa: F401  (registers the pipeline and the auto classes)
 from hf_defer import AutoModelForDeferral, DeferralConfig, EncoderForDeferral, calibrate_deferral
-from hf_defer.modeling.route_only import RouteOnlySurrogate
+from hf_defer.modeling.surrogate_routing import RouteOnlySurrogate
 
 NAMES = ["classifier_fixed", "small_llm", "large_llm"]
 
@@ -190,7 +190,7 @@ def test_config_round_trip_and_auto_loading(tmp_path):
     again = DeferralConfig.from_dict(model.config.to_dict())
     assert (again.route_only, again.default_expert, again.num_labels, again.expert_costs) == (True, "small_llm", 0, COSTS)
     model.save_pretrained(tmp_path)
-    assert (tmp_path / "route_only.py").exists()
+    assert (tmp_path / "surrogate_routing.py").exists()
     loaded = AutoModelForDeferral.from_pretrained(tmp_path).eval()
     features = torch.randn(5, 3)
     with torch.no_grad():

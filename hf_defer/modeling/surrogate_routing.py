@@ -54,7 +54,7 @@ class RouteOnlySurrogate(DeferralSurrogate):
 
     ```python
     >>> import torch
-    >>> from hf_defer.modeling.route_only import RouteOnlySurrogate
+    >>> from hf_defer.modeling.surrogate_routing import RouteOnlySurrogate
     >>> router = RouteOnlySurrogate(num_experts=2, default_expert=0)  # 0: the cheap model, 1: the strong one
     >>> logits = torch.logit(torch.tensor([[0.6, 0.9], [0.8, 0.85]]))
     >>> defer, chosen, _ = router.decide(logits, expert_costs=[0.0, 0.1])  # gains 0.6 vs 0.8; 0.8 vs 0.75
