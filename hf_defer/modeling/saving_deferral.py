@@ -54,8 +54,9 @@ def move_saved_files(stage: str | os.PathLike, folder: str | os.PathLike, overwr
 
 
 class DeferralSavingMixin:
-    """The saving and loading of [`EncoderForDeferral`], and `add_adapter` (what it saves: adapters only): it comes
-    before [`DeferralPreTrainedModel`] in the bases, so that ``super()`` here is `PreTrainedModel`'s."""
+    """The saving and loading of the deferral models ([`EncoderForDeferral`], [`EncoderForRouting`]), and
+    `add_adapter` (what it saves: adapters only): the first base of [`DeferralPreTrainedModel`], before
+    `PreTrainedModel`, so that ``super()`` here is `PreTrainedModel`'s."""
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, overwrite: bool = False,
                         **kwargs: Any) -> None:

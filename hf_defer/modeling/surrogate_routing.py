@@ -1,4 +1,5 @@
-"""The route-only surrogate: no class head, one calibrated accuracy (or score) estimate per expert, and the cost rule.
+"""The surrogate of route-only models ([`EncoderForRouting`]): no class head, one calibrated accuracy (or score)
+estimate per expert, and the cost rule; with the pipeline's answer for such a model and [`is_route_only`].
 
 A route-only model scores ``M`` experts only (a fixed classifier, a small LLM, a large LLM, a person): its logits have
 shape ``[B, M]`` and ``a_j(x) = sigmoid(u_j)`` estimates expert ``j``'s accuracy, or its expected score. It routes each
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 
 from .surrogate_base import IGNORE_INDEX, DeferralSurrogate, _as_target_tensor, check_defer_threshold
 
-__all__ = ["RouteOnlySurrogate", "route_only_output"]
+__all__ = ["RouteOnlySurrogate", "is_route_only", "route_only_output"]
 
 
 class RouteOnlySurrogate(DeferralSurrogate):
@@ -175,6 +176,25 @@ class RouteOnlySurrogate(DeferralSurrogate):
         defer = margin > defer_threshold
         chosen = torch.where(defer, expert, torch.full_like(expert, self.default_expert))
         return defer, chosen, chosen
+
+
+def is_route_only(config: Any) -> bool:
+    """Whether `config` (a [`DeferralConfig`], or a model or anything else with a `.config`) describes a route-only
+    model, an [`EncoderForRouting`]: `model_type` ``"deferral"`` and `route_only=True`. `False` for anything else
+    (another model type, `None`), so that callers need not check the type first.
+
+    Example:
+
+    ```python
+    >>> from hf_defer import DeferralConfig
+    >>> from hf_defer.modeling.surrogate_routing import is_route_only
+    >>> is_route_only(DeferralConfig(feature_size=4, route_only=True, num_experts=2)), is_route_only(None)
+    (True, False)
+
+    ```
+    """
+    config = getattr(config, "config", config)
+    return getattr(config, "model_type", None) == "deferral" and getattr(config, "route_only", False) is True
 
 
 def _all_ignored(labels: Any) -> bool:

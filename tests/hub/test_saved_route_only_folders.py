@@ -58,6 +58,7 @@ def test_a_text_router_saved_as_a_flag_loads_with_the_same_outputs(folders):
     outputs = pipeline("deferral", model=str(folder))(text_rows())
     assert_same_routes(outputs, RECORDED["text"]["pipeline"])
     model = hf_defer.AutoModelForDeferral.from_pretrained(folder).eval()
+    assert type(model) is hf_defer.EncoderForRouting  # the class the config describes, not the one it names
     tokenizer = AutoTokenizer.from_pretrained(folder)
     side_categorical, _ = side_feature_tensors(model.config.side_features, text_rows())
     with torch.no_grad():
@@ -73,6 +74,7 @@ def test_a_head_only_router_saved_as_a_flag_loads_with_the_same_outputs(folders,
               "auto_model": AutoModel.from_pretrained,
               "from_pretrained": hf_defer.EncoderForDeferral.from_pretrained}[load]
     model = loader(folder).eval()
+    assert type(model) is hf_defer.EncoderForRouting
     x = torch.tensor(RECORDED["features"]["features"])
     with torch.no_grad():
         out = model(features=x)
@@ -81,6 +83,17 @@ def test_a_head_only_router_saved_as_a_flag_loads_with_the_same_outputs(folders,
     assert out.defer.tolist() == RECORDED["features"]["defer"]
     outputs = pipeline("deferral", model=str(folder))(list(x.numpy()))
     assert_same_routes(outputs, RECORDED["features"]["pipeline"])
+
+
+def test_saving_an_old_router_again_names_encoder_for_routing_and_keeps_its_outputs(folders, tmp_path):
+    model = hf_defer.AutoModelForDeferral.from_pretrained(folders / "features").eval()
+    model.save_pretrained(tmp_path / "again")
+    config = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert config["architectures"] == ["EncoderForRouting"] and config["route_only"] is True
+    assert config["auto_map"]["AutoModel"] == "modeling_deferral.EncoderForRouting"
+    with torch.no_grad():
+        logits = AutoModel.from_pretrained(tmp_path / "again")(features=torch.tensor(RECORDED["features"]["features"]))
+    np.testing.assert_allclose(logits.logits.numpy(), RECORDED["features"]["logits"], atol=1e-5)
 
 
 REMOTE = r"""
