@@ -32,7 +32,7 @@ from ..experts.simulated import annotator_expert, class_subset_expert
 from ..hub.model_source import check_model_source
 from ..hub.hub_ids import offline_model_path
 from ..hub.sharing import push_to_hub, save_for_hub
-from ..modeling.modeling_deferral import EncoderForDeferral, EncoderForRouting
+from ..modeling.modeling_deferral import DeferralPreTrainedModel, EncoderForDeferral, EncoderForRouting
 from ..modeling.surrogate_routing import is_route_only
 from ..data.preparation import prepare_deferral_dataset
 from ..training.trainer import DeferralTrainer
@@ -153,18 +153,21 @@ def sentence_encoder_max_length(path: str) -> int | None:
 
 
 _HEAD_FIELDS = ("surrogate", "id2label", "num_experts", "expert_names", "expert_costs", "expert_kinds",
-                "defer_threshold", "head_hidden_sizes", "head_dropout")
+                "defer_threshold", "head_hidden_sizes", "head_dropout", "route_only", "default_expert", "side_features")
 
 
-def head_on_sentence_encoder(head_model: EncoderForDeferral, encoder_path: str) -> EncoderForDeferral:
-    """The head of a head-only model trained on the sentence embeddings of `encoder_path`, put on that encoder with
-    its own pooling (and normalization), so that the text model computes what the head was trained on. The encoder
-    is frozen; the config (surrogate, classes, experts, costs, threshold) is the head-only model's."""
+def head_on_sentence_encoder(head_model: DeferralPreTrainedModel, encoder_path: str) -> DeferralPreTrainedModel:
+    """The head (and side-feature embeddings) of a head-only model trained on the sentence embeddings of
+    `encoder_path`, put on that encoder with its own pooling (and normalization), so that the text model computes
+    what the head was trained on. The encoder is frozen; the config (surrogate, classes or route-only experts, costs,
+    threshold, side features) is the head-only model's, and so is the class ([`EncoderForRouting`] for a router)."""
     pooling, normalize = sentence_encoder_pooling(encoder_path)
     fields = {key: getattr(head_model.config, key) for key in _HEAD_FIELDS}
     text_model = EncoderForDeferral.from_encoder_pretrained(encoder_path, pooling=pooling, normalize_pooled=normalize,
                                                             freeze_encoder=True, **fields)
     text_model.head.load_state_dict(head_model.head.state_dict())
+    if head_model.side is not None:
+        text_model.side.load_state_dict(head_model.side.state_dict())
     return text_model
 
 

@@ -9,6 +9,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from ..modeling.surrogate_routing import is_route_only
+
 __all__ = ["PromptRouter", "RoutingDecision", "load_router_pipeline"]
 
 
@@ -50,8 +52,6 @@ def load_router_pipeline(router: str, encoder: str | None = None) -> Any:
     import hf_defer  # noqa: F401  (registers the deferral model type and task)
     from transformers import AutoConfig, AutoTokenizer, pipeline
 
-    from ..modeling.surrogate_routing import is_route_only
-
     try:
         config = AutoConfig.from_pretrained(router)
     except (OSError, ValueError) as error:
@@ -69,9 +69,9 @@ def load_router_pipeline(router: str, encoder: str | None = None) -> Any:
         raise ValueError(f"--router {router!r} is a head-only model (it reads feature vectors): give --encoder, the "
                          "sentence encoder it was trained on (e.g. sentence-transformers/all-MiniLM-L6-v2).")
     from ..commands.run import head_on_sentence_encoder
-    from ..modeling.modeling_deferral import EncoderForDeferral
+    from ..modeling.modeling_deferral import EncoderForRouting
 
-    text_model = head_on_sentence_encoder(EncoderForDeferral.from_pretrained(router), encoder).eval()
+    text_model = head_on_sentence_encoder(EncoderForRouting.from_pretrained(router), encoder).eval()
     return pipeline("deferral", model=text_model, tokenizer=AutoTokenizer.from_pretrained(encoder))
 
 
