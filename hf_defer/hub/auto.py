@@ -35,6 +35,7 @@ class AutoModelForDeferral:
     >>> router = DeferralConfig(feature_size=8, route_only=True, num_experts=2)
     >>> type(AutoModelForDeferral.from_config(router)).__name__
     'EncoderForRouting'
+
     ```
     """
 

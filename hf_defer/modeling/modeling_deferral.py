@@ -580,6 +580,7 @@ class EncoderForRouting(DeferralPreTrainedModel):
     >>> out = model(features=torch.randn(3, 4))
     >>> out.expert_accuracy.shape, out.defer.shape, model.config.default_expert
     (torch.Size([3, 2]), torch.Size([3]), 'small')
+
     ```
     """
 
@@ -642,10 +643,11 @@ class EncoderForRouting(DeferralPreTrainedModel):
         ```python
         >>> import torch
         >>> from hf_defer import DeferralConfig, EncoderForRouting
-        >>> model = EncoderForRouting(DeferralConfig(feature_size=8, route_only=True, num_experts=2))
+        >>> model = EncoderForRouting(DeferralConfig(feature_size=8, route_only=True, num_experts=2)).eval()
         >>> out = model(features=torch.randn(4, 8), expert_correct=torch.tensor([[1, 0], [1, 1], [0, 1], [0, -100]]))
         >>> out.logits.shape, out.class_probs.shape, out.loss.dim()
         (torch.Size([4, 2]), torch.Size([4, 0]), 0)
+
         ```
         """
         if labels is not None or expert_labels is not None:  # the surrogate says why they cannot be used
