@@ -7,8 +7,8 @@ two task heads, and [`DeferralPreTrainedModel.class_for_config`] says which one 
 
 This module imports only ``torch``, ``transformers`` and, relatively, ``.configuration_deferral``, ``.surrogates``,
 ``.surrogate_routing`` and ``.saving_deferral`` (saving and loading the folder), which import ``.surrogate_base``,
-``.surrogate_kernels`` and ``.pipeline_deferral``: with it, those are the files that `save_pretrained` copies next to the weights for remote-code
-loading (``trust_remote_code=True``). Registration with the auto classes happens, once, in ``hf_defer/__init__.py``.
+``.surrogate_kernels`` and ``.pipeline_deferral``: with it, those are the files that `save_pretrained` copies next
+to the weights for remote-code loading (``trust_remote_code=True``). Registration with the auto classes happens, once, in ``hf_defer/__init__.py``.
 """
 
 from __future__ import annotations
@@ -185,8 +185,8 @@ class DeferralPreTrainedModel(DeferralSavingMixin, PreTrainedModel):
         """
         routes = is_route_only(config)
         if not routes and EncoderForRouting.__name__ in (getattr(config, "architectures", None) or []):
-            raise ValueError(f"config.architectures names {EncoderForRouting.__name__} but the config is not route-only "
-                             f"(route_only={getattr(config, 'route_only', None)!r}); a router's config has "
+            raise ValueError(f"config.architectures names {EncoderForRouting.__name__} but the config is not "
+                             f"route-only (route_only={getattr(config, 'route_only', None)!r}); a router's config has "
                              "route_only=True.")
         target = EncoderForRouting if routes else EncoderForDeferral
         return cls if issubclass(cls, target) else target
@@ -558,8 +558,8 @@ class EncoderForRouting(DeferralPreTrainedModel):
     with a head of `num_experts` outputs and no class outputs. `a_j = sigmoid(u_j)` estimates expert `j`'s accuracy
     (or expected score); each input goes to `argmax_j (a_j - c_j)` over the experts' costs: the config's
     `default_expert` (the fixed classifier, the cheap LLM) unless another pays more by `defer_threshold`, which counts
-    as a deferral ([`RouteOnlySurrogate`]). Its config is a [`DeferralConfig`] with `route_only=True`, `num_experts >= 2`
-    and no classes; it trains on each expert's correctness or score, `forward(..., expert_correct=c)`.
+    as a deferral ([`RouteOnlySurrogate`]). Its config is a [`DeferralConfig`] with `route_only=True`,
+    `num_experts >= 2` and no classes; it trains on each expert's correctness or score, `forward(..., expert_correct=c)`.
 
     Named as transformers names task heads (`<backbone>For<task>`): the backbone is the same encoder as
     `EncoderForDeferral`'s, the task is routing among experts rather than answering or deferring.
