@@ -205,7 +205,7 @@ def _fit_route_only(features: np.ndarray, correct: np.ndarray, names: Sequence[s
 
     torch.manual_seed(seed)
     model = EncoderForRouting(DeferralConfig(feature_size=features.shape[1], route_only=True, num_experts=len(names),
-                                              expert_names=list(names), default_expert=names[0]))
+                                             expert_names=list(names), default_expert=names[0]))
     x, c = torch.as_tensor(features), torch.as_tensor(correct, dtype=torch.float32)
     _adam(model, lambda rows: model(features=x[rows], expert_correct=c[rows]).loss, len(c), seed, epochs)
     with torch.no_grad():

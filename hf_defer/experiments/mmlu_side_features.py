@@ -38,8 +38,8 @@ def fit_route_only_side_features(features: np.ndarray, subjects: Sequence[str], 
     def train(rows: np.ndarray, sizes: Sequence[int]) -> Any:
         torch.manual_seed(seed)
         model = EncoderForRouting(DeferralConfig(feature_size=features.shape[1], route_only=True, num_experts=2,
-                                                  expert_names=["mixtral", "gpt4"], side_features=specs,
-                                                  head_hidden_sizes=list(sizes)))
+                                                 expert_names=["mixtral", "gpt4"], side_features=specs,
+                                                 head_hidden_sizes=list(sizes)))
         x, ids = tensors(features[rows], [subjects[i] for i in rows])
         c = torch.as_tensor(correct[rows], dtype=torch.float32)
         optimizer = torch.optim.LBFGS(model.parameters(), max_iter=epochs, line_search_fn="strong_wolfe")
