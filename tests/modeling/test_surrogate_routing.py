@@ -299,3 +299,5 @@ def test_calibration_caps_the_share_routed_away_from_the_default():
     calibrate_deferral(model, held_out, max_deferral_rate=0.25)
     outputs = pipeline("deferral", model=model)(held_out)
     assert sum(o["defer"] for o in outputs) == 10  # floor(0.25 * 40), no two margins tied
+    with pytest.raises(ValueError, match="max_error needs a model with a class head"):  # is_route_only(config)
+        calibrate_deferral(model, held_out, max_error=0.1, confidence=0.9, expert_correct=np.ones((40, 3), np.float32))
