@@ -9,7 +9,7 @@ the public API and registers the model type, the auto classes and the pipeline t
 from .evaluation.metrics import DeferralMetrics, deferral_metrics, expected_calibration_error, reliability_bins
 from .modeling.surrogates import SURROGATES, DeferralSurrogate, get_surrogate
 from .modeling.configuration_deferral import DeferralConfig
-from .modeling.modeling_deferral import DeferralOutput, EncoderForDeferral
+from .modeling.modeling_deferral import DeferralOutput, EncoderForDeferral, EncoderForRouting
 from .modeling.saving_deferral import DeferralSavingMixin
 from .hub.auto import AutoModelForDeferral
 from .training.trainer import DeferralTrainer
@@ -34,10 +34,13 @@ def _register_auto_classes() -> None:
     from transformers import AutoConfig, AutoModel
 
     AutoConfig.register(DeferralConfig.model_type, DeferralConfig, exist_ok=True)
+    # One model class per config class: EncoderForDeferral, whose loaders build an EncoderForRouting for a route-only
+    # config (DeferralPreTrainedModel.class_for_config); AutoModelForDeferral asks that method first.
     AutoModel.register(DeferralConfig, EncoderForDeferral, exist_ok=True)
     AutoModelForDeferral.register(DeferralConfig, EncoderForDeferral, exist_ok=True)
     DeferralConfig.register_for_auto_class()
     EncoderForDeferral.register_for_auto_class("AutoModel")
+    EncoderForRouting.register_for_auto_class("AutoModel")  # a router's folder: auto_map names EncoderForRouting
 
 
 _register_auto_classes()
@@ -77,6 +80,7 @@ __all__ = [
     "DeferralOutput",
     "DeferralPipeline",
     "EncoderForDeferral",
+    "EncoderForRouting",
     "DeferralMetrics",
     "DeferralSurrogate",
     "DeferralTrainer",

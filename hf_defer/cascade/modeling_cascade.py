@@ -137,12 +137,12 @@ class DeferralCascade:
 
     ```python
     >>> import numpy as np, torch
-    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral, EncoderForRouting
     >>> from hf_defer.cascade import DeferralCascade
     >>> stage1 = EncoderForDeferral(DeferralConfig(feature_size=2, num_labels=2, num_experts=2, surrogate="aova",
     ...                                            expert_names=["llm", "person"]))
-    >>> stage2 = EncoderForDeferral(DeferralConfig(feature_size=2 + 2 + 3, route_only=True, num_experts=2,
-    ...                                            expert_names=["llm", "person"], default_expert="llm"))
+    >>> stage2 = EncoderForRouting(DeferralConfig(feature_size=2 + 2 + 3, route_only=True, num_experts=2,
+    ...                                           expert_names=["llm", "person"], default_expert="llm"))
     >>> for model, bias in ((stage1, [0.0, 0.0, 2.0, 0.0]), (stage2, [0.0, 0.0])):  # stage 1: a_llm 0.88 > p 0.5
     ...     _ = torch.nn.init.zeros_(model.head[1].weight), model.head[1].bias.data.copy_(torch.tensor(bias))
     >>> cascade = DeferralCascade(stage1, stage2, "llm", {"model": 1, "llm": 10, "person": 100})

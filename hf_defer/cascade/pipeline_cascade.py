@@ -112,7 +112,7 @@ class DeferralCascadePipeline(Pipeline):
     >>> from transformers import pipeline
     >>> stage1 = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(
     ...     feature_size=2, num_labels=2, num_experts=2, surrogate="aova", expert_names=["llm", "person"]))
-    >>> stage2 = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(
+    >>> stage2 = hf_defer.EncoderForRouting(hf_defer.DeferralConfig(
     ...     feature_size=2 + 2 + 3, route_only=True, num_experts=2, expert_names=["llm", "person"],
     ...     default_expert="llm"))
     >>> for model, bias in ((stage1, [0.0, 0.0, 2.0, 0.0]), (stage2, [0.0, 0.0])):  # stage 1: a_llm 0.88 > p 0.5

@@ -79,13 +79,14 @@ def evaluate_file(model: str, input_path: str, label_column_name: str = "label",
     from ..data.collator import DataCollatorForDeferral
     from ..data.preparation import prepare_deferral_dataset
     from ..evaluation.metrics import deferral_metrics
+    from ..modeling.surrogate_routing import is_route_only
 
     if isinstance(text_column_names, str):
         text_column_names = [text_column_names]
     table = read_table(input_path)
     pipe = load_pipeline(model, trust_remote_code)
     config = pipe.model.config
-    route_only = config.route_only is True
+    route_only = is_route_only(config)
     if route_only and expert_column_names:
         raise ValueError("--expert_column_names: a route-only model has no classes, so no expert answers to compare "
                          "with a label; give each expert's correctness (0/1) or score with --expert_correct_columns.")

@@ -20,6 +20,7 @@ from .outputs import (
     prediction_values,
     resume_predictions,
 )
+from ..modeling.surrogate_routing import is_route_only
 
 __all__ = ["input_length_limit", "load_pipeline", "parse_expert_costs", "predict_file", "read_table", "run_predict"]
 
@@ -247,7 +248,7 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
         pipeline_kwargs.setdefault("truncation", True)
         pipeline_kwargs.setdefault("max_length", input_length_limit(pipe))
     config = pipe.model.config
-    route_only = getattr(config, "route_only", False) is True
+    route_only = is_route_only(config)
     copied = list(copy_columns or ())
     pipeline_kwargs.setdefault("return_margin", True)  # the output shows why an input was (not) deferred
     header = prediction_header(config.expert_names, id_column, copied, route_only, margin=True)

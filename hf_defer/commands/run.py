@@ -32,7 +32,8 @@ from ..experts.simulated import annotator_expert, class_subset_expert
 from ..hub.model_source import check_model_source
 from ..hub.hub_ids import offline_model_path
 from ..hub.sharing import push_to_hub, save_for_hub
-from ..modeling.modeling_deferral import EncoderForDeferral
+from ..modeling.modeling_deferral import EncoderForDeferral, EncoderForRouting
+from ..modeling.surrogate_routing import is_route_only
 from ..data.preparation import check_side_feature_columns, prepare_deferral_dataset
 from ..training.trainer import DeferralTrainer
 
@@ -308,7 +309,8 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
             splits = add_embeddings(splits, processor_path, cache_dir=model_args.embedding_cache_dir,
                                     show_progress_bar=not training_args.disable_tqdm, max_seq_length=max_length)
         width = len(splits["train" if "train" in splits else "validation"][0]["features"])
-        model = EncoderForDeferral(DeferralConfig(feature_size=width, surrogate=model_args.surrogate, **names))
+        config = DeferralConfig(feature_size=width, surrogate=model_args.surrogate, **names)
+        model = (EncoderForRouting if is_route_only(config) else EncoderForDeferral)(config)
     else:
         encoder_kwargs = dict(hub)
         if model_args.config_name:
@@ -405,7 +407,7 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
             rows = write_predictions(outputs, predictions, final.config.expert_names,
                                      ids=test[id_column] if id_column else None, id_column=id_column or "row",
                                      columns={name: test[name] for name in data_args.copied_columns},
-                                     route_only=final.config.route_only is True)
+                                     route_only=is_route_only(final))
         summary = {"status": "completed", "model": str(folder),
                    "predictions": str(predictions) if predictions else None,
                    "predicted_rows": rows, "defer_threshold": float(final.config.defer_threshold),

@@ -17,6 +17,8 @@ import pyarrow.compute as pc
 import torch
 from transformers.utils import logging
 
+from ..modeling.surrogate_routing import is_route_only
+
 logger = logging.get_logger(__name__)
 
 PEEK_ROWS = 64
@@ -186,7 +188,7 @@ def check_deferral_dataset(dataset: Any, model: Any, name: str = "dataset",
     if columns is None or not isinstance(dataset, datasets.Dataset):  # a torch Dataset: nothing cheap to check
         return None
     label_column = "label" if "labels" not in columns and "label" in columns else "labels"  # the collator renames it
-    if getattr(model.config, "route_only", False) is True:  # no classes: each expert's correctness or score only
+    if is_route_only(model):  # no classes: each expert's correctness or score only
         return _check_route_only_dataset(dataset, model, name, columns, label_column)
     if "expert_correct" in columns and "expert_labels" in columns:
         raise ValueError(f"{name} has both 'expert_labels' and 'expert_correct': keep one (the experts' answers, or "

@@ -283,7 +283,8 @@ def prepare_deferral_dataset(
     * Route-only data (`label_column=None`: no class to predict, only which model to call): at least two
       `expert_correct_columns` and no `expert_columns` (an answer cannot be scored without a label) nor `label_names`.
       The dataset carries `expert_correct` and the inputs, no `labels`; `.model_kwargs()` gives `route_only=True`,
-      `num_experts` and `expert_names` for a route-only model (`DeferralConfig(route_only=True, ...)`).
+      `num_experts` and `expert_names` for a route-only model (`EncoderForRouting`, its config
+      `DeferralConfig(route_only=True, ...)`).
     * Inputs: `text_column` (and `text_pair_column`) become `text` (and `text_pair`) and, with a tokenizer as
       `processor`, are tokenized (`truncation=True`, `max_length`). `image_column` becomes `image`; with an image
       processor it is turned into `pixel_values` when rows are read (`with_transform`: train such a split with

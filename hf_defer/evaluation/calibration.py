@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from .guarantees import MARGIN_TOLERANCE, _threshold_between, certify_threshold, empirical_budget_threshold  # noqa: F401
 from ..modeling.pipeline_options import _WithAvailability, _availability
 from ..modeling.pipeline_deferral import DeferralPipeline
+from ..modeling.surrogate_routing import is_route_only
 
 
 def _pipeline_inputs(dataset: Any, input_kind: str) -> tuple[Iterator[Any], int]:
@@ -206,7 +207,7 @@ def calibrate_deferral(
     names = list(config.expert_names)
     targets = None
     if max_error is not None:
-        if getattr(config, "route_only", False) is True:
+        if is_route_only(config):
             raise ValueError("max_error needs a model with a class head; a route-only model takes a budget "
                              "(max_deferral_rate, max_mean_cost).")
         targets = _targets(dataset, labels, expert_labels, expert_correct, count, len(names))

@@ -26,8 +26,9 @@ from .reliability import (  # noqa: F401  (pool_reliability, reliability_ece, MA
     reliability_ece,
 )
 from .costs import mean_cost
-from .route_only_metrics import route_only_metrics
+from .metrics_routing import route_only_metrics
 from ..modeling.surrogates import DeferralSurrogate, RouteOnlySurrogate, get_surrogate, surrogate_for_config
+from ..modeling.surrogate_routing import is_route_only
 
 
 def _as_tensor(name: str, values: Any) -> torch.Tensor:
@@ -379,7 +380,7 @@ class DeferralMetrics:
         if isinstance(logits, (tuple, list)):
             logits = logits[0]
         label_ids = eval_prediction.label_ids
-        if getattr(getattr(self.surrogate, "config", self.surrogate), "route_only", False) is True:
+        if is_route_only(self.surrogate):
             return deferral_metrics(logits, None, surrogate=self.surrogate, n_bins=self.n_bins, budgets=self.budgets,
                                     budget_ranking=self.budget_ranking, expert_names=self.expert_names,
                                     expert_correct=label_ids)  # a route-only model's one target: expert_correct

@@ -198,14 +198,14 @@ def _fit_deferral(features: np.ndarray, labels: np.ndarray, expert_labels: np.nd
 
 def _fit_route_only(features: np.ndarray, correct: np.ndarray, names: Sequence[str], seed: int,
                     epochs: int) -> Any:
-    """A linear route-only `EncoderForDeferral` head (per-expert binary log loss on `correct`, Adam, batch 256);
+    """A linear `EncoderForRouting` head (per-expert binary log loss on `correct`, Adam, batch 256);
     returns features -> estimated accuracy of each expert `[N, M]`."""
     from ..modeling.configuration_deferral import DeferralConfig
-    from ..modeling.modeling_deferral import EncoderForDeferral
+    from ..modeling.modeling_deferral import EncoderForRouting
 
     torch.manual_seed(seed)
-    model = EncoderForDeferral(DeferralConfig(feature_size=features.shape[1], route_only=True, num_experts=len(names),
-                                              expert_names=list(names), default_expert=names[0]))
+    model = EncoderForRouting(DeferralConfig(feature_size=features.shape[1], route_only=True, num_experts=len(names),
+                                             expert_names=list(names), default_expert=names[0]))
     x, c = torch.as_tensor(features), torch.as_tensor(correct, dtype=torch.float32)
     _adam(model, lambda rows: model(features=x[rows], expert_correct=c[rows]).loss, len(c), seed, epochs)
     with torch.no_grad():

@@ -146,18 +146,18 @@ def fit_correctness_classifiers(features: np.ndarray, correct: np.ndarray, seed:
 
 def fit_route_only_deferral(features: np.ndarray, correct: np.ndarray, seed: int,
                             epochs: int = 30) -> Callable[[np.ndarray], np.ndarray]:
-    """The route-only deferral model as a [`RouteOnlyFit`]: a linear head-only `EncoderForDeferral(DeferralConfig(
+    """The route-only deferral model as a [`RouteOnlyFit`]: a linear head-only `EncoderForRouting(DeferralConfig(
     feature_size=D, route_only=True, num_experts=2))` on the features, trained with its per-expert binary log loss
     on the correctness targets `correct` (columns: Mixtral, GPT-4; Mixtral the default expert) by full-batch L-BFGS,
     `epochs` iterations; returns `features -> expert_accuracy` (`[m, 2]`)."""
     import torch
 
     from ..modeling.configuration_deferral import DeferralConfig
-    from ..modeling.modeling_deferral import EncoderForDeferral
+    from ..modeling.modeling_deferral import EncoderForRouting
 
     torch.manual_seed(seed)
-    model = EncoderForDeferral(DeferralConfig(feature_size=features.shape[1], route_only=True, num_experts=2,
-                                              expert_names=["mixtral", "gpt4"]))
+    model = EncoderForRouting(DeferralConfig(feature_size=features.shape[1], route_only=True, num_experts=2,
+                                             expert_names=["mixtral", "gpt4"]))
     x, c = torch.as_tensor(features, dtype=torch.float32), torch.as_tensor(correct, dtype=torch.float32)
     optimizer = torch.optim.LBFGS(model.parameters(), max_iter=epochs, line_search_fn="strong_wolfe")
 

@@ -25,7 +25,7 @@ def fit_route_only_side_features(features: np.ndarray, subjects: Sequence[str], 
     import torch
 
     from ..modeling.configuration_deferral import DeferralConfig
-    from ..modeling.modeling_deferral import EncoderForDeferral
+    from ..modeling.modeling_deferral import EncoderForRouting
     from ..modeling.side_features import side_feature_specs, side_feature_tensors
 
     subjects = [str(subject) for subject in subjects]
@@ -37,9 +37,9 @@ def fit_route_only_side_features(features: np.ndarray, subjects: Sequence[str], 
 
     def train(rows: np.ndarray, sizes: Sequence[int]) -> Any:
         torch.manual_seed(seed)
-        model = EncoderForDeferral(DeferralConfig(feature_size=features.shape[1], route_only=True, num_experts=2,
-                                                  expert_names=["mixtral", "gpt4"], side_features=specs,
-                                                  head_hidden_sizes=list(sizes)))
+        model = EncoderForRouting(DeferralConfig(feature_size=features.shape[1], route_only=True, num_experts=2,
+                                                 expert_names=["mixtral", "gpt4"], side_features=specs,
+                                                 head_hidden_sizes=list(sizes)))
         x, ids = tensors(features[rows], [subjects[i] for i in rows])
         c = torch.as_tensor(correct[rows], dtype=torch.float32)
         optimizer = torch.optim.LBFGS(model.parameters(), max_iter=epochs, line_search_fn="strong_wolfe")

@@ -29,7 +29,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from ..modeling.modeling_deferral import EncoderForDeferral
+from ..modeling.modeling_deferral import DeferralPreTrainedModel, EncoderForDeferral
 
 __all__ = ["DEFAULT_SENTENCE_ENCODER", "add_embeddings", "default_embedding_cache_dir", "embed_texts",
            "head_on_sentence_encoder", "resolve_sentence_encoder", "sentence_encoder_max_length",
@@ -433,10 +433,11 @@ _HEAD_FIELDS = ("surrogate", "id2label", "num_experts", "expert_names", "expert_
                 "default_expert")
 
 
-def head_on_sentence_encoder(head_model: EncoderForDeferral, encoder_path: str) -> EncoderForDeferral:
-    """The head of a head-only model trained on the sentence embeddings of `encoder_path`, put on that encoder with
-    its own pooling (and normalization), so that the text model computes what the head was trained on. The encoder
-    is frozen; the config (surrogate, classes, experts, costs, threshold) is the head-only model's."""
+def head_on_sentence_encoder(head_model: DeferralPreTrainedModel, encoder_path: str) -> DeferralPreTrainedModel:
+    """The head (and side-feature embeddings) of a head-only model trained on the sentence embeddings of
+    `encoder_path`, put on that encoder with its own pooling (and normalization), so that the text model computes
+    what the head was trained on. The encoder is frozen; the config (surrogate, classes or route-only experts, costs,
+    threshold, side features) is the head-only model's, and so is the class ([`EncoderForRouting`] for a router)."""
     pooling, normalize = sentence_encoder_pooling(encoder_path)
     fields = {key: getattr(head_model.config, key) for key in _HEAD_FIELDS}
     text_model = EncoderForDeferral.from_encoder_pretrained(encoder_path, pooling=pooling, normalize_pooled=normalize,

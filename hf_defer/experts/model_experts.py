@@ -23,6 +23,7 @@ import datasets
 import numpy as np
 
 from ..modeling.pipeline_deferral import CLASSIFIER_ANSWER
+from ..modeling.surrogate_routing import is_route_only
 from .simulated import _check_column_name, _check_dataset, _require_columns
 
 __all__ = ["answer_with_model_experts", "answers_to_ids", "as_batch_predictor", "model_expert", "predict_ids",
@@ -200,7 +201,7 @@ def answer_with_model_experts(
     experts = {name: as_batch_predictor(*p) if isinstance(p, tuple) else as_batch_predictor(p)
                for name, p in experts.items()}
     costs = dict(zip(config.expert_names, expert_costs))
-    route_only = getattr(config, "route_only", False) is True  # every input goes to an expert, the default included
+    route_only = is_route_only(config)  # every input goes to an expert, the default included
     for out in outputs:
         out["answered_by"] = None if out["defer"] or route_only else CLASSIFIER_ANSWER
         out["cost"] = costs[out["expert"]] if out["defer"] or route_only else 0.0

@@ -20,7 +20,8 @@ class AutoModelForDeferral:
     """Auto class for deferral models: `AutoModelForDeferral.from_pretrained(path)` after `import hf_defer`.
 
     It is also the model class of the library's `"deferral"` pipeline task. `hf_defer` registers
-    `DeferralConfig -> EncoderForDeferral`; [`register`] adds other pairs.
+    `DeferralConfig -> EncoderForDeferral`, which builds an [`EncoderForRouting`] for a route-only config (the
+    registered class's `class_for_config` chooses); [`register`] adds other pairs.
 
     Example:
 
@@ -31,6 +32,10 @@ class AutoModelForDeferral:
     >>> EncoderForDeferral(DeferralConfig(feature_size=8, num_labels=2)).save_pretrained(path)
     >>> type(AutoModelForDeferral.from_pretrained(path)).__name__
     'EncoderForDeferral'
+    >>> router = DeferralConfig(feature_size=8, route_only=True, num_experts=2)
+    >>> type(AutoModelForDeferral.from_config(router)).__name__
+    'EncoderForRouting'
+
     ```
     """
 
@@ -55,9 +60,13 @@ class AutoModelForDeferral:
 
     @classmethod
     def _model_class(cls, config: PretrainedConfig) -> type:
+        """The registered class for `config`, or the sibling it names for this config (`class_for_config`, as
+        [`EncoderForDeferral`] names [`EncoderForRouting`] for a route-only config)."""
         for config_class in type(config).__mro__:
             if config_class in cls._model_mapping:
-                return cls._model_mapping[config_class]
+                model_class = cls._model_mapping[config_class]
+                choose = getattr(model_class, "class_for_config", None)
+                return model_class if choose is None else choose(config)
         known = sorted(config_class.__name__ for config_class in cls._model_mapping)
         raise ValueError(
             f"AutoModelForDeferral has no model for {type(config).__name__} (model_type "

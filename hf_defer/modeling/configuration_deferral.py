@@ -137,10 +137,10 @@ class DeferralConfig(PretrainedConfig):
             `"person"` or `"model"` for each expert (all `"person"` by default). A model expert can answer in the
             pipeline itself (`pipeline("deferral", model=..., experts={name: predictor})`).
         route_only (`bool`, *optional*, defaults to `False`):
-            A route-only model ([`RouteOnlySurrogate`]): no class head, `num_labels` = 0 (giving classes is an error),
-            one output per expert (at least 2), whose sigmoid estimates that expert's accuracy or expected score; it
-            learns from `expert_correct` alone and routes to `argmax_j (a_j - c_j)`. `surrogate` is then
-            `"route_only"`. Over feature vectors (`feature_size=D`) it is a head-only router: `forward(features,
+            A route-only model, an [`EncoderForRouting`] ([`RouteOnlySurrogate`]): no class head, `num_labels` = 0
+            (giving classes is an error), one output per expert (at least 2), whose sigmoid estimates that expert's
+            accuracy or expected score; it learns from `expert_correct` alone and routes to `argmax_j (a_j - c_j)`.
+            `surrogate` is then `"route_only"`. Over feature vectors (`feature_size=D`) it is a head-only router: `forward(features,
             expert_correct=...)`.
         default_expert (`str` or `int`, *optional*):
             Route-only models: the expert that answers when no other is asked (the fixed classifier, the cheap LLM),

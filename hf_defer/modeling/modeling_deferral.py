@@ -1,35 +1,43 @@
-"""Learning-to-defer model: an encoder (or precomputed features) followed by a head with K + M outputs.
+"""The deferral models: an encoder (or precomputed features) followed by a head, on one base class.
 
-This module imports only ``torch``, ``transformers`` and, relatively, ``.configuration_deferral``, ``.surrogates`` and
-``.saving_deferral`` (saving and loading the folder), which import ``.surrogate_base``, ``.surrogate_kernels`` and
-``.pipeline_deferral``: with it, those are the files that `save_pretrained` copies next to the weights for remote-code
-loading (``trust_remote_code=True``). Registration with the auto classes happens, once, in ``hf_defer/__init__.py``.
+[`DeferralPreTrainedModel`] holds what they share (the encoder or features, pooling, side features, the head, saving
+and loading), as transformers' `BertPreTrainedModel` does for BERT's task heads; [`EncoderForDeferral`] (K classes and
+M experts: answer or defer) and [`EncoderForRouting`] (M experts only: route, the config's `route_only=True`) are its
+two task heads, and [`DeferralPreTrainedModel.class_for_config`] says which one a config builds.
+
+This module imports only ``torch``, ``transformers`` and, relatively, ``.configuration_deferral``, ``.surrogates``,
+``.surrogate_routing`` and ``.saving_deferral`` (saving and loading the folder), which import ``.surrogate_base``,
+``.surrogate_kernels`` and ``.pipeline_deferral``: with it, those are the files that `save_pretrained` copies next
+to the weights for remote-code loading (``trust_remote_code=True``). Registration with the auto classes happens, once, in ``hf_defer/__init__.py``.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModel, PreTrainedModel
+from transformers import AutoModel, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .configuration_deferral import DeferralConfig
 from .saving_deferral import DeferralSavingMixin
 from .side_features import SideFeatureEncoder
+from .surrogate_routing import is_route_only
 from .surrogates import surrogate_for_config
 
 _ENCODER_INPUTS = ("input_ids", "pixel_values")
 _ENCODER_LOADING_KWARGS = ("dtype", "revision", "cache_dir", "token", "local_files_only", "force_download",
                            "subfolder", "trust_remote_code", "attn_implementation", "device_map")
+_CONFIG_LOADING_KWARGS = ("revision", "cache_dir", "token", "local_files_only", "force_download", "subfolder")
 
 
 @dataclass
 class DeferralOutput(ModelOutput):
-    """Output of [`EncoderForDeferral`].
+    """Output of [`EncoderForDeferral`] and [`EncoderForRouting`] (whose `class_probs` is empty, `[B, 0]`).
 
     Args:
         loss (`torch.FloatTensor` of shape `()`, *optional*):
@@ -59,8 +67,25 @@ class DeferralOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-class DeferralPreTrainedModel(PreTrainedModel):
-    """Base class of the deferral models: ties them to [`DeferralConfig`]."""
+class DeferralPreTrainedModel(DeferralSavingMixin, PreTrainedModel):
+    r"""
+    Base class of the deferral models, as `BertPreTrainedModel` is of BERT's task heads: it ties them to
+    [`DeferralConfig`], saves and loads them ([`DeferralSavingMixin`]) and builds what [`EncoderForDeferral`] and
+    [`EncoderForRouting`] share: an encoder (any `AutoModel`, text or vision) whose pooled last hidden state, or a
+    precomputed feature vector (head-only: `feature_size` instead of `encoder`), joined to the side features, goes
+    through a head with `num_labels + num_experts` outputs (`num_labels` is 0 for a router).
+
+    Which task head a config builds is [`class_for_config`]: [`EncoderForRouting`] for a route-only config
+    (`route_only=True`), [`EncoderForDeferral`] otherwise. `from_pretrained`, `from_encoder_pretrained` and
+    `_from_config` (`AutoModel.from_config`) build that class whichever of the two they are called on, so that a
+    route-only folder saved while route-only was a flag of `EncoderForDeferral` (its `config.json` names
+    `EncoderForDeferral`) loads as the `EncoderForRouting` it is; the constructors refuse a config of the other kind.
+
+    Args:
+        config ([`DeferralConfig`]): the model configuration.
+        encoder ([`PreTrainedModel`], *optional*): an already built encoder to use instead of building one from
+            `config.encoder`; its config replaces `config.encoder`.
+    """
 
     config_class = DeferralConfig
     config: DeferralConfig
@@ -68,40 +93,6 @@ class DeferralPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _keep_in_fp32_modules_strict = ["head"]  # loading in bf16/fp16 keeps the small head, and so the logits, in fp32
-
-
-class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
-    r"""
-    A learning-to-defer model: an encoder (any `AutoModel`, text or vision) whose pooled last hidden state, or a
-    precomputed feature vector in head-only mode, goes through a head with `num_labels + num_experts` outputs. It
-    predicts `argmax` over the class logits, or defers to the best expert when that expert's logit is the larger.
-
-    Route-only (`DeferralConfig(route_only=True, num_experts=M, expert_names=[...], feature_size=D or encoder=...)`):
-    the head has `M` outputs and no class outputs; `forward(features, expert_correct=c)` (`c`: `[B, M]` in [0, 1],
-    -100 where missing; class labels are refused) gives the loss of [`RouteOnlySurrogate`], `expert_accuracy`
-    (`sigmoid` of the logits), empty `class_probs` (`[B, 0]`) and `defer` (routed away from `config.default_expert`).
-
-    Args:
-        config ([`DeferralConfig`]): the model configuration.
-        encoder ([`PreTrainedModel`], *optional*): an already built encoder to use instead of building one from
-            `config.encoder`; its config replaces `config.encoder`.
-
-    Example:
-
-    ```python
-    >>> import torch
-    >>> from transformers import BertConfig
-    >>> from hf_defer import DeferralConfig, EncoderForDeferral
-    >>> encoder = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
-    ...                      vocab_size=99)
-    >>> model = EncoderForDeferral(DeferralConfig(encoder=encoder, num_labels=3, num_experts=1)).eval()
-    >>> out = model(input_ids=torch.tensor([[2, 5, 7, 3]]), labels=torch.tensor([1]),
-    ...             expert_labels=torch.tensor([1]))
-    >>> out.logits.shape, out.class_probs.shape, out.expert_accuracy.shape, out.defer.shape
-    (torch.Size([1, 4]), torch.Size([1, 3]), torch.Size([1, 1]), torch.Size([1]))
-    >>> out.loss.backward()
-    ```
-    """
 
     def __init__(self, config: DeferralConfig, encoder: PreTrainedModel | None = None) -> None:
         if getattr(config, "model_type", None) != DeferralConfig.model_type:  # not isinstance: remote code reloads
@@ -175,82 +166,70 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
             self.encoder.requires_grad_(False)
         self.config.freeze_encoder = True
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        pixel_values: torch.FloatTensor | None = None,
-        features: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        expert_labels: torch.LongTensor | None = None,
-        expert_correct: torch.FloatTensor | None = None,
-        side_categorical: torch.LongTensor | None = None,
-        side_numeric: torch.FloatTensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        return_dict: bool | None = None,
-        output_estimates: bool | None = None,
-        check_inputs: bool = True,
-    ) -> DeferralOutput | tuple[torch.Tensor, ...]:
-        r"""
-        Args:
-            input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): token ids.
-            attention_mask (`torch.Tensor` of shape `(batch_size, sequence_length)`, *optional*): 1 for tokens
-                to attend to and pool over, 0 for padding.
-            token_type_ids (`torch.LongTensor`, *optional*): segment ids, dropped for encoders without them.
-            pixel_values (`torch.FloatTensor` of shape `(batch_size, channels, height, width)`, *optional*):
-                images, for vision encoders.
-            features (`torch.FloatTensor` of shape `(batch_size, feature_size)`, *optional*): precomputed
-                feature vectors, for head-only models.
-            labels (`torch.LongTensor` of shape `(batch_size,)`, *optional*): true classes (-100 ignores a row).
-            expert_labels (`torch.LongTensor` of shape `(batch_size,)` or `(batch_size, num_experts)`, *optional*):
-                each expert's predicted class, -100 where it did not answer (its terms leave that row's loss); needed
-                with `labels` for the loss, or instead:
-            expert_correct (`torch.FloatTensor` of shape `(batch_size,)` or `(batch_size, num_experts)`, *optional*):
-                each expert's target itself: 1/0 (right/wrong) or a score in [0, 1], -100 where there is none.
-            side_categorical (`torch.LongTensor` `(batch_size, n)`) / side_numeric (`torch.FloatTensor` `(batch_size,
-                m)`), *optional*: the side features of a model with `config.side_features` (`side_feature_tensors`).
-            output_hidden_states (`bool`, *optional*): return the encoder's hidden states.
-            output_attentions (`bool`, *optional*): return the encoder's attention weights.
-            return_dict (`bool`, *optional*): return a [`DeferralOutput`] rather than a tuple.
-            output_estimates (`bool`, *optional*): compute `class_probs`, `expert_accuracy` and `defer`. By default
-                they are computed except in training mode with a loss, where the step needs only the loss.
-            check_inputs (`bool`, *optional*, defaults to `True`): check the values of `labels`, `expert_labels` and
-                the logits on this batch (see [`DeferralSurrogate.loss`]); [`DeferralTrainer`] turns it off in
-                training once it has checked the whole dataset, saving a pass and a device sync per check and step.
+    @classmethod
+    def class_for_config(cls, config: PretrainedConfig) -> type[DeferralPreTrainedModel]:
+        """The task head `config` describes: [`EncoderForRouting`] when it is route-only ([`is_route_only`]),
+        [`EncoderForDeferral`] otherwise; `cls` itself when it is (a subclass of) that one.
 
-        Returns:
-            [`DeferralOutput`] or `tuple`: logits, the surrogate's estimates, the deferral decision and, with
-            `labels` and `expert_labels`, the loss.
+        The config's `route_only` decides, as it shapes the head (no class outputs) and is in every folder, old ones
+        included; `architectures` naming `EncoderForRouting` without it is a `ValueError` (a hand-edited config).
 
         Example:
 
         ```python
-        >>> import torch
         >>> from hf_defer import DeferralConfig, EncoderForDeferral
-        >>> model = EncoderForDeferral(DeferralConfig(feature_size=8, num_labels=2, surrogate="ssm"))
-        >>> out = model(features=torch.randn(5, 8), labels=torch.tensor([0, 1, 1, 0, 1]),
-        ...             expert_labels=torch.tensor([0, 1, 0, 0, 1]))
-        >>> out.logits.shape, out.loss.dim()
-        (torch.Size([5, 3]), 0)
+        >>> EncoderForDeferral.class_for_config(DeferralConfig(feature_size=4, route_only=True, num_experts=2)).__name__
+        'EncoderForRouting'
+
         ```
         """
-        targets = "expert_labels" if expert_correct is None else "expert_correct"
-        route_only = self.config.route_only is True
-        if route_only and (labels is not None or expert_labels is not None):  # the surrogate says why
-            self.surrogate.check_expert_targets(labels, expert_labels, expert_correct=expert_correct)
-        if not route_only and labels is not None and expert_labels is None and expert_correct is None:
-            raise ValueError(
-                "expert_labels are required with labels to compute the deferral loss (each expert's predicted "
-                "class, shape [batch] or [batch, num_experts]; or expert_correct, whether each was right), got labels "
-                "but expert_labels=None."
-            )
-        if (expert_labels is not None or expert_correct is not None) and labels is None and not route_only:
-            raise ValueError(f"labels are required with {targets} to compute the deferral loss, got labels=None.")
+        routes = is_route_only(config)
+        if not routes and EncoderForRouting.__name__ in (getattr(config, "architectures", None) or []):
+            raise ValueError(f"config.architectures names {EncoderForRouting.__name__} but the config is not "
+                             f"route-only (route_only={getattr(config, 'route_only', None)!r}); a router's config has "
+                             "route_only=True.")
+        target = EncoderForRouting if routes else EncoderForDeferral
+        return cls if issubclass(cls, target) else target
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None, *args: Any,
+                        **kwargs: Any) -> PreTrainedModel | tuple[PreTrainedModel, dict]:
+        """[`DeferralSavingMixin.from_pretrained`] of the class the folder's config describes ([`class_for_config`]):
+        a route-only folder loads as an [`EncoderForRouting`], whichever deferral class this is called on."""
+        config = kwargs.get("config")
+        if not isinstance(config, PretrainedConfig):
+            hub = {key: kwargs[key] for key in _CONFIG_LOADING_KWARGS if key in kwargs}
+            try:
+                config = cls.config_class.from_pretrained(config or pretrained_model_name_or_path, **hub)
+            except (OSError, ValueError):  # no config.json here (an adapter folder): transformers' loading says more
+                config = None
+        target = cls if config is None else cls.class_for_config(config)
+        if target is not cls:
+            return target.from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+    @classmethod
+    def _from_config(cls, config: PretrainedConfig, **kwargs: Any) -> PreTrainedModel:
+        """`AutoModel.from_config`'s constructor: the class `config` describes ([`class_for_config`])."""
+        target = cls.class_for_config(config)
+        return super()._from_config(config, **kwargs) if target is cls else target._from_config(config, **kwargs)
+
+    def _logits(
+        self,
+        input_ids: torch.LongTensor | None,
+        attention_mask: torch.Tensor | None,
+        token_type_ids: torch.LongTensor | None,
+        pixel_values: torch.FloatTensor | None,
+        features: torch.FloatTensor | None,
+        side_categorical: torch.LongTensor | None,
+        side_numeric: torch.FloatTensor | None,
+        output_hidden_states: bool | None,
+        output_attentions: bool | None,
+        check_inputs: bool,
+    ) -> tuple[torch.Tensor, tuple | None, tuple | None]:
+        """The head's logits for the inputs (checked), with the encoder's hidden states and attentions when asked."""
         self._check_inputs({"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
                             "pixel_values": pixel_values, "features": features}, values=check_inputs)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         hidden_states = attentions = None
         if self.encoder is None:
             given = [name for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask),
@@ -273,11 +252,21 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
             pooled = torch.cat([pooled, self.side(side_categorical, side_numeric).to(pooled)], dim=1)
         elif side_categorical is not None or side_numeric is not None:
             raise ValueError("side_categorical / side_numeric: this model has no side features (config.side_features).")
-        logits = self.head(pooled.to(next(self.head.parameters()).dtype))
+        return self.head(pooled.to(next(self.head.parameters()).dtype)), hidden_states, attentions
 
-        loss = class_probs = expert_accuracy = defer = None
-        if labels is not None or (route_only and expert_correct is not None):
-            loss = self.surrogate(logits, labels, expert_labels, check=check_inputs, expert_correct=expert_correct)
+    def _output(
+        self,
+        logits: torch.Tensor,
+        loss: torch.Tensor | None,
+        hidden_states: tuple | None,
+        attentions: tuple | None,
+        output_estimates: bool | None,
+        return_dict: bool | None,
+        check_inputs: bool,
+    ) -> DeferralOutput | tuple[torch.Tensor, ...]:
+        """The [`DeferralOutput`] (or tuple): the surrogate's estimates and decision unless training with a loss."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        class_probs = expert_accuracy = defer = None
         if output_estimates or (output_estimates is None and not (self.training and loss is not None)):
             with torch.no_grad():  # the logits are checked once per step: by the loss, or here
                 u = logits.detach().float() if loss is not None else self.surrogate.check_logits(logits, check_inputs)
@@ -395,10 +384,11 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
     @classmethod
     def from_encoder_pretrained(
         cls, name_or_path: str, *, encoder_kwargs: dict[str, Any] | None = None, **kwargs: Any
-    ) -> EncoderForDeferral:
+    ) -> DeferralPreTrainedModel:
         r"""
         Builds a deferral model around a pretrained encoder loaded with `AutoModel.from_pretrained`; the head
-        is freshly initialized.
+        is freshly initialized. The model is the class the config describes ([`class_for_config`]): called on
+        [`EncoderForRouting`] (which sets `route_only=True`), or with `route_only=True`, an `EncoderForRouting`.
 
         Args:
             name_or_path (`str`): Hub id or local folder of the encoder.
@@ -410,7 +400,7 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
                 encoder, as in `encoder_kwargs`.
 
         Returns:
-            [`EncoderForDeferral`]: the model, its encoder holding exactly the loaded weights.
+            [`EncoderForDeferral`] or [`EncoderForRouting`]: the model, its encoder holding exactly the loaded weights.
 
         Raises:
             `OSError` or `ValueError`: the encoder cannot be loaded from `name_or_path`.
@@ -427,6 +417,8 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
         ```
         """
         loading = {**(encoder_kwargs or {}), **{k: kwargs.pop(k) for k in _ENCODER_LOADING_KWARGS if k in kwargs}}
+        if issubclass(cls, EncoderForRouting):
+            kwargs.setdefault("route_only", True)
         unknown = sorted(set(kwargs) - {f.name for f in fields(DeferralConfig)} - {"num_labels"})
         if unknown:
             raise TypeError(f"from_encoder_pretrained() got arguments that are no DeferralConfig field: {unknown}; "
@@ -438,7 +430,236 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
             raise kind(f"could not load an encoder from name_or_path={str(name_or_path)!r}: {err}") from err
         # The head is built in float32 next to the loaded encoder (as `_keep_in_fp32_modules_strict` keeps it on
         # loading): logits and loss in float32 whatever the encoder's dtype.
-        return cls(DeferralConfig(encoder=encoder.config, **kwargs), encoder=encoder)
+        config = cls.config_class(encoder=encoder.config, **kwargs)
+        return cls.class_for_config(config)(config, encoder=encoder)
 
 
-__all__ = ["DeferralOutput", "DeferralPreTrainedModel", "EncoderForDeferral"]
+class EncoderForDeferral(DeferralPreTrainedModel):
+    r"""
+    A learning-to-defer model: an encoder (any `AutoModel`, text or vision) whose pooled last hidden state, or a
+    precomputed feature vector in head-only mode, goes through a head with `num_labels + num_experts` outputs. It
+    predicts `argmax` over the class logits, or defers to the best expert when that expert's logit is the larger.
+
+    A route-only config (`route_only=True`: experts only, no classes) is an [`EncoderForRouting`]'s; the constructor
+    refuses it, the loaders build that class ([`DeferralPreTrainedModel.class_for_config`]).
+
+    Args:
+        config ([`DeferralConfig`]): the model configuration.
+        encoder ([`PreTrainedModel`], *optional*): an already built encoder to use instead of building one from
+            `config.encoder`; its config replaces `config.encoder`.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from transformers import BertConfig
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> encoder = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
+    ...                      vocab_size=99)
+    >>> model = EncoderForDeferral(DeferralConfig(encoder=encoder, num_labels=3, num_experts=1)).eval()
+    >>> out = model(input_ids=torch.tensor([[2, 5, 7, 3]]), labels=torch.tensor([1]),
+    ...             expert_labels=torch.tensor([1]))
+    >>> out.logits.shape, out.class_probs.shape, out.expert_accuracy.shape, out.defer.shape
+    (torch.Size([1, 4]), torch.Size([1, 3]), torch.Size([1, 1]), torch.Size([1]))
+    >>> out.loss.backward()
+    ```
+    """
+
+    def __init__(self, config: DeferralConfig, encoder: PreTrainedModel | None = None) -> None:
+        if is_route_only(config):
+            raise ValueError("config is route-only (route_only=True: experts only, no class head), the config of an "
+                             "EncoderForRouting: build EncoderForRouting(config), or let "
+                             "AutoModelForDeferral.from_config(config) choose the class.")
+        super().__init__(config, encoder)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        pixel_values: torch.FloatTensor | None = None,
+        features: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        expert_labels: torch.LongTensor | None = None,
+        expert_correct: torch.FloatTensor | None = None,
+        side_categorical: torch.LongTensor | None = None,
+        side_numeric: torch.FloatTensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        output_estimates: bool | None = None,
+        check_inputs: bool = True,
+    ) -> DeferralOutput | tuple[torch.Tensor, ...]:
+        r"""
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): token ids.
+            attention_mask (`torch.Tensor` of shape `(batch_size, sequence_length)`, *optional*): 1 for tokens
+                to attend to and pool over, 0 for padding.
+            token_type_ids (`torch.LongTensor`, *optional*): segment ids, dropped for encoders without them.
+            pixel_values (`torch.FloatTensor` of shape `(batch_size, channels, height, width)`, *optional*):
+                images, for vision encoders.
+            features (`torch.FloatTensor` of shape `(batch_size, feature_size)`, *optional*): precomputed
+                feature vectors, for head-only models.
+            labels (`torch.LongTensor` of shape `(batch_size,)`, *optional*): true classes (-100 ignores a row).
+            expert_labels (`torch.LongTensor` of shape `(batch_size,)` or `(batch_size, num_experts)`, *optional*):
+                each expert's predicted class, -100 where it did not answer (its terms leave that row's loss); needed
+                with `labels` for the loss, or instead:
+            expert_correct (`torch.FloatTensor` of shape `(batch_size,)` or `(batch_size, num_experts)`, *optional*):
+                each expert's target itself: 1/0 (right/wrong) or a score in [0, 1], -100 where there is none.
+            side_categorical (`torch.LongTensor` `(batch_size, n)`) / side_numeric (`torch.FloatTensor` `(batch_size,
+                m)`), *optional*: the side features of a model with `config.side_features` (`side_feature_tensors`).
+            output_hidden_states (`bool`, *optional*): return the encoder's hidden states.
+            output_attentions (`bool`, *optional*): return the encoder's attention weights.
+            return_dict (`bool`, *optional*): return a [`DeferralOutput`] rather than a tuple.
+            output_estimates (`bool`, *optional*): compute `class_probs`, `expert_accuracy` and `defer`. By default
+                they are computed except in training mode with a loss, where the step needs only the loss.
+            check_inputs (`bool`, *optional*, defaults to `True`): check the values of `labels`, `expert_labels` and
+                the logits on this batch (see [`DeferralSurrogate.loss`]); [`DeferralTrainer`] turns it off in
+                training once it has checked the whole dataset, saving a pass and a device sync per check and step.
+
+        Returns:
+            [`DeferralOutput`] or `tuple`: logits, the surrogate's estimates, the deferral decision and, with
+            `labels` and `expert_labels`, the loss.
+
+        Example:
+
+        ```python
+        >>> import torch
+        >>> from hf_defer import DeferralConfig, EncoderForDeferral
+        >>> model = EncoderForDeferral(DeferralConfig(feature_size=8, num_labels=2, surrogate="ssm"))
+        >>> out = model(features=torch.randn(5, 8), labels=torch.tensor([0, 1, 1, 0, 1]),
+        ...             expert_labels=torch.tensor([0, 1, 0, 0, 1]))
+        >>> out.logits.shape, out.loss.dim()
+        (torch.Size([5, 3]), 0)
+        ```
+        """
+        targets = "expert_labels" if expert_correct is None else "expert_correct"
+        if labels is not None and expert_labels is None and expert_correct is None:
+            raise ValueError(
+                "expert_labels are required with labels to compute the deferral loss (each expert's predicted "
+                "class, shape [batch] or [batch, num_experts]; or expert_correct, whether each was right), got labels "
+                "but expert_labels=None."
+            )
+        if (expert_labels is not None or expert_correct is not None) and labels is None:
+            raise ValueError(f"labels are required with {targets} to compute the deferral loss, got labels=None.")
+        logits, hidden_states, attentions = self._logits(
+            input_ids, attention_mask, token_type_ids, pixel_values, features, side_categorical, side_numeric,
+            output_hidden_states, output_attentions, check_inputs
+        )
+        loss = None
+        if labels is not None:
+            loss = self.surrogate(logits, labels, expert_labels, check=check_inputs, expert_correct=expert_correct)
+        return self._output(logits, loss, hidden_states, attentions, output_estimates, return_dict, check_inputs)
+
+
+class EncoderForRouting(DeferralPreTrainedModel):
+    r"""
+    A route-only model (a router): the encoder, or precomputed features, and side features of [`EncoderForDeferral`],
+    with a head of `num_experts` outputs and no class outputs. `a_j = sigmoid(u_j)` estimates expert `j`'s accuracy
+    (or expected score); each input goes to `argmax_j (a_j - c_j)` over the experts' costs: the config's
+    `default_expert` (the fixed classifier, the cheap LLM) unless another pays more by `defer_threshold`, which counts
+    as a deferral ([`RouteOnlySurrogate`]). Its config is a [`DeferralConfig`] with `route_only=True`,
+    `num_experts >= 2` and no classes; it trains on each expert's correctness or score, `forward(..., expert_correct=c)`.
+
+    Named as transformers names task heads (`<backbone>For<task>`): the backbone is the same encoder as
+    `EncoderForDeferral`'s, the task is routing among experts rather than answering or deferring.
+
+    Args:
+        config ([`DeferralConfig`]): the model configuration, with `route_only=True`.
+        encoder ([`PreTrainedModel`], *optional*): an already built encoder to use instead of building one from
+            `config.encoder`; its config replaces `config.encoder`.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_defer import DeferralConfig, EncoderForRouting
+    >>> config = DeferralConfig(feature_size=4, route_only=True, num_experts=2, expert_names=["small", "large"],
+    ...                         expert_costs=[0.0, 0.1])
+    >>> model = EncoderForRouting(config).eval()
+    >>> out = model(features=torch.randn(3, 4))
+    >>> out.expert_accuracy.shape, out.defer.shape, model.config.default_expert
+    (torch.Size([3, 2]), torch.Size([3]), 'small')
+
+    ```
+    """
+
+    def __init__(self, config: DeferralConfig, encoder: PreTrainedModel | None = None) -> None:
+        if getattr(config, "model_type", None) == DeferralConfig.model_type and not is_route_only(config):
+            raise ValueError(f"EncoderForRouting needs a route-only config (DeferralConfig(route_only=True, "
+                             f"num_experts=M >= 2, ...)), got route_only={getattr(config, 'route_only', None)!r}; a "
+                             "model with classes is an EncoderForDeferral.")
+        super().__init__(config, encoder)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        pixel_values: torch.FloatTensor | None = None,
+        features: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        expert_labels: torch.LongTensor | None = None,
+        expert_correct: torch.FloatTensor | None = None,
+        side_categorical: torch.LongTensor | None = None,
+        side_numeric: torch.FloatTensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        output_estimates: bool | None = None,
+        check_inputs: bool = True,
+    ) -> DeferralOutput | tuple[torch.Tensor, ...]:
+        r"""
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*): token ids.
+            attention_mask (`torch.Tensor` of shape `(batch_size, sequence_length)`, *optional*): 1 for tokens
+                to attend to and pool over, 0 for padding.
+            token_type_ids (`torch.LongTensor`, *optional*): segment ids, dropped for encoders without them.
+            pixel_values (`torch.FloatTensor` of shape `(batch_size, channels, height, width)`, *optional*):
+                images, for vision encoders.
+            features (`torch.FloatTensor` of shape `(batch_size, feature_size)`, *optional*): precomputed
+                feature vectors, for head-only models.
+            labels, expert_labels: refused (a `ValueError` says why): a router has no class to score them against
+                (`labels` holding only -100, a collator's padding, passes).
+            expert_correct (`torch.FloatTensor` of shape `(batch_size, num_experts)`, *optional*): each expert's
+                target: 1/0 (right/wrong) or a score in [0, 1], -100 where it did not answer; gives the loss.
+            side_categorical (`torch.LongTensor` `(batch_size, n)`) / side_numeric (`torch.FloatTensor` `(batch_size,
+                m)`), *optional*: the side features of a model with `config.side_features` (`side_feature_tensors`).
+            output_hidden_states (`bool`, *optional*): return the encoder's hidden states.
+            output_attentions (`bool`, *optional*): return the encoder's attention weights.
+            return_dict (`bool`, *optional*): return a [`DeferralOutput`] rather than a tuple.
+            output_estimates (`bool`, *optional*): compute `class_probs`, `expert_accuracy` and `defer`. By default
+                they are computed except in training mode with a loss, where the step needs only the loss.
+            check_inputs (`bool`, *optional*, defaults to `True`): check the values of `expert_correct` and the
+                logits on this batch (see [`RouteOnlySurrogate.loss`]); [`DeferralTrainer`] turns it off in
+                training once it has checked the whole dataset, saving a pass and a device sync per check and step.
+
+        Returns:
+            [`DeferralOutput`] or `tuple`: logits (`[batch, num_experts]`), `expert_accuracy` (their sigmoid), empty
+            `class_probs`, `defer` (routed away from `config.default_expert`) and, with `expert_correct`, the loss.
+
+        Example:
+
+        ```python
+        >>> import torch
+        >>> from hf_defer import DeferralConfig, EncoderForRouting
+        >>> model = EncoderForRouting(DeferralConfig(feature_size=8, route_only=True, num_experts=2)).eval()
+        >>> out = model(features=torch.randn(4, 8), expert_correct=torch.tensor([[1, 0], [1, 1], [0, 1], [0, -100]]))
+        >>> out.logits.shape, out.class_probs.shape, out.loss.dim()
+        (torch.Size([4, 2]), torch.Size([4, 0]), 0)
+
+        ```
+        """
+        if labels is not None or expert_labels is not None:  # the surrogate says why they cannot be used
+            self.surrogate.check_expert_targets(labels, expert_labels, expert_correct=expert_correct)
+        logits, hidden_states, attentions = self._logits(
+            input_ids, attention_mask, token_type_ids, pixel_values, features, side_categorical, side_numeric,
+            output_hidden_states, output_attentions, check_inputs
+        )
+        loss = None
+        if labels is not None or expert_correct is not None:
+            loss = self.surrogate(logits, labels, expert_labels, check=check_inputs, expert_correct=expert_correct)
+        return self._output(logits, loss, hidden_states, attentions, output_estimates, return_dict, check_inputs)
+
+
+__all__ = ["DeferralOutput", "DeferralPreTrainedModel", "EncoderForDeferral", "EncoderForRouting"]

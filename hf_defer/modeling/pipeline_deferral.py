@@ -35,7 +35,7 @@ from .pipeline_options import (
     warn_outside_guarantee,
 )
 from .surrogate_base import check_defer_threshold, check_expert_costs
-from .route_only import route_only_output
+from .surrogate_routing import is_route_only, route_only_output
 
 DEFER_LABEL = "defer"
 """The ``"label"`` of a deferred input (no class may be named so: `DeferralConfig` refuses it)."""
@@ -428,7 +428,7 @@ class DeferralPipeline(Pipeline):
         row = model_outputs.get("available_experts")  # this input's own, when given per input
         if available is not None:
             row = torch.as_tensor(available)[None] if row is None else row & torch.as_tensor(available)[None]
-        if getattr(config, "route_only", False) is True:  # no class head: the chosen expert and its estimate
+        if is_route_only(config):  # no class head: the chosen expert and its estimate
             return route_only_output(surrogate, config, logits, costs, threshold, row, return_margin)
         paid = surrogate.check_costs(costs)
         defer, top, expert = (int(t[0]) for t in surrogate._decide(logits, paid, threshold, row))

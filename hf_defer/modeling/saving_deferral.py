@@ -54,14 +54,15 @@ def move_saved_files(stage: str | os.PathLike, folder: str | os.PathLike, overwr
 
 
 class DeferralSavingMixin:
-    """The saving and loading of [`EncoderForDeferral`], and `add_adapter` (what it saves: adapters only): it comes
-    before [`DeferralPreTrainedModel`] in the bases, so that ``super()`` here is `PreTrainedModel`'s."""
+    """The saving and loading of the deferral models ([`EncoderForDeferral`], [`EncoderForRouting`]), and
+    `add_adapter` (what it saves: adapters only): the first base of [`DeferralPreTrainedModel`], before
+    `PreTrainedModel`, so that ``super()`` here is `PreTrainedModel`'s."""
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, overwrite: bool = False,
                         **kwargs: Any) -> None:
         """Writes everything a folder needs, for library mode and remote-code mode alike: the weights (safetensors),
         `config.json` with `auto_map` and `custom_pipelines`, and the code files `configuration_deferral.py`,
-        `modeling_deferral.py`, `saving_deferral.py`, `surrogates.py`, `surrogate_base.py`, `surrogate_kernels.py`, `route_only.py`,
+        `modeling_deferral.py`, `saving_deferral.py`, `surrogates.py`, `surrogate_base.py`, `surrogate_kernels.py`, `surrogate_routing.py`,
         `side_features.py`,
         `pipeline_deferral.py` and `pipeline_options.py`. The Trainer, the pipeline,
         `save_for_hub` and `push_to_hub` all save through it. The files go to a temporary folder first, then move in.

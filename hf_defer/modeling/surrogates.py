@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from .surrogate_base import IGNORE_INDEX, MAX_ABS_LOGIT, DeferralSurrogate
 from .surrogate_kernels import _AOvALoss, _ASMLoss, _asm_rest, _SOvALoss, _SSMLoss
-from .route_only import RouteOnlySurrogate
+from .surrogate_routing import RouteOnlySurrogate, is_route_only
 
 __all__ = [
     "IGNORE_INDEX", "MAX_ABS_LOGIT", "SURROGATES", "AOvASurrogate", "ASMSurrogate", "DeferralSurrogate",
@@ -251,7 +251,7 @@ def surrogate_class(name: str) -> type[DeferralSurrogate]:
 def surrogate_for_config(config: Any) -> DeferralSurrogate:
     """The surrogate a [`DeferralConfig`] trains and decides with: ``get_surrogate(config.surrogate, config.num_labels,
     config.num_experts)``, or a [`RouteOnlySurrogate`] over its experts for a route-only config."""
-    if getattr(config, "route_only", False) is True:
+    if is_route_only(config):
         return RouteOnlySurrogate(config.num_experts, config.default_expert_index)
     return get_surrogate(config.surrogate, config.num_labels, config.num_experts)
 

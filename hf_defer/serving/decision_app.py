@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from ..modeling.surrogate_routing import is_route_only
 from ..review.client import ReviewProject, ReviewServerError
 from ..review.pulling import pull
 from ..review.pushing import push
@@ -53,7 +54,7 @@ def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None
     ```
     """
     config = pipe.model.config
-    if getattr(config, "route_only", False) is True:
+    if is_route_only(config):
         raise ValueError("--model is a route-only model (no class head, no answer of its own): serve it with "
                          "`hf-defer serve --router`.")
     if review_project is not None:

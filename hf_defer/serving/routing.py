@@ -9,6 +9,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from ..modeling.surrogate_routing import is_route_only
+
 __all__ = ["PromptRouter", "RoutingDecision", "load_router_pipeline"]
 
 
@@ -54,7 +56,7 @@ def load_router_pipeline(router: str, encoder: str | None = None) -> Any:
         config = AutoConfig.from_pretrained(router)
     except (OSError, ValueError) as error:
         raise OSError(f"--router {router!r}: not a saved deferral model folder or Hub id ({error}).") from None
-    if getattr(config, "model_type", None) != "deferral" or getattr(config, "route_only", False) is not True:
+    if not is_route_only(config):
         raise ValueError(f"--router {router!r} must be a route-only deferral model (trained with `hf-defer train "
                          f"--route_only`), got model_type={getattr(config, 'model_type', None)!r}, "
                          f"route_only={getattr(config, 'route_only', None)!r}.")
@@ -67,9 +69,9 @@ def load_router_pipeline(router: str, encoder: str | None = None) -> Any:
         raise ValueError(f"--router {router!r} is a head-only model (it reads feature vectors): give --encoder, the "
                          "sentence encoder it was trained on (e.g. sentence-transformers/all-MiniLM-L6-v2).")
     from ..experts.embeddings import head_on_sentence_encoder
-    from ..modeling.modeling_deferral import EncoderForDeferral
+    from ..modeling.modeling_deferral import EncoderForRouting
 
-    text_model = head_on_sentence_encoder(EncoderForDeferral.from_pretrained(router), encoder).eval()
+    text_model = head_on_sentence_encoder(EncoderForRouting.from_pretrained(router), encoder).eval()
     return pipeline("deferral", model=text_model, tokenizer=AutoTokenizer.from_pretrained(encoder))
 
 
@@ -119,7 +121,7 @@ class PromptRouter:
     def __init__(self, pipeline: Any, *, defer_threshold: float | None = None, max_strong_rate: float | None = None,
                  max_batch_size: int = 32, max_wait_ms: float = 2.0, max_length: int = 512) -> None:
         config = pipeline.model.config
-        if getattr(config, "route_only", False) is not True or pipeline.input_kind != "text":
+        if not is_route_only(config) or pipeline.input_kind != "text":
             raise ValueError("PromptRouter needs the pipeline of a route-only model that reads text, got "
                              f"route_only={getattr(config, 'route_only', None)!r}, input kind {pipeline.input_kind!r}.")
         if max_strong_rate is not None and (isinstance(max_strong_rate, bool) or not 0 <= max_strong_rate <= 1):

@@ -23,6 +23,7 @@ from ..data.checks import check_deferral_dataset
 from ..data.collator import DataCollatorForDeferral
 from ..data.labels import check_label_names
 from ..modeling.surrogate_base import IGNORE_INDEX
+from ..modeling.surrogate_routing import is_route_only
 from ..evaluation.metrics import DeferralMetrics, deferral_metrics, expert_targets as _expert_targets
 from ..hub.model_card import DeferralModelCardData, render_model_card
 from .tokenization import align_special_tokens_quietly, ensure_pad_token
@@ -257,7 +258,7 @@ class DeferralTrainer(Trainer):
             output.metrics[f"{metric_key_prefix}_loss"] = float(loss)
             # Kept for the model card (metrics with reliability-diagram data): see `model_card_data`.
             self._last_deferral_eval = (metric_key_prefix, logits, label_ids[0], label_ids[1])
-        elif logits is not None and label_ids is not None and getattr(self.model.config, "route_only", False) is True:
+        elif logits is not None and label_ids is not None and is_route_only(self.model):
             targets = np.asarray(label_ids)  # a route-only model's only targets: expert_correct
             loss = self.accelerator.unwrap_model(self.model).surrogate(torch.as_tensor(np.asarray(logits)),
                                                                        expert_correct=torch.as_tensor(targets))

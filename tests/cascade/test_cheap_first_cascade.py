@@ -12,7 +12,7 @@ import torch
 from transformers import pipeline
 
 import hf_defer  # noqa: F401  (registers the tasks)
-from hf_defer import DeferralConfig, EncoderForDeferral
+from hf_defer import DeferralConfig, EncoderForDeferral, EncoderForRouting
 from hf_defer.experiments.cascade import _learned_cascade_curve
 from hf_defer.cascade import DeferralCascade, escalation_features
 from test_modeling_cascade import Recorder
@@ -38,8 +38,8 @@ def stages() -> tuple[EncoderForDeferral, EncoderForDeferral]:
     log-odds]: u_no = 5 cheap_no + 3 llm_no - 4, u_yes = 5 cheap_yes + 3 llm_yes - 4, u_person = 0.2.
     "b": u = [0.35, -0.35]: stacked "no" at 0.587 (the llm alone says "yes") > a_person 0.55, kept;
     "d": u = [0.05, -0.05]: "no" at 0.512 < 0.55, the person is paid."""
-    stage1 = EncoderForDeferral(DeferralConfig(feature_size=5, route_only=True, num_experts=3,
-                                               expert_names=["cheap", "llm", "person"], default_expert="cheap"))
+    stage1 = EncoderForRouting(DeferralConfig(feature_size=5, route_only=True, num_experts=3,
+                                              expert_names=["cheap", "llm", "person"], default_expert="cheap"))
     stage2 = EncoderForDeferral(DeferralConfig(feature_size=10, num_labels=2, num_experts=1, surrogate="aova",
                                                expert_names=["person"], id2label={0: "no", 1: "yes"},
                                                label2id={"no": 0, "yes": 1}))
@@ -118,8 +118,8 @@ def test_bad_input() -> None:
         DeferralCascade(stage1, stage2, "person", PRICES, first_expert="llm")
     with pytest.raises(ValueError, match="other than the first expert"):
         DeferralCascade(stage1, stage2, "cheap", PRICES, first_expert="cheap")
-    routed = EncoderForDeferral(DeferralConfig(feature_size=10, route_only=True, num_experts=2,
-                                               expert_names=["llm", "person"], default_expert="llm"))
+    routed = EncoderForRouting(DeferralConfig(feature_size=10, route_only=True, num_experts=2,
+                                              expert_names=["llm", "person"], default_expert="llm"))
     with pytest.raises(ValueError, match="labels: neither stage has a classifier"):
         DeferralCascade(stage1, routed, "llm", PRICES, first_expert="cheap")
     assert DeferralCascade(stage1, routed, "llm", PRICES, first_expert="cheap", labels=["no", "yes"]).labels == \
@@ -143,9 +143,9 @@ def test_the_reports_sweep_is_the_cascades_rule() -> None:
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     n = 300
-    stage1, stage2 = (EncoderForDeferral(DeferralConfig(feature_size=5, route_only=True, num_experts=3,
-                                                        expert_names=["cheap", "llm", "person"],
-                                                        default_expert="cheap")),
+    stage1, stage2 = (EncoderForRouting(DeferralConfig(feature_size=5, route_only=True, num_experts=3,
+                                                       expert_names=["cheap", "llm", "person"],
+                                                       default_expert="cheap")),
                       EncoderForDeferral(DeferralConfig(feature_size=10, num_labels=2, num_experts=1,
                                                         expert_names=["person"])))
     torch.nn.init.normal_(stage1.head[1].weight, std=0.3)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_defer import DeferralConfig, EncoderForDeferral
+from hf_defer import DeferralConfig, EncoderForDeferral, EncoderForRouting
 from hf_defer.experiments.cascade import _learned_cascade_curve
 from hf_defer.cascade import DeferralCascade, escalation_features
 
@@ -29,8 +29,8 @@ def build(stage2_features: int = 3 + 2 + 3) -> DeferralCascade:
     config = DeferralConfig(feature_size=3, num_labels=2, num_experts=2, expert_names=["llm", "person"],
                             surrogate="aova", id2label={0: "no", 1: "yes"}, label2id={"no": 0, "yes": 1})
     stage1 = EncoderForDeferral(config)
-    stage2 = EncoderForDeferral(DeferralConfig(feature_size=stage2_features, route_only=True, num_experts=2,
-                                               expert_names=["llm", "person"], default_expert="llm"))
+    stage2 = EncoderForRouting(DeferralConfig(feature_size=stage2_features, route_only=True, num_experts=2,
+                                              expert_names=["llm", "person"], default_expert="llm"))
     with torch.no_grad():
         stage1.head[1].weight.copy_(torch.tensor([[2.0, 0, 0], [-2, 0, 0], [-3, 3, -3], [-3, -3, 3]]))
         stage1.head[1].bias.zero_()

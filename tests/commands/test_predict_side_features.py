@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import BertTokenizer, pipeline
 
-from hf_defer import DeferralConfig, EncoderForDeferral
+from hf_defer import DeferralConfig, EncoderForDeferral, EncoderForRouting
 from hf_defer.commands.cli import main as hf_defer_main
 from tiny_bert import save_tiny_bert
 
@@ -49,7 +49,7 @@ def test_a_head_only_router_reads_its_feature_vectors_and_side_features(tmp_path
     torch.manual_seed(5)
     config = DeferralConfig(feature_size=3, route_only=True, num_experts=2, expert_names=["weak", "strong"],
                             side_features=SPECS)
-    EncoderForDeferral(config).save_pretrained(tmp_path / "router")
+    EncoderForRouting(config).save_pretrained(tmp_path / "router")
     vectors = [[0.5, -1.0, 2.0], [1.5, 0.0, -0.5], [-2.0, 1.0, 0.25]]
     frame = pd.DataFrame({"features": [json.dumps(v) for v in vectors], "tier": ["pro", "free", "team"],
                           "length": [30, 80.5, 55]})

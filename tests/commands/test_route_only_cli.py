@@ -180,3 +180,34 @@ def test_hf_defer_train_and_predict_route_only_from_csv(project, capsys):
     assert hf_defer_main(["evaluate", "--model", str(out), "--input", str(project / "dev.csv"),
                           "--text_column_names", "prompt", "--expert_correct_columns", "small_llm,medium"]) == 2
     assert "--expert_correct_columns must name one column per expert" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ a head-only router on its sentence encoder
+def test_a_head_only_router_with_side_features_goes_onto_its_sentence_encoder(tmp_path):
+    """`head_on_sentence_encoder` (hf-defer train --freeze_encoder, hf-defer serve --encoder) of a router: the text
+    model's logits are the head's on the encoder's mean-pooled last hidden state, pooled here by hand."""
+    from transformers import AutoModel
+
+    from hf_defer import DeferralConfig, EncoderForRouting
+    from hf_defer.commands.run import head_on_sentence_encoder
+    from hf_defer.modeling.side_features import side_feature_tensors
+
+    save_tiny_bert(tmp_path / "enc", WORDS)
+    specs = [{"name": "tier", "kind": "categorical", "categories": ["free", "pro"], "dim": 2}]
+    torch.manual_seed(3)
+    head = EncoderForRouting(DeferralConfig(feature_size=16, route_only=True, num_experts=2, side_features=specs,
+                                            expert_names=["weak", "strong"], default_expert="weak")).eval()
+    torch.nn.init.normal_(head.side.embeddings[0].weight)
+    text_model = head_on_sentence_encoder(head, str(tmp_path / "enc")).eval()
+    assert type(text_model) is EncoderForRouting and text_model.config.default_expert == "weak"
+    tokens = BertTokenizer.from_pretrained(tmp_path / "enc")(["add two numbers", "prove the theorem"],
+                                                              return_tensors="pt", padding=True)
+    ids, _ = side_feature_tensors(specs, [{"tier": "pro"}, {"tier": "free"}])
+    with torch.no_grad():
+        last = AutoModel.from_pretrained(tmp_path / "enc")(**tokens).last_hidden_state
+        mask = tokens["attention_mask"].unsqueeze(-1).float()
+        pooled = (last * mask).sum(1) / mask.sum(1)
+        expected = head(features=pooled, side_categorical=ids).logits
+        got = text_model(**tokens, side_categorical=ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+

@@ -11,7 +11,7 @@ import torch
 from transformers import BertTokenizer, pipeline
 
 import hf_defer.modeling.side_features as side_module
-from hf_defer import DeferralConfig, EncoderForDeferral
+from hf_defer import DeferralConfig, EncoderForDeferral, EncoderForRouting
 from hf_defer.modeling.side_features import check_side_features, side_feature_specs, side_feature_tensors
 from tiny_bert import save_tiny_bert
 
@@ -53,7 +53,7 @@ def test_bad_specs_are_named(specs, words):
 
 def test_the_head_reads_the_side_features_joined_to_the_features(tmp_path):
     torch.manual_seed(0)
-    model = EncoderForDeferral(DeferralConfig(feature_size=3, route_only=True, num_experts=2, side_features=SPECS)).eval()
+    model = EncoderForRouting(DeferralConfig(feature_size=3, route_only=True, num_experts=2, side_features=SPECS)).eval()
     x = torch.randn(4, 3)
     rows = [{"subject": s, "length": n} for s, n in (("law", 6), ("physics", 10), ("history", 18), ("math", 2))]
     ids, numbers = side_feature_tensors(SPECS, rows)
@@ -71,7 +71,7 @@ def test_the_head_reads_the_side_features_joined_to_the_features(tmp_path):
         torch.testing.assert_close(loaded(features=x, side_categorical=ids, side_numeric=numbers).logits, logits)
     with pytest.raises(ValueError, match=r"side_numeric must have shape \[batch, 1\].*\['subject', 'length'\]"):
         model(features=x, side_categorical=ids)
-    plain = EncoderForDeferral(DeferralConfig(feature_size=3, route_only=True, num_experts=2))
+    plain = EncoderForRouting(DeferralConfig(feature_size=3, route_only=True, num_experts=2))
     with pytest.raises(ValueError, match="this model has no side features"):
         plain(features=x, side_categorical=ids)
 

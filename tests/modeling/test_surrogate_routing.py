@@ -15,8 +15,8 @@ import torch
 from transformers import pipeline
 
 import hf_defer  # noqa: F401  (registers the pipeline and the auto classes)
-from hf_defer import AutoModelForDeferral, DeferralConfig, EncoderForDeferral, calibrate_deferral
-from hf_defer.modeling.route_only import RouteOnlySurrogate
+from hf_defer import AutoModelForDeferral, DeferralConfig, EncoderForRouting, calibrate_deferral
+from hf_defer.modeling.surrogate_routing import RouteOnlySurrogate
 
 NAMES = ["classifier_fixed", "small_llm", "large_llm"]
 
@@ -120,7 +120,7 @@ def test_availability_binds_the_default_expert_too():
 
 
 def test_pipeline_never_routes_to_an_excluded_default_expert():
-    model = EncoderForDeferral(config(expert_costs=COSTS, default_expert="classifier_fixed")).eval()
+    model = EncoderForRouting(config(expert_costs=COSTS, default_expert="classifier_fixed")).eval()
     with torch.no_grad():
         model.head[-1].weight.zero_()
         model.head[-1].bias.copy_(logits_of(ACCURACY[1]))  # gains 0.90, 0.75, 0.69: the classifier is best
@@ -135,7 +135,7 @@ def test_pipeline_never_routes_to_an_excluded_default_expert():
 
 
 def test_model_output_and_config_default_expert_by_name():
-    model = EncoderForDeferral(config(expert_costs=COSTS, default_expert="large_llm")).eval()
+    model = EncoderForRouting(config(expert_costs=COSTS, default_expert="large_llm")).eval()
     assert model.config.default_expert == "large_llm" and model.surrogate.default_expert == 2
     assert model.config.num_labels == 0 and model.config.surrogate == "route_only"
     with torch.no_grad():
@@ -157,13 +157,13 @@ def test_model_output_and_config_default_expert_by_name():
     ([["yes", "no", "no"]], "expert_correct must be"),
 ])
 def test_bad_correctness_is_refused_naming_the_argument(targets, match):
-    model = EncoderForDeferral(config())
+    model = EncoderForRouting(config())
     with pytest.raises(ValueError, match=match):
         model(features=torch.zeros(1, 3), expert_correct=targets)
 
 
 def test_class_labels_answers_and_bad_config_are_refused():
-    model = EncoderForDeferral(config())
+    model = EncoderForRouting(config())
     with pytest.raises(ValueError, match="labels: a route-only model has no class head"):
         model(features=torch.zeros(1, 3), labels=torch.tensor([1]), expert_correct=torch.ones(1, 3))
     with pytest.raises(ValueError, match="expert_labels"):
@@ -186,17 +186,57 @@ def test_class_labels_answers_and_bad_config_are_refused():
 
 # ------------------------------------------------------------------ saving, loading, pipeline, calibration
 def test_config_round_trip_and_auto_loading(tmp_path):
-    model = EncoderForDeferral(config(expert_costs=COSTS, default_expert=1, defer_threshold=0.02)).eval()
+    model = EncoderForRouting(config(expert_costs=COSTS, default_expert=1, defer_threshold=0.02)).eval()
     again = DeferralConfig.from_dict(model.config.to_dict())
     assert (again.route_only, again.default_expert, again.num_labels, again.expert_costs) == (True, "small_llm", 0, COSTS)
     model.save_pretrained(tmp_path)
-    assert (tmp_path / "route_only.py").exists()
+    assert (tmp_path / "surrogate_routing.py").exists()
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["architectures"] == ["EncoderForRouting"]
+    assert saved["auto_map"]["AutoModel"] == "modeling_deferral.EncoderForRouting"  # remote code builds the router
     loaded = AutoModelForDeferral.from_pretrained(tmp_path).eval()
+    assert type(loaded) is EncoderForRouting
     features = torch.randn(5, 3)
     with torch.no_grad():
         assert torch.equal(loaded(features=features).logits, model(features=features).logits)
         assert torch.equal(loaded(features=features).defer, model(features=features).defer)
     assert loaded.surrogate.default_expert == 1 and loaded.config.id2label == {}
+
+
+def test_a_route_only_config_builds_an_encoder_for_routing_and_only_that():
+    from transformers import AutoModel
+
+    from hf_defer import EncoderForDeferral
+    from hf_defer.modeling import DeferralPreTrainedModel
+
+    assert issubclass(EncoderForRouting, DeferralPreTrainedModel) and issubclass(EncoderForDeferral, DeferralPreTrainedModel)
+    assert not issubclass(EncoderForRouting, EncoderForDeferral)
+    for build in (AutoModelForDeferral.from_config, AutoModel.from_config):
+        assert type(build(config())) is EncoderForRouting
+        assert type(build(DeferralConfig(feature_size=3, num_labels=2))) is EncoderForDeferral
+    with pytest.raises(ValueError, match=r"config is route-only .*EncoderForRouting\(config\)"):
+        EncoderForDeferral(config())
+    with pytest.raises(ValueError, match="EncoderForRouting needs a route-only config .* got route_only=False"):
+        EncoderForRouting(DeferralConfig(feature_size=3, num_labels=2))
+    hand_edited = DeferralConfig(feature_size=3, num_labels=2, architectures=["EncoderForRouting"])
+    with pytest.raises(ValueError, match="architectures names EncoderForRouting but the config is not route-only"):
+        AutoModelForDeferral.from_config(hand_edited)
+    # the two heads share the base's modules: a router is a deferral model with M outputs and no class outputs
+    router, deferral = EncoderForRouting(config()), EncoderForDeferral(DeferralConfig(feature_size=3, num_labels=2))
+    assert router.head[-1].out_features == 3 and deferral.head[-1].out_features == 2 + 1
+    assert {name for name, _ in router.named_parameters()} == {name for name, _ in deferral.named_parameters()}
+
+
+def test_from_encoder_pretrained_on_encoder_for_routing_builds_a_router(tmp_path):
+    from tiny_bert import save_tiny_bert
+
+    save_tiny_bert(tmp_path / "enc", "add two numbers prove".split())
+    router = EncoderForRouting.from_encoder_pretrained(str(tmp_path / "enc"), num_experts=2, pooling="mean")
+    assert type(router) is EncoderForRouting and router.config.route_only is True and router.config.num_labels == 0
+    from hf_defer import EncoderForDeferral
+
+    via_flag = EncoderForDeferral.from_encoder_pretrained(str(tmp_path / "enc"), route_only=True, num_experts=2)
+    assert type(via_flag) is EncoderForRouting
 
 
 REMOTE = """
@@ -213,7 +253,7 @@ print("RESULT" + json.dumps(out))
 
 @pytest.mark.slow  # a fresh interpreter or process: make test-slow (CI) runs it
 def test_remote_code_mode_routes_as_the_library(tmp_path):
-    model = EncoderForDeferral(config(expert_costs=COSTS)).eval()
+    model = EncoderForRouting(config(expert_costs=COSTS)).eval()
     model.save_pretrained(tmp_path / "saved")
     rows = torch.randn(6, 3).tolist()
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
@@ -230,7 +270,7 @@ def test_remote_code_mode_routes_as_the_library(tmp_path):
 
 
 def test_pipeline_names_the_chosen_expert_its_estimate_cost_and_a_model_experts_answer():
-    model = EncoderForDeferral(config(expert_costs=COSTS, expert_kinds=["model", "model", "person"])).eval()
+    model = EncoderForRouting(config(expert_costs=COSTS, expert_kinds=["model", "model", "person"])).eval()
     with torch.no_grad():
         model.head[-1].weight.zero_()
         model.head[-1].weight[:, 0] = torch.tensor([-1.0, -1.0, 1.0])  # feature 0 favours the large LLM
@@ -248,7 +288,7 @@ def test_pipeline_names_the_chosen_expert_its_estimate_cost_and_a_model_experts_
 
 
 def test_calibration_caps_the_share_routed_away_from_the_default():
-    model = EncoderForDeferral(config()).eval()
+    model = EncoderForRouting(config()).eval()
     with torch.no_grad():
         model.head[-1].weight.copy_(torch.eye(3) * 3)
         model.head[-1].bias.zero_()
@@ -259,3 +299,5 @@ def test_calibration_caps_the_share_routed_away_from_the_default():
     calibrate_deferral(model, held_out, max_deferral_rate=0.25)
     outputs = pipeline("deferral", model=model)(held_out)
     assert sum(o["defer"] for o in outputs) == 10  # floor(0.25 * 40), no two margins tied
+    with pytest.raises(ValueError, match="max_error needs a model with a class head"):  # is_route_only(config)
+        calibrate_deferral(model, held_out, max_error=0.1, confidence=0.9, expert_correct=np.ones((40, 3), np.float32))

@@ -15,7 +15,7 @@ import torch
 
 from .costs import mean_cost
 from .reliability import reliability_bins, reliability_ece
-from ..modeling.route_only import RouteOnlySurrogate
+from ..modeling.surrogate_routing import RouteOnlySurrogate
 
 __all__ = ["route_only_metrics"]
 
@@ -59,8 +59,8 @@ def route_only_metrics(
 
     ```python
     >>> import torch
-    >>> from hf_defer.evaluation.route_only_metrics import route_only_metrics
-    >>> from hf_defer.modeling.route_only import RouteOnlySurrogate
+    >>> from hf_defer.evaluation.metrics_routing import route_only_metrics
+    >>> from hf_defer.modeling.surrogate_routing import RouteOnlySurrogate
     >>> logits = torch.logit(torch.tensor([[0.9, 0.5], [0.2, 0.7]]))  # the first stays with expert 0, the second moves
     >>> metrics = route_only_metrics(logits, [[1, 0], [0, 1]], RouteOnlySurrogate(2), budgets={})
     >>> metrics["system_error"], metrics["coverage"]

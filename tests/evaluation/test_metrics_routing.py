@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import TrainingArguments
 
-from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral, deferral_metrics
+from hf_defer import DeferralConfig, DeferralTrainer, EncoderForRouting, deferral_metrics
 
 NAMES = ["classifier_fixed", "small_llm", "large_llm"]
 LOGITS = torch.logit(torch.tensor([[0.7, 0.8, 0.95], [0.9, 0.8, 0.99], [0.2, 0.3, 0.9]], dtype=torch.float64)).float()
@@ -63,8 +63,8 @@ def test_trainer_evaluates_and_writes_the_card_of_a_route_only_model(tmp_path):
     correct = np.stack([features[:, 0] > 0, rng.random(48) < 0.7, np.ones(48, bool)], 1).astype("float32")
     correct[::5, 1] = -100  # the small LLM skipped some
     rows = datasets.Dataset.from_dict({"features": features, "expert_correct": correct})
-    model = EncoderForDeferral(DeferralConfig(feature_size=3, route_only=True, num_experts=3, expert_names=NAMES,
-                                              expert_costs=COSTS))
+    model = EncoderForRouting(DeferralConfig(feature_size=3, route_only=True, num_experts=3, expert_names=NAMES,
+                                             expert_costs=COSTS))
     args = TrainingArguments(str(tmp_path / "out"), num_train_epochs=3, per_device_train_batch_size=16, report_to=[],
                              use_cpu=True, logging_strategy="no", save_strategy="no", learning_rate=0.05)
     trainer = DeferralTrainer(model=model, args=args, train_dataset=rows, eval_dataset=rows)
