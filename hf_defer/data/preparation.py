@@ -209,8 +209,8 @@ def prepare_deferral_dataset(
 
     Raises:
         `ValueError`: a missing column, a label or expert answer outside the class set, a missing annotation (with
-        `missing_expert="error"`), a text column that is not text, an image column that is not images, expert lists of
-        different lengths, or a split whose labels are all ignored.
+            `missing_expert="error"`), a text column that is not text, an image column that is not images, expert lists
+            of different lengths, or a split whose labels are all ignored.
 
     Example:
 

@@ -209,8 +209,9 @@ class EncoderForDeferral(DeferralSavingMixin, DeferralPreTrainedModel):
                 with `labels` for the loss, or instead:
             expert_correct (`torch.FloatTensor` of shape `(batch_size,)` or `(batch_size, num_experts)`, *optional*):
                 each expert's target itself: 1/0 (right/wrong) or a score in [0, 1], -100 where there is none.
-            side_categorical (`torch.LongTensor` `(batch_size, n)`) / side_numeric (`torch.FloatTensor` `(batch_size,
-                m)`), *optional*: the side features of a model with `config.side_features` (`side_feature_tensors`).
+            side_categorical (`torch.LongTensor` of shape `(batch_size, n)`, *optional*): the categorical side
+                features of a model with `config.side_features` (`side_feature_tensors`).
+            side_numeric (`torch.FloatTensor` of shape `(batch_size, m)`, *optional*): its numeric side features.
             output_hidden_states (`bool`, *optional*): return the encoder's hidden states.
             output_attentions (`bool`, *optional*): return the encoder's attention weights.
             return_dict (`bool`, *optional*): return a [`DeferralOutput`] rather than a tuple.

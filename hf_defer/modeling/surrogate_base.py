@@ -344,7 +344,7 @@ class DeferralSurrogate:
         """Estimates of the class posterior and of each expert's accuracy.
 
         Args:
-            logits (`torch.Tensor` of shape `[B, K + M]`).
+            logits (`torch.Tensor` of shape `[B, K + M]`): the model's outputs.
             clip (`bool`, *optional*, defaults to `True`): clip the estimates into [0, 1]. Only the unbounded
                 estimators (``ssm``, ``sova``) can leave [0, 1]; ``clip=False`` shows them raw.
 
@@ -370,8 +370,9 @@ class DeferralSurrogate:
         with none of them is answered by the model; with every expert available this is the rule above, exactly.
 
         Args:
-            logits (`torch.Tensor` of shape `[B, K + M]`); expert_costs (sequence of `float`, *optional*): ``c_j``, one
-            per expert, zeros when `None`; defer_threshold (`float`, *optional*, defaults to 0.0): margin to defer;
+            logits (`torch.Tensor` of shape `[B, K + M]`): the model's outputs.
+            expert_costs (sequence of `float`, *optional*): ``c_j``, one per expert, zeros when `None`.
+            defer_threshold (`float`, *optional*, defaults to 0.0): margin to defer.
             available (bool `[B, M]` or `[M]`, *optional*): who can answer each input (all when `None`).
 
         Returns:
