@@ -44,6 +44,21 @@ class PreparedDeferralData:
         expert_names (`list[str]`): one name per expert, in the order of `expert_labels`.
         route_only (`bool`, *optional*, defaults to `False`): data for a route-only model (no label column: no class,
             only `expert_correct`).
+
+    Example:
+
+    ```python
+    >>> import datasets
+    >>> from hf_defer import DeferralConfig, PreparedDeferralData, prepare_deferral_dataset
+    >>> ds = datasets.Dataset.from_dict({"features": [[0.1, 0.2], [0.3, 0.4]], "label": ["pos", "neg"],
+    ...                                  "alice": ["pos", "pos"]})
+    >>> prepared = prepare_deferral_dataset(ds, "label", ["alice"])
+    >>> isinstance(prepared, PreparedDeferralData), prepared.num_labels, prepared.num_experts
+    (True, 2, 1)
+    >>> DeferralConfig(feature_size=2, **prepared.model_kwargs()).expert_names
+    ['alice']
+
+    ```
     """
 
     dataset: datasets.Dataset | datasets.DatasetDict

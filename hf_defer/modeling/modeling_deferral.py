@@ -48,6 +48,21 @@ class DeferralOutput(ModelOutput):
             The encoder's hidden states, when `output_hidden_states=True`.
         attentions (`tuple(torch.FloatTensor)`, *optional*):
             The encoder's attention weights, when `output_attentions=True`.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> model = EncoderForDeferral(DeferralConfig(feature_size=8, num_labels=3, num_experts=2)).eval()
+    >>> out = model(features=torch.randn(4, 8), labels=torch.tensor([0, 1, 2, 0]),
+    ...             expert_labels=torch.tensor([[0, 1], [1, 1], [0, 2], [-100, 0]]))
+    >>> type(out).__name__, out.loss.shape, tuple(out.logits.shape)  # 3 class logits, then 2 expert logits
+    ('DeferralOutput', torch.Size([]), (4, 5))
+    >>> tuple(out.class_probs.shape), tuple(out.expert_accuracy.shape), out.defer.dtype
+    ((4, 3), (4, 2), torch.bool)
+
+    ```
     """
 
     loss: torch.FloatTensor | None = None

@@ -104,6 +104,22 @@ class DeferralSurrogate:
     Args:
         num_classes (`int`): number of classes ``K`` (at least 2).
         num_experts (`int`, *optional*, defaults to 1): number of experts ``M`` (at least 1).
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_defer import DeferralSurrogate, get_surrogate
+    >>> surrogate = get_surrogate("asm", num_classes=3, num_experts=1)
+    >>> isinstance(surrogate, DeferralSurrogate), surrogate.display_name
+    (True, 'A-SM')
+    >>> logits = torch.tensor([[2.0, 0.0, 0.0, -1.0],   # class 0 clearly ahead of the expert: keep, answer 0
+    ...                        [0.0, 0.0, 0.0, 3.0]])   # the expert's logit beats every class logit: defer
+    >>> defer, prediction, expert = surrogate.decide(logits)
+    >>> defer.tolist(), prediction[0].item(), expert[1].item()
+    ([False, True], 0, 0)
+
+    ```
     """
 
     name: str = ""
