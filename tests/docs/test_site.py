@@ -70,6 +70,20 @@ def test_the_api_page_of_calibrate_deferral_shows_its_signature(site):
     assert "-> float" in signature
 
 
+def test_the_docstrings_references_are_links_to_the_objects_they_name(site):
+    """`[`certify_threshold`]` in calibrate_deferral's docstring links to certify_threshold's entry; no reference is
+    left as bracketed text."""
+    page = _page_with_id(site, "hf_defer.calibrate_deferral")
+    text = page.read_text(encoding="utf-8")
+    links = re.findall(r'<a[^>]+href="([^"]*)#hf_defer\.certify_threshold"', text)
+    assert links, "calibrate_deferral's page does not link certify_threshold"
+    target = (page.parent / links[0]).resolve() if links[0] else page
+    assert 'id="hf_defer.certify_threshold"' in target.read_text(encoding="utf-8")
+    left = {str(page.relative_to(site)): re.findall(r"\[<code>[^<]*</code>\]", page.read_text(encoding="utf-8"))
+            for page in site.rglob("*.html")}
+    assert not any(left.values()), {page: found[:3] for page, found in left.items() if found}
+
+
 def _public_names() -> list[str]:
     import hf_defer
 
