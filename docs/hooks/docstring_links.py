@@ -4,6 +4,10 @@ The docstrings name other objects as transformers' do (`[`certify_threshold`]`, 
 `[`DeferralSurrogate.decide`]`), which Markdown leaves as bracketed text. After the build, each one whose name is an
 object documented on an API page (an anchor `hf_defer....`) becomes a link to it; a name that is not documented
 (a private helper, another library's class) keeps its code text without the brackets.
+
+The parameter types are written the same way, `` (`int`, *optional*, defaults to 2) ``, which griffe keeps as one
+string in a code span; they are shown as the Hugging Face documentation shows them (code for the types, *optional* in
+italics).
 """
 
 from __future__ import annotations
@@ -15,6 +19,12 @@ from typing import Any
 
 REFERENCE = re.compile(r"\[<code>~?([A-Za-z_][\w.]*)</code>\]")
 ANCHOR = re.compile(r'id="(hf_defer\.[\w.]+)"')
+HF_TYPE = re.compile(r"\(<code>([^<]*`[^<]*)</code>")  # then ")" or ", default: <code>None</code>)"
+
+
+def _hf_type(match: re.Match) -> str:
+    text = re.sub(r"`([^`]*)`", r"<code>\1</code>", match.group(1))
+    return "(" + re.sub(r"\*([^*\s][^*]*)\*", r"<em>\1</em>", text)
 
 
 def _anchors(site: Path) -> dict[str, tuple[Path, str]]:
@@ -42,8 +52,9 @@ def link_references(site: Path) -> int:
     linked = 0
     for page in site.rglob("*.html"):
         text = page.read_text(encoding="utf-8")
-        if "[<code>" not in text:
+        if "[<code>" not in text and "`" not in text:
             continue
+        text = HF_TYPE.sub(_hf_type, text)
 
         def replace(match: re.Match) -> str:
             nonlocal linked

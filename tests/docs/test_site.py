@@ -82,6 +82,12 @@ def test_the_docstrings_references_are_links_to_the_objects_they_name(site):
     left = {str(page.relative_to(site)): re.findall(r"\[<code>[^<]*</code>\]", page.read_text(encoding="utf-8"))
             for page in site.rglob("*.html")}
     assert not any(left.values()), {page: found[:3] for page, found in left.items() if found}
+    # HF-style parameter types, (`int`, *optional*, defaults to 2), are shown as code and italics, not raw backticks.
+    assert "(<code>int</code>, <em>optional</em>" in (site / "reference" / "api" / "model" / "index.html").read_text(
+        encoding="utf-8")
+    raw = [page.relative_to(site).as_posix() for page in (site / "reference").rglob("*.html")
+           if re.search(r"\(<code>[^<]*`", page.read_text(encoding="utf-8"))]
+    assert not raw, f"parameter types left with raw backticks on {raw}"
 
 
 def _public_names() -> list[str]:
