@@ -100,7 +100,9 @@ def _default(action: argparse.Action) -> str:
         return ""
     if hasattr(default, "value"):  # enums of TrainingArguments
         default = default.value
-    return f"`{default!r}`" if not isinstance(default, str) else f"`{default}`" if default else '`""`'
+    if isinstance(default, str) and default and default.strip() == default:
+        return f"`{default}`"
+    return f"`{default!r}`"  # numbers, lists; a blank or empty string quoted so that it shows
 
 
 def _value(action: argparse.Action) -> str:
@@ -108,8 +110,8 @@ def _value(action: argparse.Action) -> str:
         return ""
     if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
         return " \\| ".join(f"`{choice}`" for choice in action.choices)
-    kind = getattr(action.type, "__name__", None) if action.type is not None else "str"
-    kind = {"string_to_bool": "bool"}.get(kind, kind)
+    kind = getattr(action.type, "__name__", None) if action.type is not None else None  # None: a string
+    kind = {"string_to_bool": "bool", "str": None}.get(kind, kind)
     text = f"`{kind}`" if kind else ""
     if action.nargs in ("+", "*"):
         text += " (several)"
