@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
 .PHONY: install test test-all test-slow test-explore demo reproduce cascade mmlu-routing convabuse guarantees clean
-.PHONY: test-latest test-oldest review-server review-demo test-review
+.PHONY: test-latest test-oldest review-server review-demo test-review docs docs-serve test-docs
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -143,3 +143,21 @@ test-review: $(REVIEW_STAMP) $(LS_VENV)/bin/label-studio
 	command -v chromedriver >/dev/null || { test "$$(id -u)" = 0 && apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/review -m "not slow or review or browser" $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml): the guides of docs/, the API reference from the docstrings, the command-line
+# reference from the parsers. --strict: a broken link, a missing reference or a docstring that does not render fails.
+# Offline: nothing is fetched. `make docs-serve` serves it on http://127.0.0.1:8000 (DOCS_SERVE_ARGS="-a 0.0.0.0:8001").
+DOCS_SERVE_ARGS ?=
+DOCS_ENV := HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 NO_MKDOCS_2_WARNING=1
+docs: install
+	$(DOCS_ENV) $(PY) -m mkdocs build --strict --site-dir site
+
+docs-serve: install
+	$(DOCS_ENV) $(PY) -m mkdocs serve --strict $(DOCS_SERVE_ARGS)
+
+# tests/docs with the browser test: the built site served on 127.0.0.1, searched in headless Chromium (Debian's
+# chromium and chromium-driver, installed here when missing and run as root, as for test-review).
+test-docs: $(REVIEW_STAMP)
+	command -v chromedriver >/dev/null || { test "$$(id -u)" = 0 && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/docs -m "not slow or browser" $(PYTEST_ARGS)

@@ -49,6 +49,21 @@ class PreparedDeferralData:
         side_features (`list[dict]`, *optional*): the `DeferralConfig.side_features` of the side-feature columns
             (their categories, or the training split's mean and standard deviation), when some were given; the
             dataset then carries them as `side_categorical` / `side_numeric`.
+
+    Example:
+
+    ```python
+    >>> import datasets
+    >>> from hf_defer import DeferralConfig, PreparedDeferralData, prepare_deferral_dataset
+    >>> ds = datasets.Dataset.from_dict({"features": [[0.1, 0.2], [0.3, 0.4]], "label": ["pos", "neg"],
+    ...                                  "alice": ["pos", "pos"]})
+    >>> prepared = prepare_deferral_dataset(ds, "label", ["alice"])
+    >>> isinstance(prepared, PreparedDeferralData), prepared.num_labels, prepared.num_experts
+    (True, 2, 1)
+    >>> DeferralConfig(feature_size=2, **prepared.model_kwargs()).expert_names
+    ['alice']
+
+    ```
     """
 
     dataset: datasets.Dataset | datasets.DatasetDict
@@ -324,8 +339,8 @@ def prepare_deferral_dataset(
 
     Raises:
         `ValueError`: a missing column, a label or expert answer outside the class set, a missing annotation (with
-        `missing_expert="error"`), a text column that is not text, an image column that is not images, expert lists of
-        different lengths, or a split whose labels are all ignored.
+            `missing_expert="error"`), a text column that is not text, an image column that is not images, expert lists
+            of different lengths, or a split whose labels are all ignored.
 
     Example:
 

@@ -149,6 +149,19 @@ class ErrorCostCurve:
         error (`np.ndarray` `[S]`): system error of each setting.
         settings (`np.ndarray` `[S, P]`): the swept values (decision-time costs, thresholds, ...) of each setting.
         pareto (`np.ndarray` of int): indices of the settings on the Pareto front, by increasing cost.
+
+    Example:
+
+    ```python
+    >>> from hf_defer import ErrorCostCurve
+    >>> curve = ErrorCostCurve.from_points(cost=[1.0, 2.0, 2.0, 3.0, 0.5], error=[0.3, 0.2, 0.25, 0.2, 0.4],
+    ...                                    settings=[[0.1], [0.2], [0.3], [0.4], [0.5]])
+    >>> curve.pareto.tolist()  # (2.0, 0.25) and (3.0, 0.2) cost more for no less error
+    [4, 0, 1]
+    >>> curve.settings[curve.pareto].ravel().tolist()
+    [0.5, 0.1, 0.2]
+
+    ```
     """
 
     cost: np.ndarray

@@ -376,6 +376,23 @@ class DeferralGuarantee:
     Each claim holds with probability at least its own ``confidence`` over the draw of the calibration inputs; the
     shares add up (Bonferroni) so that all hold together with probability at least ``confidence``. ``observed`` is
     the value on the calibration inputs at the threshold.
+
+    Example:
+
+    ```python
+    >>> import numpy as np
+    >>> from hf_defer import DeferralGuarantee, certify_threshold
+    >>> margins = np.random.default_rng(0).uniform(-1, 1, size=5_000)
+    >>> guarantee = certify_threshold(margins, confidence=0.9, max_deferral_rate=0.1)
+    >>> isinstance(guarantee, DeferralGuarantee), guarantee.n, guarantee.confidence
+    (True, 5000, 0.9)
+    >>> claim = guarantee.claims[0]
+    >>> claim["kind"], claim["target"], claim["observed"] <= 0.1  # stricter than the budget on these inputs
+    ('deferral_rate', 0.1, True)
+    >>> guarantee.to_dict()["threshold"] == guarantee.threshold  # what config.deferral_guarantee stores
+    True
+
+    ```
     """
 
     threshold: float

@@ -283,7 +283,7 @@ def render_model_card(
 
     Raises:
         `FileExistsError`: ``save_directory`` holds a ``README.md`` not written by hf_defer and ``overwrite`` is
-        `False`.
+            `False`.
         `ValueError`: fewer than 2 classes or no expert in ``data``.
 
     Example:

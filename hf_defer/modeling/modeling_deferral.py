@@ -56,6 +56,21 @@ class DeferralOutput(ModelOutput):
             The encoder's hidden states, when `output_hidden_states=True`.
         attentions (`tuple(torch.FloatTensor)`, *optional*):
             The encoder's attention weights, when `output_attentions=True`.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> model = EncoderForDeferral(DeferralConfig(feature_size=8, num_labels=3, num_experts=2)).eval()
+    >>> out = model(features=torch.randn(4, 8), labels=torch.tensor([0, 1, 2, 0]),
+    ...             expert_labels=torch.tensor([[0, 1], [1, 1], [0, 2], [-100, 0]]))
+    >>> type(out).__name__, out.loss.shape, tuple(out.logits.shape)  # 3 class logits, then 2 expert logits
+    ('DeferralOutput', torch.Size([]), (4, 5))
+    >>> tuple(out.class_probs.shape), tuple(out.expert_accuracy.shape), out.defer.dtype
+    ((4, 3), (4, 2), torch.bool)
+
+    ```
     """
 
     loss: torch.FloatTensor | None = None
@@ -506,8 +521,9 @@ class EncoderForDeferral(DeferralPreTrainedModel):
                 with `labels` for the loss, or instead:
             expert_correct (`torch.FloatTensor` of shape `(batch_size,)` or `(batch_size, num_experts)`, *optional*):
                 each expert's target itself: 1/0 (right/wrong) or a score in [0, 1], -100 where there is none.
-            side_categorical (`torch.LongTensor` `(batch_size, n)`) / side_numeric (`torch.FloatTensor` `(batch_size,
-                m)`), *optional*: the side features of a model with `config.side_features` (`side_feature_tensors`).
+            side_categorical (`torch.LongTensor` of shape `(batch_size, n)`, *optional*): the categorical side
+                features of a model with `config.side_features` (`side_feature_tensors`).
+            side_numeric (`torch.FloatTensor` of shape `(batch_size, m)`, *optional*): its numeric side features.
             output_hidden_states (`bool`, *optional*): return the encoder's hidden states.
             output_attentions (`bool`, *optional*): return the encoder's attention weights.
             return_dict (`bool`, *optional*): return a [`DeferralOutput`] rather than a tuple.
@@ -623,8 +639,9 @@ class EncoderForRouting(DeferralPreTrainedModel):
                 (`labels` holding only -100, a collator's padding, passes).
             expert_correct (`torch.FloatTensor` of shape `(batch_size, num_experts)`, *optional*): each expert's
                 target: 1/0 (right/wrong) or a score in [0, 1], -100 where it did not answer; gives the loss.
-            side_categorical (`torch.LongTensor` `(batch_size, n)`) / side_numeric (`torch.FloatTensor` `(batch_size,
-                m)`), *optional*: the side features of a model with `config.side_features` (`side_feature_tensors`).
+            side_categorical (`torch.LongTensor` of shape `(batch_size, n)`, *optional*): the categorical side
+                features of a model with `config.side_features` (`side_feature_tensors`).
+            side_numeric (`torch.FloatTensor` of shape `(batch_size, m)`, *optional*): its numeric side features.
             output_hidden_states (`bool`, *optional*): return the encoder's hidden states.
             output_attentions (`bool`, *optional*): return the encoder's attention weights.
             return_dict (`bool`, *optional*): return a [`DeferralOutput`] rather than a tuple.

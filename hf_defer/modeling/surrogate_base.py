@@ -104,6 +104,22 @@ class DeferralSurrogate:
     Args:
         num_classes (`int`): number of classes ``K`` (at least 2).
         num_experts (`int`, *optional*, defaults to 1): number of experts ``M`` (at least 1).
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_defer import DeferralSurrogate, get_surrogate
+    >>> surrogate = get_surrogate("asm", num_classes=3, num_experts=1)
+    >>> isinstance(surrogate, DeferralSurrogate), surrogate.display_name
+    (True, 'A-SM')
+    >>> logits = torch.tensor([[2.0, 0.0, 0.0, -1.0],   # class 0 clearly ahead of the expert: keep, answer 0
+    ...                        [0.0, 0.0, 0.0, 3.0]])   # the expert's logit beats every class logit: defer
+    >>> defer, prediction, expert = surrogate.decide(logits)
+    >>> defer.tolist(), prediction[0].item(), expert[1].item()
+    ([False, True], 0, 0)
+
+    ```
     """
 
     name: str = ""
@@ -344,7 +360,7 @@ class DeferralSurrogate:
         """Estimates of the class posterior and of each expert's accuracy.
 
         Args:
-            logits (`torch.Tensor` of shape `[B, K + M]`).
+            logits (`torch.Tensor` of shape `[B, K + M]`): the model's outputs.
             clip (`bool`, *optional*, defaults to `True`): clip the estimates into [0, 1]. Only the unbounded
                 estimators (``ssm``, ``sova``) can leave [0, 1]; ``clip=False`` shows them raw.
 
@@ -370,8 +386,9 @@ class DeferralSurrogate:
         with none of them is answered by the model; with every expert available this is the rule above, exactly.
 
         Args:
-            logits (`torch.Tensor` of shape `[B, K + M]`); expert_costs (sequence of `float`, *optional*): ``c_j``, one
-            per expert, zeros when `None`; defer_threshold (`float`, *optional*, defaults to 0.0): margin to defer;
+            logits (`torch.Tensor` of shape `[B, K + M]`): the model's outputs.
+            expert_costs (sequence of `float`, *optional*): ``c_j``, one per expert, zeros when `None`.
+            defer_threshold (`float`, *optional*, defaults to 0.0): margin to defer.
             available (bool `[B, M]` or `[M]`, *optional*): who can answer each input (all when `None`).
 
         Returns:

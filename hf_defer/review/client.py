@@ -28,7 +28,22 @@ PAGE_SIZE = 500
 
 
 class ReviewServerError(RuntimeError):
-    """The Label Studio server could not do what was asked: unreachable, token refused, or an API error."""
+    """The Label Studio server could not do what was asked: unreachable, token refused, or an API error.
+
+    Example:
+
+    ```python
+    >>> import os
+    >>> import hf_defer.review as review
+    >>> os.environ["HF_DEFER_EXAMPLE_TOKEN"] = "not-a-real-token"
+    >>> try:  # nothing listens on port 9
+    ...     review.connect("http://127.0.0.1:9", "reviews", ["no", "yes"], token_env="HF_DEFER_EXAMPLE_TOKEN")
+    ... except review.ReviewServerError as error:
+    ...     print(str(error).split(" while ")[0])
+    cannot reach the Label Studio server at http://127.0.0.1:9
+
+    ```
+    """
 
 
 def _sdk() -> Any:
@@ -91,6 +106,16 @@ class ReviewProject:
         project_id (`int`), title (`str`): the project.
         classes (`list[str]`): the model's classes in id order, which the project's configuration offers.
         url (`str`): the server; token_env (`str`): the environment variable the token came from.
+
+    Example:
+
+    ```python
+    >>> import hf_defer.review as review
+    >>> project = review.connect("http://localhost:8080", "HateSpeech reviews", ["hate", "offensive", "neither"])  # doctest: +SKIP
+    >>> project.project_id, project.classes  # doctest: +SKIP
+    (3, ['hate', 'offensive', 'neither'])
+
+    ```
     """
 
     client: Any

@@ -37,6 +37,17 @@ class PullResult:
             `reason`).
         gone (`list[dict]`): answers in `known` whose annotation is no longer on the server (`item`, `annotator`,
             `task_id`, `annotation_id`); they stay in `known`.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.review import PullResult, pull, read_answers
+    >>> result = pull(project)  # doctest: +SKIP
+    >>> result = PullResult(table=read_answers("no-answers-yet.csv"))  # what a pull that found nothing returns
+    >>> len(result.table), list(result.table.columns[:3]), result.skipped, result.gone
+    (0, ['item', 'annotator', 'answer'], [], [])
+
+    ```
     """
 
     table: pd.DataFrame
@@ -117,7 +128,25 @@ def pull(project: ReviewProject, known: pd.DataFrame | None = None) -> PullResul
 
 
 def read_answers(path: str | os.PathLike) -> pd.DataFrame:
-    """The long table a [`pull_to_csv`] kept (an empty table when the file does not exist yet)."""
+    """The long table a [`pull_to_csv`] kept (an empty table when the file does not exist yet).
+
+    Example:
+
+    ```python
+    >>> import os, tempfile
+    >>> import pandas as pd
+    >>> from hf_defer.review import read_answers
+    >>> path = os.path.join(tempfile.mkdtemp(), "answers.csv")
+    >>> len(read_answers(path))  # nothing pulled yet
+    0
+    >>> pd.DataFrame({"item": ["id:1"], "annotator": ["ann@example.com"], "answer": ["neither"],
+    ...               "time": ["2026-01-05T10:00:00Z"], "text": ["you are such a clown lol"], "task_id": [7],
+    ...               "annotation_id": [12], "lead_time": [4.2]}).to_csv(path, index=False)
+    >>> read_answers(path)[["item", "annotator", "answer"]].values.tolist()
+    [['id:1', 'ann@example.com', 'neither']]
+
+    ```
+    """
     path = Path(path)
     if not path.exists():
         return _empty()

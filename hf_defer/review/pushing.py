@@ -29,6 +29,16 @@ class PushReport:
         deferred (`int`): distinct deferred inputs (one task each).
         created (`list[int]`): ids of the tasks created by this push.
         already_there (`int`): deferred inputs whose task the project already had (pushed before).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.review import PushReport
+    >>> report = PushReport(inputs=2, deferred=1, created=[41], already_there=0)  # what push(...) returns
+    >>> print(report)
+    2 inputs, 1 deferred: 1 tasks created, 0 already in the project
+
+    ```
     """
 
     inputs: int = 0

@@ -25,6 +25,17 @@ class RoutingDecision(NamedTuple):
         margin (`float`): the router's margin `max_{j != d} (a_j - c_j) - (a_d - c_d)`, compared with the threshold.
         ranking (`tuple[str, ...]`): every expert, best estimated gain `a_j - c_j` first (the order of a fall-back).
         seconds (`float`): time from the request's arrival at the router to its decision (queueing and the forward).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.serving import RoutingDecision
+    >>> decision = RoutingDecision(model="cheap", wanted="strong", deferred=False, margin=0.31,
+    ...                            ranking=("strong", "cheap"), seconds=0.004)  # the cap kept it on the cheap model
+    >>> decision.wanted != decision.model, decision.ranking[0]
+    (True, 'strong')
+
+    ```
     """
 
     model: str

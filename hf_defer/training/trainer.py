@@ -80,7 +80,8 @@ class DeferralTrainer(Trainer):
     >>> model = EncoderForDeferral(DeferralConfig(feature_size=8, num_labels=3, num_experts=1))
     >>> args = TrainingArguments("out", num_train_epochs=1, report_to=[], use_cpu=True)
     >>> trainer = DeferralTrainer(model=model, args=args, train_dataset=data, eval_dataset=data)
-    >>> _ = trainer.train()
+    >>> _ = trainer.train()  # the Trainer prints its final log  # doctest: +ELLIPSIS
+    {'train_runtime': ...}
     >>> sorted(k for k in trainer.evaluate() if k.startswith("eval_") and "error" in k)[:2]
     ['eval_budgeted_error_10', 'eval_budgeted_error_20']
     ```
