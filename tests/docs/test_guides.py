@@ -265,7 +265,8 @@ def check_hf_defer(argv: list[str], where: str) -> None:
     for arg in argv[len(words):]:
         if arg.startswith("--"):
             flag = arg.split("=")[0]
-            assert re.search(re.escape(flag) + r"(?![\w-])", text), f"{where}: `hf-defer {command}` has no {flag}"
+            assert re.search(re.escape(flag) + r"(?![\w-])", text), \
+                f"{where}: `hf-defer {' '.join(words)}` has no {flag}"
         elif arg.endswith(".json") and arg.startswith("scripts/"):
             assert (ROOT / arg).is_file(), f"{where}: {arg} does not exist"
 
