@@ -2,7 +2,7 @@
 
 The page keeps its own introduction; the marker `<!-- hf-defer-cli -->` is replaced, at every build, by one section per
 subcommand with a table of its flags, read from the argparse parsers the command itself uses (`hf_defer.commands.cli`,
-`hf_defer.commands.arguments` for `train`, `hf_defer.commands.serve`, `hf_defer.review.cli`), so the page cannot drift
+`hf_defer.commands.arguments` for `train`, `hf_defer.commands.serve`, `hf_defer.commands.review`), so the page cannot drift
 from `hf-defer <command> --help`. `render_cli_reference()` is the same text without MkDocs (tests/docs/test_site.py).
 """
 
@@ -46,7 +46,7 @@ def command_parsers() -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
 
             yield f"hf-defer {name}", command.help, build_serve_parser()
         elif name == "review":
-            from hf_defer.review.cli import add_review_parser
+            from hf_defer.commands.review import add_review_parser
 
             holder = argparse.ArgumentParser(prog="hf-defer")
             review = add_review_parser(holder.add_subparsers(dest="command"))

@@ -119,7 +119,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     from hf_defer.commands import cli
     from hf_defer.commands.arguments import build_run_parser
     from hf_defer.commands.serve import build_serve_parser
-    from hf_defer.review.cli import add_review_parser
+    from hf_defer.commands.review import add_review_parser
 
     top = cli.build_parser()
     subparsers = next(action for action in top._actions if isinstance(action, argparse._SubParsersAction))
