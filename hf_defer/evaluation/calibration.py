@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .guarantees import MARGIN_TOLERANCE, _threshold_between, certify_threshold, empirical_budget_threshold  # noqa: F401
-from ..modeling.pipeline_options import _WithAvailability, _availability
-from ..modeling.pipeline_deferral import DeferralPipeline
+from .guarantees import MARGIN_TOLERANCE, certify_threshold, empirical_budget_threshold  # noqa: F401
+from ..modeling.pipeline_deferral import DeferralPipeline, InputWithAvailability, parse_available_experts
 
 
 def _pipeline_inputs(dataset: Any, input_kind: str) -> tuple[Iterator[Any], int]:
@@ -286,7 +285,7 @@ def _with_experts(inputs: Iterator[Any], count: int, available_experts: Any, nam
                   targets: tuple | None) -> tuple[Iterator[Any], Any]:
     """The input stream and the whole call's ``available_experts``: per-input availability (given per input, or the
     experts who answered, for an error target) rides with each input."""
-    per_input, mask = (False, None) if available_experts is None else _availability(available_experts, names)
+    per_input, mask = (False, None) if available_experts is None else parse_available_experts(available_experts, names)
     if per_input and mask.shape[0] != count:
         raise ValueError(f"available_experts has {mask.shape[0]} rows (one per input), but dataset has {count} inputs.")
     if targets is not None:  # an expert without an answer is not available there (as deferral_metrics scores it)
@@ -294,7 +293,7 @@ def _with_experts(inputs: Iterator[Any], count: int, available_experts: Any, nam
         per_input = True
     if not per_input:
         return inputs, mask
-    return (_WithAvailability(item, row) for item, row in zip(inputs, mask)), None
+    return (InputWithAvailability(item, row) for item, row in zip(inputs, mask)), None
 
 
 def _certify(margins: np.ndarray, chosen: np.ndarray, predicted: np.ndarray, targets: tuple | None,
@@ -335,7 +334,7 @@ def _described(available_experts: Any, names: list[str]) -> list[str] | str | No
     input" (the pipeline cannot check that one)."""
     if available_experts is None:
         return None
-    per_input, mask = _availability(available_experts, names)
+    per_input, mask = parse_available_experts(available_experts, names)
     return "given per input" if per_input else [name for name, on in zip(names, mask) if on]
 
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..modeling.modeling_deferral import EncoderForDeferral
-from ..modeling.pipeline_options import CASCADE_CONFIG_NAME
+from ..modeling.pipeline_deferral import CASCADE_CONFIG_NAME
 from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs
 from .model_experts import answers_to_ids, one_answer_per_input
 

@@ -117,7 +117,7 @@ class DeferralSurrogate:
     bounded: bool = True
     """Whether the expert-accuracy estimator lies in [0, 1] by construction (unbounded ones are clipped)."""
     kernel: Any = None
-    """The `torch.autograd.Function` computing the per-example loss and its gradient (`surrogate_kernels`)."""
+    """The `torch.autograd.Function` computing the per-example loss and its gradient (the kernels in `surrogates.py`)."""
 
     def __init__(self, num_classes: int, num_experts: int = 1) -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, Integral) or num_classes < 2:
