@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from numbers import Integral, Real
 import warnings
 from collections.abc import Iterator, Mapping
 from datetime import date
@@ -13,6 +12,7 @@ from tqdm.auto import tqdm
 
 from .guarantees import MARGIN_TOLERANCE, certify_threshold, empirical_budget_threshold  # noqa: F401
 from ..modeling.pipeline_deferral import DeferralPipeline, InputWithAvailability, parse_available_experts
+from ..modeling.validators import check_share, is_int
 
 
 def _pipeline_inputs(dataset: Any, input_kind: str) -> tuple[Iterator[Any], int]:
@@ -170,12 +170,8 @@ def calibrate_deferral(
         raise ValueError("max_error, max_mean_cost and a budget per expert (a dict) are promises on new inputs: give "
                          "confidence= (in (0, 1), e.g. 0.9).")
     if not certified:
-        if isinstance(max_deferral_rate, bool) or not isinstance(max_deferral_rate, Real):
-            raise TypeError(f"max_deferral_rate must be a number in (0, 1], got {type(max_deferral_rate).__name__}.")
-        if not 0 < max_deferral_rate <= 1:
-            raise ValueError(f"max_deferral_rate must lie in (0, 1], got {max_deferral_rate!r}.")
-        max_deferral_rate = float(max_deferral_rate)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
+        max_deferral_rate = check_share(max_deferral_rate, "max_deferral_rate")
+    if not is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
     batch_size = int(batch_size)
     if isinstance(model_or_pipeline, DeferralPipeline):

@@ -321,9 +321,9 @@ def plot_error_cost_curves(
         title (`str`, *optional*): the figure title.
         log_cost (`bool`, *optional*, defaults to `False`): logarithmic cost axis.
     """
-    from .plotting import _figure  # an Agg figure outside pyplot: the caller's backend and figures stay as they were
+    from .plotting import agg_figure  # an Agg figure outside pyplot: the caller's backend and figures stay as they were
 
-    figure = _figure(figsize=(6.4, 4.4))
+    figure = agg_figure(figsize=(6.4, 4.4))
     axis = figure.add_subplot()
     for name, (cost, error) in curves.items():
         axis.step(np.asarray(cost), 100 * np.asarray(error), where="post", label=name, linewidth=1.6)

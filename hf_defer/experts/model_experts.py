@@ -23,7 +23,7 @@ import datasets
 import numpy as np
 
 from ..modeling.pipeline_deferral import CLASSIFIER_ANSWER
-from .simulated import _check_column_name, _check_dataset, _require_columns
+from .simulated import check_column_name, check_dataset, require_columns
 
 __all__ = ["answer_with_model_experts", "answers_to_ids", "as_batch_predictor", "model_expert", "predict_ids",
            "predictor_identity"]
@@ -288,9 +288,9 @@ def model_expert(
     """
     from .embeddings import default_embedding_cache_dir
 
-    dataset = _check_dataset(dataset)
-    column, name = _check_column_name(column, "column"), name or column
-    _require_columns(dataset, [_check_column_name(input_column, "input_column")], "input_column")
+    dataset = check_dataset(dataset)
+    column, name = check_column_name(column, "column"), name or column
+    require_columns(dataset, [check_column_name(input_column, "input_column")], "input_column")
     classes = dataset.features.get(label_column)
     if not isinstance(classes, datasets.ClassLabel):
         raise ValueError(

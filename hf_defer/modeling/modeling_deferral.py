@@ -1,9 +1,9 @@
 """Learning-to-defer model: an encoder (or precomputed features) followed by a head with K + M outputs.
 
 This module imports only ``torch``, ``transformers`` and, relatively, ``.configuration_deferral``, ``.surrogates`` and
-``.saving_deferral`` (saving and loading the folder), which import ``.surrogate_base`` and
-``.pipeline_deferral``: with it, those are the files that `save_pretrained` copies next to the weights for remote-code
-loading (``trust_remote_code=True``). Registration with the auto classes happens, once, in ``hf_defer/__init__.py``.
+``.saving_deferral`` (saving and loading the folder), which import ``.surrogate_base``, ``.pipeline_deferral`` and
+``.validators``: with it, those are the files that `save_pretrained` copies next to the weights for remote-code loading
+(``trust_remote_code=True``). Registration with the auto classes happens, once, in ``hf_defer/__init__.py``.
 """
 
 from __future__ import annotations

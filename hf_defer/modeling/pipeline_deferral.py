@@ -1,6 +1,6 @@
 """The ``"deferral"`` pipeline: predict a class or hand the input to the expert most likely to be right.
 
-This module imports only ``numpy``, ``torch`` and ``transformers``: it is copied next to the weights for
+This module imports only ``numpy``, ``torch``, ``transformers`` and its siblings: it is copied next to the weights for
 remote-code loading (``pipeline(model=..., trust_remote_code=True)``) and must stay free of ``hf_defer`` imports.
 Registration of the task happens in ``hf_defer/__init__.py``. The decision is the model's surrogate's
 (`DeferralSurrogate.decide`), the one rule that the model output, the metrics and calibration use too.
@@ -23,6 +23,7 @@ from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
 
 from .surrogate_base import check_defer_threshold, check_expert_costs
 from .route_only import route_only_output
+from .validators import is_int, is_number
 
 DEFER_LABEL = "defer"
 """The ``"label"`` of a deferred input (no class may be named so: `DeferralConfig` refuses it)."""
@@ -46,10 +47,6 @@ CUSTOM_PIPELINES: dict[str, dict[str, Any]] = {
 
 # What the pipeline checks of its options and inputs before running: loader options, the device, the tokenizer /
 # image-processor keyword arguments it passes on, per-input expert availability, and how feature vectors are batched.
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
 def _is_sequence_like(value: Any) -> bool:
@@ -110,7 +107,7 @@ def _check_loader_options(options: dict[str, Any]) -> None:
     """``batch_size`` and ``num_workers``, which the base class hands to a `DataLoader` unchecked."""
     for name, least in (("batch_size", 1), ("num_workers", 0)):
         value = options.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least):
+        if value is not None and (not is_int(value) or value < least):
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
         if value is not None:
             options[name] = int(value)  # a numpy integer reaches the DataLoader as a plain int (torch refuses it)
@@ -156,7 +153,7 @@ def check_device(device: Any) -> None:
     ValueError: device must name a device such as 'cpu' or 'cuda:0', got 'warp:0' (...).
     ```
     """
-    integer = isinstance(device, (int, np.integer)) and not isinstance(device, bool)
+    integer = is_int(device)
     if device is None or (integer and device < 0):
         return
     if not integer and not isinstance(device, (str, torch.device)):
@@ -453,7 +450,7 @@ class DeferralPipeline(Pipeline):
     ) -> tuple[dict, dict, dict]:
         postprocess: dict[str, Any] = {}
         if not (isinstance(top_k, str) and top_k == ""):  # "": not given (None means all classes)
-            if top_k is not None and (not isinstance(top_k, (int, np.integer)) or isinstance(top_k, bool) or top_k < 1):
+            if top_k is not None and (not is_int(top_k) or top_k < 1):
                 raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}.")
             postprocess["top_k"] = None if top_k is None else int(top_k)
         if expert_costs is not None:
@@ -512,7 +509,7 @@ class DeferralPipeline(Pipeline):
                 return True
             if isinstance(inputs, (np.ndarray, torch.Tensor)):
                 return inputs.ndim == 1
-            return isinstance(inputs, (list, tuple)) and len(inputs) > 0 and all(_is_number(v) for v in inputs)
+            return isinstance(inputs, (list, tuple)) and len(inputs) > 0 and all(is_number(v) for v in inputs)
         if self.input_kind == "image":
             return isinstance(inputs, str) or hasattr(inputs, "convert")  # a path/URL or a PIL image
         return isinstance(inputs, (str, dict))

@@ -2,16 +2,16 @@
 answers), reduction and the decision rule (with the experts available at decision time).
 
 The four surrogates (:mod:`surrogates`) subclass :class:`DeferralSurrogate` and implement only their loss and
-estimator. This module only imports ``torch``: it is copied next to the model code for remote-code loading.
+estimator. This module only imports ``torch`` and ``.validators``: it is copied next to the model code for remote-code loading.
 """
 
 from __future__ import annotations
 
-import math
-from numbers import Integral, Real
 from typing import Any
 
 import torch
+
+from .validators import is_finite_number, is_int
 
 IGNORE_INDEX = -100
 """Label value that marks a row to ignore (the Hugging Face padding convention)."""
@@ -30,10 +30,6 @@ def _as_target_tensor(name: str, values: object, device: torch.device | None) ->
             f"{name} must be {what} (a tensor, array or list of them, one row per example), got a "
             f"{type(values).__name__} that is not a rectangular array of numbers ({err})."
         ) from None
-
-
-def _is_finite_number(value: Any) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def estimate_margin(class_probs: torch.Tensor, expert_accuracy: torch.Tensor, costs: torch.Tensor | None = None,
@@ -76,7 +72,7 @@ def check_expert_costs(costs: Any, num_experts: int, argument: str = "expert_cos
                          f"or ragged one: {costs!r}.")
     if len(costs) != num_experts:
         raise ValueError(f"{argument} must have one cost per expert (num_experts={num_experts}), got {costs!r}.")
-    if not all(_is_finite_number(cost) and cost >= 0 for cost in costs):
+    if not all(is_finite_number(cost) and cost >= 0 for cost in costs):
         raise ValueError(f"{argument} must be finite, non-negative numbers, got {costs!r}.")
     return [float(cost) for cost in costs]
 
@@ -84,7 +80,7 @@ def check_expert_costs(costs: Any, num_experts: int, argument: str = "expert_cos
 def check_defer_threshold(value: Any) -> float:
     """The margin to defer (`defer_threshold`): a finite number, as a float; the one check for the config, the
     decision and the pipeline."""
-    if not _is_finite_number(value):
+    if not is_finite_number(value):
         raise ValueError(f"defer_threshold must be a finite number, got {value!r}.")
     return float(value)
 
@@ -120,11 +116,11 @@ class DeferralSurrogate:
     """The `torch.autograd.Function` computing the per-example loss and its gradient (the kernels in `surrogates.py`)."""
 
     def __init__(self, num_classes: int, num_experts: int = 1) -> None:
-        if isinstance(num_classes, bool) or not isinstance(num_classes, Integral) or num_classes < 2:
+        if not is_int(num_classes) or num_classes < 2:
             raise ValueError(
                 f"num_classes must be an integer >= 2 (learning to defer needs at least two classes), got {num_classes!r}."
             )
-        if isinstance(num_experts, bool) or not isinstance(num_experts, Integral) or num_experts < 1:
+        if not is_int(num_experts) or num_experts < 1:
             raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
         self.num_classes = int(num_classes)
         self.num_experts = int(num_experts)
