@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .surrogate_base import IGNORE_INDEX, DeferralSurrogate, _as_target_tensor, check_defer_threshold
+from .surrogate_base import IGNORE_INDEX, DeferralSurrogate, as_target_tensor as _as_target_tensor, check_defer_threshold
 
 __all__ = ["RouteOnlySurrogate", "route_only_output"]
 

@@ -20,8 +20,9 @@ MAX_ABS_LOGIT = 1e30
 """The largest logit magnitude accepted: beyond it, differences and sums of logits overflow float32 in the losses."""
 
 
-def _as_target_tensor(name: str, values: object, device: torch.device | None) -> torch.Tensor:
-    """``torch.as_tensor(values)``, with an error naming ``name`` for ragged lists, strings and other non-numbers."""
+def as_target_tensor(name: str, values: object, device: torch.device | None) -> torch.Tensor:
+    """``torch.as_tensor(values)``, with an error naming ``name`` for ragged lists, strings and other non-numbers: how
+    every surrogate (the route-only one too) reads ``labels``, ``expert_labels`` and ``expert_correct``."""
     try:
         return torch.as_tensor(values, device=device)
     except (TypeError, ValueError, RuntimeError) as err:
@@ -160,7 +161,7 @@ class DeferralSurrogate:
     def _check_labels(self, labels: Any, batch_size: int, device: torch.device | None,
                       check_values: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """``labels`` as long ``[B]`` with ignored rows set to 0, and the mask ``[B]`` of rows that count."""
-        labels = _as_target_tensor("labels", labels, device)
+        labels = as_target_tensor("labels", labels, device)
         if labels.dim() == 2 and labels.shape[1] == 1:
             labels = labels[:, 0]
         if labels.dim() != 1 or labels.shape[0] != batch_size:
@@ -209,7 +210,7 @@ class DeferralSurrogate:
             ``[B, M]`` (``-100`` kept), and the boolean mask ``[B]`` of rows that count (label != -100).
         """
         labels, valid = self._check_labels(labels, batch_size, device, check_values)
-        expert_labels = self._expert_shape("expert_labels", _as_target_tensor("expert_labels", expert_labels, device),
+        expert_labels = self._expert_shape("expert_labels", as_target_tensor("expert_labels", expert_labels, device),
                                            batch_size)
         if expert_labels.is_floating_point() or expert_labels.dtype == torch.bool:
             raise ValueError(f"expert_labels must be integers (class ids, {IGNORE_INDEX} where an expert did not "
@@ -252,7 +253,7 @@ class DeferralSurrogate:
             labels, expert_labels, valid = self.check_targets(labels, expert_labels, batch_size, device, check_values)
             return labels, (expert_labels == labels[:, None]).float(), expert_labels != IGNORE_INDEX, valid
         labels, valid = self._check_labels(labels, batch_size, device, check_values)
-        scores = self._expert_shape("expert_correct", _as_target_tensor("expert_correct", expert_correct, device),
+        scores = self._expert_shape("expert_correct", as_target_tensor("expert_correct", expert_correct, device),
                                     batch_size).float()
         observed = scores != IGNORE_INDEX
         if check_values:
