@@ -19,7 +19,7 @@ from .experts.embeddings import add_embeddings, embed_texts
 from .experts import annotator_expert, class_subset_expert, model_expert, stack_experts
 from .experts.deferral_cascade import DeferralCascade
 from .evaluation.costs import ErrorCostCurve, error_cost_curve, mean_cost
-from .evaluation.calibration import calibrate_deferral
+from .evaluation.thresholds import calibrate_deferral
 from .evaluation.guarantees import DeferralGuarantee, budget_threshold, certify_threshold, error_threshold
 from .evaluation.evaluate_metric import load_metric
 from .hub import push_to_hub, save_for_hub

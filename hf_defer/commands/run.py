@@ -26,7 +26,7 @@ from .arguments import DataTrainingArguments, ModelArguments
 from .inputs import check_splits, join_text_columns, load_raw_datasets, pipeline_inputs, split_sources
 from .outputs import RUN_SUMMARY, OutputFolder, format_summary, stage_metrics, write_predictions
 from .run_checks import check_stages, default_stages, first_line, hub_repository_error
-from ..evaluation.calibration import calibrate_deferral
+from ..evaluation.thresholds import calibrate_deferral
 from ..modeling.configuration_deferral import DeferralConfig
 from ..experts.simulated import annotator_expert, class_subset_expert
 from ..hub.model_source import check_model_source

@@ -1,4 +1,6 @@
-"""Deferral budgets: pick the pipeline's ``defer_threshold`` so that at most a given share of inputs is deferred."""
+"""Deferral thresholds: [`calibrate_deferral`] sets the pipeline's ``defer_threshold`` from held-out inputs so that at
+most a given share of inputs is deferred (or, with a confidence, so that an error or cost target holds on new inputs:
+the statistics are in ``guarantees.py``). Calibration *error* (ECE, reliability diagrams) is ``reliability.py``'s."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from transformers import BertConfig, BertTokenizer, pipeline
 
 import hf_defer  # registers the "deferral" task
 from hf_defer import DeferralConfig, EncoderForDeferral
-from hf_defer.evaluation.calibration import MARGIN_TOLERANCE, calibrate_deferral
+from hf_defer.evaluation.thresholds import MARGIN_TOLERANCE, calibrate_deferral
 
 D = 5
 
