@@ -177,3 +177,24 @@ def test_at_most_three_imports_of_another_modules_private_names():
              if not any(name == folder or name.startswith(folder + ".") for folder in LEAVING_THE_PACKAGE)
              for hit in private_imports(path.read_text(), name, path.name == "__init__.py")]
     assert len(found) <= 3, "imports of another module's private names:\n" + "\n".join(found)
+
+
+def test_each_subpackage_lists_its_public_names_and_the_top_level_only_reexports_them():
+    """`hf_defer.__all__` keeps what users call; every name there is also in the `__all__` of the subpackage where
+    it lives (the same object), and every subpackage `__init__` has an `__all__` whose names all resolve."""
+    import importlib
+
+    listed = {}
+    for folder in sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()):
+        name = f"hf_defer.{folder}"
+        if name in LEAVING_THE_PACKAGE:
+            continue
+        package = importlib.import_module(name)
+        assert isinstance(getattr(package, "__all__", None), list), f"{name} has no __all__"
+        assert len(set(package.__all__)) == len(package.__all__), f"{name}.__all__ repeats a name"
+        for public in package.__all__:
+            assert not _private(public) and hasattr(package, public), f"{name}.__all__: {public}"
+            listed.setdefault(public, []).append(getattr(package, public))
+    for public in hf_defer.__all__:
+        assert any(obj is getattr(hf_defer, public) for obj in listed.get(public, [])), \
+            f"hf_defer.{public} is in no subpackage's __all__"

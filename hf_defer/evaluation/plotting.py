@@ -41,7 +41,7 @@ def plot_reliability_diagram(reliability: Any, path: str | os.PathLike, expert_n
 
     ```python
     >>> import os, tempfile
-    >>> from hf_defer import reliability_bins
+    >>> from hf_defer.evaluation import reliability_bins
     >>> from hf_defer.evaluation.plotting import plot_reliability_diagram
     >>> path = os.path.join(tempfile.mkdtemp(), "diagram.png")
     >>> plot_reliability_diagram(reliability_bins([0.2, 0.9, 0.8], [0, 1, 1], n_bins=5), path)
@@ -87,7 +87,7 @@ def plot_pooled_reliability(
 
     ```python
     >>> import os, tempfile
-    >>> from hf_defer import reliability_bins
+    >>> from hf_defer.evaluation import reliability_bins
     >>> from hf_defer.evaluation.plotting import plot_pooled_reliability
     >>> runs = [reliability_bins([0.2, 0.9], [0, 1], n_bins=5), reliability_bins([0.8], [1], n_bins=5)]
     >>> plot_pooled_reliability({"A-SM": runs}, os.path.join(tempfile.mkdtemp(), "pooled.png"))["A-SM"]["counts"]

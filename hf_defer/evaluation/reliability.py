@@ -51,7 +51,7 @@ def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15, soft: bool
     Example:
 
     ```python
-    >>> from hf_defer import reliability_bins
+    >>> from hf_defer.evaluation import reliability_bins
     >>> reliability_bins([0.1, 0.9, 0.95], [0, 1, 1], n_bins=2)["accuracy"]
     [0.0, 1.0]
 
@@ -91,7 +91,7 @@ def expected_calibration_error(confidence: Any, correct: Any, n_bins: int = 15) 
     Example:
 
     ```python
-    >>> from hf_defer import expected_calibration_error
+    >>> from hf_defer.evaluation import expected_calibration_error
     >>> expected_calibration_error([0.8, 0.8, 0.8, 0.8, 0.8], [1, 1, 1, 1, 0])
     0.0
 

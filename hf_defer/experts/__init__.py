@@ -7,8 +7,10 @@ pipeline's option checks), `hf_defer.evaluation.guarantees` (the cascade's escal
 training, hub, commands or experiments.
 """
 
+from .deferral_cascade import DeferralCascade
+from .embeddings import add_embeddings, embed_texts
 from .model_experts import model_expert
 from .simulated import annotator_accuracy, annotator_expert, class_subset_expert, dialect_biased_expert, stack_experts
 
-__all__ = ["annotator_accuracy", "annotator_expert", "class_subset_expert", "dialect_biased_expert", "model_expert",
-           "stack_experts"]
+__all__ = ["DeferralCascade", "add_embeddings", "annotator_accuracy", "annotator_expert", "class_subset_expert",
+           "dialect_biased_expert", "embed_texts", "model_expert", "stack_experts"]

@@ -5,3 +5,12 @@ surrogate, the pipeline (with its option checks) and the small argument checks t
 (``validators``). These modules import only torch, transformers, the standard library and each other, relatively, and
 nothing else of hf_defer: a saved folder must load without the library installed.
 """
+
+from .configuration_deferral import DeferralConfig
+from .modeling_deferral import DeferralOutput, EncoderForDeferral
+from .pipeline_deferral import DeferralPipeline
+from .surrogates import SURROGATES, DeferralSurrogate, get_surrogate, surrogate_class
+from .side_features import side_feature_specs
+
+__all__ = ["SURROGATES", "DeferralConfig", "DeferralOutput", "DeferralPipeline", "DeferralSurrogate",
+           "EncoderForDeferral", "get_surrogate", "side_feature_specs", "surrogate_class"]

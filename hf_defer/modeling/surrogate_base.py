@@ -378,7 +378,7 @@ class DeferralSurrogate:
 
         ```python
         >>> import torch
-        >>> from hf_defer import get_surrogate
+        >>> from hf_defer.modeling import get_surrogate
         >>> aova = get_surrogate("aova", num_classes=2, num_experts=2)
         >>> logits = torch.tensor([[0.0, -1.0, 2.0, 1.0], [0.0, -1.0, 2.0, 1.0]])
         >>> defer, _, expert = aova.decide(logits, available=[[True, True], [False, True]])

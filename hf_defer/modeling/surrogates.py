@@ -235,7 +235,7 @@ class ASMSurrogate(DeferralSurrogate):
 
     ```python
     >>> import torch
-    >>> from hf_defer import get_surrogate
+    >>> from hf_defer.modeling import get_surrogate
     >>> asm = get_surrogate("asm", num_classes=3)
     >>> logits = torch.tensor([[2.0, 0.0, -1.0, 0.5], [0.0, 0.1, 0.0, 3.0]])
     >>> loss = asm(logits, torch.tensor([0, 1]), torch.tensor([0, 2]))
@@ -278,7 +278,7 @@ class SSMSurrogate(DeferralSurrogate):
 
     ```python
     >>> import torch
-    >>> from hf_defer import get_surrogate
+    >>> from hf_defer.modeling import get_surrogate
     >>> ssm = get_surrogate("ssm", num_classes=2)
     >>> ssm.probabilities(torch.tensor([[0.0, 0.0, 2.0]]), clip=False)[1]  # exp(2 - log 2) > 1
     tensor([[3.6945]])
@@ -320,7 +320,7 @@ class SOvASurrogate(DeferralSurrogate):
 
     ```python
     >>> import torch
-    >>> from hf_defer import get_surrogate
+    >>> from hf_defer.modeling import get_surrogate
     >>> sova = get_surrogate("sova", num_classes=3)
     >>> loss = sova(torch.zeros(2, 4), torch.tensor([0, 2]), torch.tensor([0, 1]))
     ```
@@ -358,7 +358,7 @@ class AOvASurrogate(DeferralSurrogate):
 
     ```python
     >>> import torch
-    >>> from hf_defer import get_surrogate
+    >>> from hf_defer.modeling import get_surrogate
     >>> aova = get_surrogate("aova", num_classes=3, num_experts=2)
     >>> loss = aova(torch.zeros(1, 5), torch.tensor([1]), torch.tensor([[1, 0]]))
     >>> round(loss.item(), 4)  # five binary log losses at 0: 5 log 2
@@ -429,7 +429,7 @@ def get_surrogate(name: str, num_classes: int, num_experts: int = 1) -> Deferral
 
     ```python
     >>> import torch
-    >>> from hf_defer import get_surrogate
+    >>> from hf_defer.modeling import get_surrogate
     >>> surrogate = get_surrogate("asm", num_classes=3, num_experts=1)
     >>> logits = torch.randn(4, 4, requires_grad=True)
     >>> loss = surrogate(logits, torch.tensor([0, 1, 2, 1]), torch.tensor([0, 1, 1, 1]))

@@ -6,9 +6,8 @@ use it, and those may import nothing outside ``modeling/``: they are copied next
 library, so that the command line can also read it from its file before the package is imported (see
 `hf_defer.commands.flag_check.light_module`).
 
-A check names the argument, says what was expected and shows what came. A value of the wrong type raises
-[`ArgumentTypeError`], which is both a `TypeError` and a `ValueError`; a value of the right type outside its range
-raises `ValueError`.
+A check names the argument, says what was expected and shows what came, in a `ValueError` (a wrong type too, as
+hf_defer's argument checks do throughout).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from collections.abc import Sequence
 from numbers import Integral, Real
 from typing import Any
 
-__all__ = ["MISSING_EXPERT_MODES", "ArgumentTypeError", "check_probability", "check_seed", "check_share",
+__all__ = ["MISSING_EXPERT_MODES", "check_probability", "check_seed", "check_share",
            "is_finite_number", "is_int", "is_number", "split_sizes"]
 
 MISSING_EXPERT_MODES: tuple[str, ...] = ("error", "drop", "mask")
@@ -26,11 +25,6 @@ MISSING_EXPERT_MODES: tuple[str, ...] = ("error", "drop", "mask")
 ``missing_expert=``, ``--missing_expert``): refuse it, drop its row, or keep the row with -100 for that expert (its
 terms leave the loss; it is unavailable there). Here, with the other rules, because the command
 line checks it before anything heavy is imported (this module is read from its file then: standard library only)."""
-
-
-class ArgumentTypeError(TypeError, ValueError):
-    """An argument of the wrong type (a string or a bool where a number belongs...). A `TypeError`, and a `ValueError`
-    too, so that ``except ValueError`` around any hf_defer call still catches every bad argument."""
 
 
 def is_int(value: Any) -> bool:
@@ -115,8 +109,7 @@ def check_share(value: Any, argument: str, closed_top: bool = True) -> float:
         closed_top (`bool`, *optional*, defaults to `True`): whether 1 itself is allowed.
 
     Raises:
-        ArgumentTypeError: not a number (a string, a bool, `None`...).
-        ValueError: NaN, or outside the interval.
+        ValueError: not a number (a string, a bool, `None`...), NaN, or outside the interval.
 
     Example:
 
@@ -132,7 +125,7 @@ def check_share(value: Any, argument: str, closed_top: bool = True) -> float:
     """
     interval = f"(0, 1{']' if closed_top else ')'}"
     if not is_number(value):
-        raise ArgumentTypeError(f"{argument} must be a number in {interval}, got {type(value).__name__} {value!r}.")
+        raise ValueError(f"{argument} must be a number in {interval}, got {type(value).__name__} {value!r}.")
     if not (0 < value <= 1 if closed_top else 0 < value < 1):  # False for NaN
         raise ValueError(f"{argument} must lie in {interval}, got {value!r}.")
     return float(value)

@@ -116,7 +116,7 @@ def test_budget_outside_zero_one_is_rejected(rate):
 
 def test_other_bad_arguments():
     model = eager_deferrer()
-    with pytest.raises(TypeError, match="max_deferral_rate"):
+    with pytest.raises(ValueError, match="max_deferral_rate must be a number in"):
         calibrate_deferral(model, list(held_out(5)), max_deferral_rate="0.1")
     with pytest.raises(ValueError, match="empty"):
         calibrate_deferral(model, [])

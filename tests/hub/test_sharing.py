@@ -268,7 +268,7 @@ def test_model_and_pipeline_push_to_hub_upload_the_deferral_card_and_remote_code
     fake_hub["someone/model-push"]["README.md"] = b"# written on the Hub\n"
     model.push_to_hub("someone/model-push")
     assert fake_hub["someone/model-push"]["README.md"] == b"# written on the Hub\n"
-    model.push_to_hub("someone/model-push", card_data=hf_defer.DeferralModelCardData.from_model(model))
+    model.push_to_hub("someone/model-push", card_data=hf_defer.hub.DeferralModelCardData.from_model(model))
     assert b"learning-to-defer" in fake_hub["someone/model-push"]["README.md"]
     with pytest.raises(TypeError, match="max_shard_size"):
         model.push_to_hub("someone/model-push", max_shard_size="1GB")

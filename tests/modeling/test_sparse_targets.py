@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_defer import get_surrogate
+from hf_defer.modeling import get_surrogate
 from hf_defer.modeling.surrogates import _AOvALoss, _ASMLoss, _SOvALoss, _SSMLoss
 
 NAMES = ("asm", "ssm", "sova", "aova")
