@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import datasets
 import numpy as np
 
-from ..modeling.validators import check_probability, is_int
+from ..modeling.validators import check_positive_int, check_probability, is_int
 
 __all__ = ["annotator_accuracy", "annotator_expert", "class_subset_expert", "dialect_biased_expert",
            "stack_experts"]
@@ -267,8 +267,7 @@ def class_subset_expert(
     ```
     """
     dataset = check_dataset(dataset)
-    if not is_int(num_classes) or num_classes < 1:
-        raise ValueError(f"`num_classes` must be a positive int, got {num_classes!r}.")
+    check_positive_int(num_classes, "num_classes")
     if not is_int(k) or not 0 < k <= num_classes:
         raise ValueError(f"`k` must be an int with 0 < k <= num_classes ({num_classes}), got {k!r}.")
     p = check_probability(p, "p")

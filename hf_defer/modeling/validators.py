@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from numbers import Integral, Real
 from typing import Any
 
-__all__ = ["MISSING_EXPERT_MODES", "check_probability", "check_seed", "check_share",
+__all__ = ["MISSING_EXPERT_MODES", "check_positive_int", "check_probability", "check_seed", "check_share",
            "is_finite_number", "is_int", "is_number", "split_sizes"]
 
 MISSING_EXPERT_MODES: tuple[str, ...] = ("error", "drop", "mask")
@@ -95,6 +95,30 @@ def check_seed(value: Any, argument: str = "seed") -> int:
     """
     if not is_int(value) or value < 0:
         raise ValueError(f"`{argument}` must be a non-negative int, got {value!r}.")
+    return int(value)
+
+
+def check_positive_int(value: Any, argument: str) -> int:
+    """A count or a size (``batch_size``, ``num_classes``, ``max_seq_length``...): an integer >= 1 (Python's or
+    numpy's, not a bool), as an `int`.
+
+    Raises:
+        ValueError: not a positive integer.
+
+    Example:
+
+    ```python
+    >>> check_positive_int(32, "batch_size")
+    32
+    >>> check_positive_int(0, "batch_size")
+    Traceback (most recent call last):
+    ...
+    ValueError: `batch_size` must be a positive int, got 0.
+
+    ```
+    """
+    if not is_int(value) or value < 1:
+        raise ValueError(f"`{argument}` must be a positive int, got {value!r}.")
     return int(value)
 
 
