@@ -74,7 +74,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     if num_experts == 0:
         data = data.select_columns([*TEXT_COLUMNS, "labels"])
     else:
-        from hf_defer import DeferralTrainer, EncoderForDeferral, stack_experts
+        from hf_defer import DeferralTrainer, EncoderForDeferral
+        from hf_defer.experts import stack_experts
 
         if num_experts == 1:
             data = data.select_columns([*TEXT_COLUMNS, "labels", "expert_labels"])

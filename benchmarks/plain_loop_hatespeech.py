@@ -37,7 +37,8 @@ import transformers
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hf_defer import SURROGATES, DeferralConfig, EncoderForDeferral, deferral_metrics, get_surrogate
+from hf_defer import DeferralConfig, EncoderForDeferral, deferral_metrics
+from hf_defer.modeling import SURROGATES, get_surrogate
 from hf_defer.experiments.hatespeech import Protocol, load_splits, train_head
 
 

@@ -1,30 +1,29 @@
 """hf_defer: learning to defer (A-SM and baselines) for the Hugging Face stack.
 
-The folders are the architecture: `modeling` (what a saved folder carries), `inspection` (model, adapter and
-checkpoint checks), `evaluation`, `data`, `experts`, `cascade` (two models run as one), `training`, `hub`, `commands`
-and `experiments`; each subpackage's docstring says what lives there and what it may import. This module re-exports
-the public API and registers the model type, the auto classes and the pipeline task.
+The folders are the architecture: `modeling` (what a saved folder carries: the config, the models, the surrogates, the
+pipeline), `inspection` (model, adapter and checkpoint checks), `evaluation` (metrics, costs, thresholds and their
+guarantees), `data` (preparation and the shipped loaders), `experts` (simulated and model experts, embeddings),
+`cascade` (two models run as one), `training`, `hub`, `commands`, `review` and `serving`; each subpackage's docstring
+says what lives there and what it may import, and its `__all__` lists its public names. This module re-exports what
+users call (the config, the models, the pipeline, the trainer, the collator, data preparation, the metrics,
+calibration, the hub, the cascade and the shipped loaders) and registers the model type, the auto classes and the
+pipeline task.
 """
 
-from .evaluation.metrics import DeferralMetrics, deferral_metrics, expected_calibration_error, reliability_bins
-from .modeling.surrogates import SURROGATES, DeferralSurrogate, get_surrogate
 from .modeling.configuration_deferral import DeferralConfig
 from .modeling.modeling_deferral import DeferralOutput, EncoderForDeferral, EncoderForRouting
 from .modeling.saving_deferral import DeferralSavingMixin
 from .hub.auto import AutoModelForDeferral
 from .training.trainer import DeferralTrainer
-from .data import DataCollatorForDeferral, load_hatespeech
+from .data import DataCollatorForDeferral, load_convabuse, load_hatespeech, load_imagenet16h, load_routellm_mmlu
 from .data.preparation import PreparedDeferralData, prepare_deferral_dataset
 from .data.annotations import aggregate_labels, annotations_to_columns
-from .experts.embeddings import add_embeddings, embed_texts
-from .experts import annotator_expert, class_subset_expert, model_expert, stack_experts
-from .cascade import DeferralCascade
-from .evaluation.costs import ErrorCostCurve, error_cost_curve, mean_cost
-from .evaluation.calibration import calibrate_deferral
-from .evaluation.guarantees import DeferralGuarantee, budget_threshold, certify_threshold, error_threshold
+from .evaluation.metrics import DeferralMetrics, deferral_metrics
 from .evaluation.evaluate_metric import load_metric
+from .evaluation.thresholds import calibrate_deferral
+from .evaluation.guarantees import DeferralGuarantee
+from .cascade import DeferralCascade
 from .hub import push_to_hub, save_for_hub
-from .hub.model_card import DeferralModelCardData, render_model_card
 
 def _register_auto_classes() -> None:
     """Library mode: `AutoConfig`, `AutoModel` and `AutoModelForDeferral` load folders of model type "deferral".
@@ -73,44 +72,32 @@ DeferralSavingMixin.card_pusher = staticmethod(push_to_hub)
 __version__ = "0.1.0"
 
 __all__ = [
-    "SURROGATES",
+    # the model: config, model, pipeline
     "AutoModelForDeferral",
-    "DeferralCascade",
     "DeferralConfig",
     "DeferralOutput",
     "DeferralPipeline",
     "EncoderForDeferral",
     "EncoderForRouting",
-    "DeferralMetrics",
-    "DeferralSurrogate",
-    "DeferralTrainer",
+    # training and data preparation
     "DataCollatorForDeferral",
-    "DeferralModelCardData",
+    "DeferralTrainer",
     "PreparedDeferralData",
-    "ErrorCostCurve",
-    "calibrate_deferral",
-    "DeferralGuarantee",
-    "budget_threshold",
-    "certify_threshold",
-    "error_threshold",
-    "push_to_hub",
-    "render_model_card",
-    "save_for_hub",
-    "add_embeddings",
     "aggregate_labels",
     "annotations_to_columns",
-    "annotator_expert",
-    "class_subset_expert",
-    "deferral_metrics",
-    "embed_texts",
-    "error_cost_curve",
-    "load_hatespeech",
     "prepare_deferral_dataset",
-    "mean_cost",
-    "model_expert",
-    "stack_experts",
-    "expected_calibration_error",
-    "get_surrogate",
+    # metrics and calibration
+    "DeferralGuarantee",
+    "DeferralMetrics",
+    "calibrate_deferral",
+    "deferral_metrics",
     "load_metric",
-    "reliability_bins",
+    # the hub, the cascade, the shipped loaders
+    "DeferralCascade",
+    "push_to_hub",
+    "save_for_hub",
+    "load_convabuse",
+    "load_hatespeech",
+    "load_imagenet16h",
+    "load_routellm_mmlu",
 ]

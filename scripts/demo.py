@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default=None,
                         help="where to save the model (default: demo_model, or demo_model_<N>rows with --max-rows N)")
     parser.add_argument("--epochs", type=float, default=DEFAULT_EPOCHS)
-    parser.add_argument("--surrogate", default="asm", choices=hf_defer.SURROGATES)
+    parser.add_argument("--surrogate", default="asm", choices=hf_defer.modeling.SURROGATES)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
     parser.add_argument("--license", default="apache-2.0", help="license of the saved model, for its card")

@@ -157,3 +157,98 @@ def test_the_folder_loop_check_finds_every_import_of_a_loop_and_only_those():
     assert folder_loops(edges) == {}
     assert folder_loops({("a", "b"): ["a.x -> b.y"], ("b", "a"): ["b.y -> a.x"]}) == {"a -> b": ["a.x -> b.y"],
                                                                                      "b -> a": ["b.y -> a.x"]}
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _is_module(dotted: str) -> bool:
+    as_path = PACKAGE.parent / dotted.replace(".", "/")
+    return as_path.with_suffix(".py").is_file() or (as_path / "__init__.py").is_file()
+
+
+def private_imports(source: str, own: str, is_package: bool = False) -> list[str]:
+    """Where the module `own` (its `source`) takes another hf_defer module's private name: `from module import
+    _name` (a private module too), or `module._name` on a module it imported. A public name bound to a private local
+    name (`import check_array as _array`) is not one; private methods of objects are not imports."""
+    package = own if is_package else own.rpartition(".")[0]
+    tree = ast.parse(source)
+    bound: dict[str, str] = {}  # local name -> the hf_defer module it is
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.startswith("hf_defer"):
+                target = node.module
+            else:
+                continue
+            for alias in node.names:
+                if _is_module(f"{target}.{alias.name}"):
+                    bound[alias.asname or alias.name] = f"{target}.{alias.name}"
+                if _private(alias.name) and target != own:
+                    found.append(f"{own}:{node.lineno} from {target} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("hf_defer"):
+                    bound[alias.asname or "hf_defer"] = alias.name if alias.asname else "hf_defer"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            chain, base = [], node.value
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in bound:
+                target = ".".join([bound[base.id], *reversed(chain)])
+                if _is_module(target) and target != own:
+                    found.append(f"{own}:{node.lineno} {target}.{node.attr}")
+    return found
+
+
+def test_private_imports_finds_each_form_and_only_those():
+    source = ("from .costs import _a, check_array as _b, mean_cost\n"  # _a counts; a public name bound privately not
+              "from ..modeling import validators as v, _nothing\n"  # _nothing counts (a private name, whatever it is)
+              "import hf_defer.evaluation.metrics as m\n"
+              "x = v._c + m._d + v.is_int + m.obj._method\n"  # _c and _d count; a method of an object does not
+              "from . import _own_helper\n")  # importing one's own package's private name counts too
+    found = private_imports(source, "hf_defer.evaluation.fake")
+    assert [hit.split(" ", 1)[1] for hit in found] == [
+        "from hf_defer.evaluation.costs import _a", "from hf_defer.modeling import _nothing",
+        "from hf_defer.evaluation import _own_helper", "hf_defer.modeling.validators._c",
+        "hf_defer.evaluation.metrics._d"]
+
+
+# hf_defer/experiments leaves the package (issue 34: research/ beside scripts/); its modules still share private
+# helpers among themselves. Drop this once the folder is gone.
+LEAVING_THE_PACKAGE = ("hf_defer.experiments",)
+
+
+def test_at_most_three_imports_of_another_modules_private_names():
+    """A name that another module needs is public (no underscore, documented); modules split only for size were merged
+    back. Counted per imported name, from the source."""
+    found = [hit for name, path in sorted(modules().items())
+             if not any(name == folder or name.startswith(folder + ".") for folder in LEAVING_THE_PACKAGE)
+             for hit in private_imports(path.read_text(), name, path.name == "__init__.py")]
+    assert len(found) <= 3, "imports of another module's private names:\n" + "\n".join(found)
+
+
+def test_each_subpackage_lists_its_public_names_and_the_top_level_only_reexports_them():
+    """`hf_defer.__all__` keeps what users call; every name there is also in the `__all__` of the subpackage where
+    it lives (the same object), and every subpackage `__init__` has an `__all__` whose names all resolve."""
+    import importlib
+
+    listed = {}
+    for folder in sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()):
+        name = f"hf_defer.{folder}"
+        if name in LEAVING_THE_PACKAGE:
+            continue
+        package = importlib.import_module(name)
+        assert isinstance(getattr(package, "__all__", None), list), f"{name} has no __all__"
+        assert len(set(package.__all__)) == len(package.__all__), f"{name}.__all__ repeats a name"
+        for public in package.__all__:
+            assert not _private(public) and hasattr(package, public), f"{name}.__all__: {public}"
+            listed.setdefault(public, []).append(getattr(package, public))
+    for public in hf_defer.__all__:
+        assert any(obj is getattr(hf_defer, public) for obj in listed.get(public, [])), \
+            f"hf_defer.{public} is in no subpackage's __all__"

@@ -78,7 +78,7 @@ def metric_arguments(draw) -> dict:
         "logits": draw(hnp.arrays(np.float32, (n, K + M), elements=st.floats(-50, 50, width=32))),
         "labels": draw(hnp.arrays(np.int64, (n,), elements=st.sampled_from([-100, *range(K)]))),
         "expert_labels": experts[:, 0] if M == 1 and draw(st.booleans()) else experts,
-        "surrogate": draw(st.sampled_from(hf_defer.SURROGATES)),
+        "surrogate": draw(st.sampled_from(hf_defer.modeling.SURROGATES)),
         "num_experts": M,
         "n_bins": draw(st.integers(1, 20)),
         "budgets": tuple(draw(st.lists(st.floats(0.001, 1.0), max_size=3))),

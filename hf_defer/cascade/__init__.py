@@ -8,10 +8,8 @@ answers), `hf_defer.evaluation` (the escalation budget) and the libraries; never
 experiments.
 """
 
-from .modeling_cascade import (CASCADE_CONFIG_NAME, MODEL_ANSWER, DeferralCascade, cascade_options,
-                               cascade_stage_folders, check_min_confidence, escalation_features, read_cascade_config)
+from .modeling_cascade import CASCADE_CONFIG_NAME, MODEL_ANSWER, DeferralCascade, escalation_features
 from .pipeline_cascade import CASCADE_TASK, DeferralCascadePipeline
 
 __all__ = ["CASCADE_CONFIG_NAME", "CASCADE_TASK", "MODEL_ANSWER", "DeferralCascade", "DeferralCascadePipeline",
-           "cascade_options", "cascade_stage_folders", "check_min_confidence", "escalation_features",
-           "read_cascade_config"]
+           "escalation_features"]

@@ -37,11 +37,12 @@ import torch
 
 from ..experts.model_experts import answers_to_ids, one_answer_per_input
 from ..modeling.modeling_deferral import EncoderForDeferral
-from ..modeling.pipeline_options import CASCADE_CONFIG_NAME
+from ..modeling.pipeline_deferral import CASCADE_CONFIG_NAME
 from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs
 
-__all__ = ["CASCADE_CONFIG_NAME", "MODEL_ANSWER", "DeferralCascade", "cascade_options", "cascade_stage_folders",
-           "check_min_confidence", "escalation_features", "read_cascade_config"]
+# The cascade's public names; the folder helpers (cascade_options, cascade_stage_folders, check_min_confidence,
+# read_cascade_config) are shared with pipeline_cascade only.
+__all__ = ["CASCADE_CONFIG_NAME", "MODEL_ANSWER", "DeferralCascade", "escalation_features"]
 
 STAGE_FOLDERS = (".", "stage2")
 """Where `save_pretrained` puts stage 1 (the folder's root) and stage 2, relative to the cascade folder."""

@@ -20,7 +20,7 @@ import torch
 from transformers import Pipeline
 
 from ..modeling.modeling_deferral import EncoderForDeferral
-from ..modeling.pipeline_options import CASCADE_CONFIG_NAME, _check_device
+from ..modeling.pipeline_deferral import CASCADE_CONFIG_NAME, check_device
 from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs
 from .modeling_cascade import (DeferralCascade, cascade_options, cascade_stage_folders, check_min_confidence,
                                read_cascade_config)
@@ -146,7 +146,7 @@ class DeferralCascadePipeline(Pipeline):
         if given:
             raise TypeError(f"the {CASCADE_TASK!r} pipeline takes no {given} when built: `inputs` goes with each call, "
                             "and the whole call is one batch (each expert is called once on the inputs routed to it).")
-        _check_device(kwargs.get("device"))
+        check_device(kwargs.get("device"))
         self.cascade_folder = _cascade_folder(model)
         config = read_cascade_config(self.cascade_folder)
         first, second = cascade_stage_folders(self.cascade_folder, config)

@@ -23,6 +23,7 @@ from typing import Any
 
 from transformers import HfArgumentParser, TrainingArguments
 
+from ..modeling.validators import MISSING_EXPERT_MODES, check_share  # standard library only
 from .flag_check import (ESSENTIAL_FLAGS, HelpAllAction, closest_flag, short_help, unknown_flags,
                          unknown_flags_message)
 
@@ -251,8 +252,9 @@ class DataTrainingArguments:
             path = getattr(self, name)
             if path is not None and path.rsplit(".", 1)[-1].lower() not in _DATA_EXTENSIONS:
                 raise ValueError(f"--{name} must be a {', '.join(_DATA_EXTENSIONS)} file, got {path!r}.")
-        if self.missing_expert not in ("error", "drop", "mask"):
-            raise ValueError(f"--missing_expert must be 'error', 'drop' or 'mask', got {self.missing_expert!r}.")
+        if self.missing_expert not in MISSING_EXPERT_MODES:
+            modes = ", ".join(repr(mode) for mode in MISSING_EXPERT_MODES[:-1]) + f" or {MISSING_EXPERT_MODES[-1]!r}"
+            raise ValueError(f"--missing_expert must be {modes}, got {self.missing_expert!r}.")
         if self.simulated_expert not in (None, "class_subset", "annotator"):
             raise ValueError(
                 f"--simulated_expert must be 'class_subset' or 'annotator', got {self.simulated_expert!r}."
@@ -282,8 +284,8 @@ class DataTrainingArguments:
                 self.label_column_name = "label"
         if self.simulated_expert == "annotator" and not self.annotator_count_columns:
             raise ValueError("--simulated_expert annotator needs --annotator_count_columns.")
-        if self.max_deferral_rate is not None and not 0 < self.max_deferral_rate <= 1:
-            raise ValueError(f"--max_deferral_rate must lie in (0, 1], got {self.max_deferral_rate!r}.")
+        if self.max_deferral_rate is not None:
+            check_share(self.max_deferral_rate, "--max_deferral_rate")
         if self.max_seq_length < 1:
             raise ValueError(f"--max_seq_length must be a positive number of tokens, got {self.max_seq_length!r}.")
         side, categorical = _names(self.side_feature_columns), _names(self.categorical_side_feature_columns)

@@ -65,7 +65,7 @@ def calibrate_file(model: str, input_path: str, *, confidence: float | None = No
     import datasets
 
     from ..data.preparation import prepare_deferral_dataset
-    from ..evaluation.calibration import calibrate_deferral
+    from ..evaluation.thresholds import calibrate_deferral
     from ..hub.model_card import describe_guarantee
 
     table = read_table(input_path)

@@ -107,7 +107,7 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Route-only models: each expert's correctness (0/1, booleans) or score in [0, 1], "
                              "matched by name as --expert_column_names (default: columns named as the experts); no "
                              "label column.")
-    parser.add_argument("--missing_expert", default="error", choices=["error", "drop", "mask"],
+    parser.add_argument("--missing_expert", default="error", choices=_light("flag_check").missing_expert_modes(),
                         help="What to do with a missing annotation (default: error; mask: keep the row, and that "
                              "expert is not deferred to there).")
     parser.add_argument("--output", default=None, help="Also write the metrics to this JSON file.")

@@ -186,6 +186,48 @@ def _flag_values(argv: Sequence[str], options: dict[str, str]) -> dict[str, str]
     return values
 
 
+def light_module(path: Path) -> types.ModuleType | None:
+    """The hf_defer module at ``path`` (such as ``hf_defer/modeling/validators.py``, the shared argument rules) loaded
+    from its file without importing the hf_defer package, when it imports only the standard library; else `None`.
+
+    Example:
+
+    ```python
+    >>> import hf_defer.commands.flag_check as flag_check
+    >>> from pathlib import Path
+    >>> rules = flag_check.light_module(Path(flag_check.__file__).parents[1] / "modeling" / "validators.py")
+    >>> rules.MISSING_EXPERT_MODES
+    ('error', 'drop', 'mask')
+
+    ```
+    """
+    name = f"_hf_defer_light_{path.parent.name}_{path.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] not in
+                                                 sys.stdlib_module_names | {"__future__"}):
+            return None
+        if isinstance(node, ast.Import) and any(alias.name.split(".")[0] not in sys.stdlib_module_names
+                                                for alias in node.names):
+            return None
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def missing_expert_modes() -> tuple[str, ...]:
+    """`hf_defer.modeling.validators.MISSING_EXPERT_MODES`, read without importing the hf_defer package (for the
+    choices of `hf-defer evaluate --missing_expert`)."""
+    return light_module(Path(__file__).resolve().parents[1] / "modeling" / "validators.py").MISSING_EXPERT_MODES
+
+
 _LIGHT_CLASSES = ("ModelArguments", "DataTrainingArguments")
 _TRUE, _FALSE = ("yes", "true", "t", "y", "1"), ("no", "false", "f", "n", "0")
 
@@ -196,8 +238,13 @@ def _light_dataclasses(source: Path) -> dict[str, type]:
     (whose checks need nothing else)."""
     tree = ast.parse(source.read_text(encoding="utf-8"))
     kept: list[ast.stmt] = []
+    shared: dict[str, Any] = {}
     for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
+        if isinstance(node, ast.ImportFrom) and node.level and node.module:  # a sibling of the standard library only
+            module = light_module(source.parents[node.level - 1].joinpath(*node.module.split(".")).with_suffix(".py"))
+            if module is not None:
+                shared.update({alias.asname or alias.name: getattr(module, alias.name) for alias in node.names})
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
             modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             if node.__dict__.get("level", 0) == 0 and all(name.split(".")[0] in sys.stdlib_module_names
                                                           or name == "__future__" for name in modules):
@@ -211,6 +258,7 @@ def _light_dataclasses(source: Path) -> dict[str, type]:
                 continue
             kept.append(node)
     module = sys.modules.setdefault("_hf_defer_light_arguments", types.ModuleType("_hf_defer_light_arguments"))
+    module.__dict__.update(shared)
     exec(compile(ast.Module(body=kept, type_ignores=[]), str(source), "exec"), module.__dict__)  # noqa: S102
     return {name: getattr(module, name) for name in _LIGHT_CLASSES}
 

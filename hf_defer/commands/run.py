@@ -25,7 +25,7 @@ from .arguments import DataTrainingArguments, ModelArguments
 from .inputs import check_splits, join_text_columns, load_raw_datasets, pipeline_inputs, split_sources
 from .outputs import RUN_SUMMARY, OutputFolder, format_summary, stage_metrics, write_predictions
 from .run_checks import check_stages, default_stages, first_line, hub_repository_error
-from ..evaluation.calibration import calibrate_deferral
+from ..evaluation.thresholds import calibrate_deferral
 from ..modeling.configuration_deferral import DeferralConfig
 from ..experts.embeddings import head_on_sentence_encoder, sentence_encoder_max_length, sentence_encoder_pooling
 from ..experts.simulated import annotator_expert, class_subset_expert

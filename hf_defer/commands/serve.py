@@ -82,7 +82,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
 
 
 def _calibrate(pipe: Any, options: argparse.Namespace) -> float:
-    from ..evaluation.calibration import calibrate_deferral
+    from ..evaluation.thresholds import calibrate_deferral
     from .inputs import read_table
 
     if options.max_strong_rate is None:

@@ -8,6 +8,7 @@ never training, hub, commands or experiments.
 
 from .annotations import aggregate_labels, annotations_to_columns
 from .collator import DataCollatorForDeferral
+from .preparation import MISSING_EXPERT_MODES, PreparedDeferralData, prepare_deferral_dataset
 from .convabuse import (
     CONVABUSE_ANNOTATORS,
     CONVABUSE_BINARY_NAMES,
@@ -36,6 +37,7 @@ __all__ = [
     "CONVABUSE_BINARY_NAMES",
     "CONVABUSE_CITATION",
     "CONVABUSE_SEVERITY_NAMES",
+    "DataCollatorForDeferral",
     "HATESPEECH_CITATION",
     "HATESPEECH_HUB_ID",
     "HATESPEECH_LABELS",
@@ -43,10 +45,11 @@ __all__ = [
     "IMAGENET16H_LABELS",
     "IMAGENET16H_MODELS",
     "IMAGENET16H_NOISE_LEVELS",
+    "MISSING_EXPERT_MODES",
+    "PreparedDeferralData",
     "ROUTELLM_MMLU_CITATION",
     "ROUTELLM_MMLU_STRONG",
     "ROUTELLM_MMLU_WEAK",
-    "DataCollatorForDeferral",
     "aggregate_labels",
     "annotations_to_columns",
     "default_hatespeech_source",
@@ -54,4 +57,5 @@ __all__ = [
     "load_hatespeech",
     "load_imagenet16h",
     "load_routellm_mmlu",
+    "prepare_deferral_dataset",
 ]

@@ -224,7 +224,7 @@ class DataCollatorForDeferral:
             if "expert_labels" not in keys and "expert_correct" not in keys:
                 raise ValueError(
                     "`features` have 'labels' but no 'expert_labels'; a deferral model needs the expert's answer for "
-                    "every example (add it with hf_defer.annotator_expert / class_subset_expert; -100 where one did "
+                    "every example (add it with hf_defer.experts.annotator_expert / class_subset_expert; -100 where one did "
                     "not answer), or 'expert_correct' (whether it was right)."
                 )
             batch["labels"] = self._to_output(self._integer_labels([row["labels"] for row in rows], "labels"))

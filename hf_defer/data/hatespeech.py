@@ -9,8 +9,6 @@
 from __future__ import annotations
 
 import io
-import math
-import numbers
 import os
 import re
 from collections.abc import Sequence
@@ -24,6 +22,7 @@ import pandas as pd
 from .bundled_data import bundled_bytes
 from .collator import DataCollatorForDeferral  # re-exported: `from hf_defer.data import DataCollatorForDeferral`
 from ..experts.simulated import annotator_expert
+from ..modeling.validators import check_seed, split_sizes
 
 __all__ = [
     "HATESPEECH_CITATION",
@@ -180,33 +179,6 @@ def _to_dataset(frame: pd.DataFrame, source: str) -> datasets.Dataset:
     )
 
 
-def _check_seed(value: object, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"`{argument}` must be a non-negative int, got {value!r}.")
-    return int(value)
-
-
-def _split_sizes(num_rows: int, split: Sequence[float]) -> tuple[int, int, int]:
-    if isinstance(split, str) or not isinstance(split, Sequence) or len(split) != 3:
-        raise ValueError(f"`split` must be three fractions (train, validation, test), got {split!r}.")
-    fractions = []
-    for value in split:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < 1:
-            raise ValueError(f"`split` fractions must each lie in (0, 1), got {tuple(split)!r}.")
-        fractions.append(float(value))
-    if not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
-        raise ValueError(f"`split` fractions must sum to 1, got {tuple(split)!r} (sum {sum(fractions)}).")
-    num_validation = round(fractions[1] * num_rows)
-    num_test = round(fractions[2] * num_rows)
-    num_train = num_rows - num_validation - num_test
-    if min(num_train, num_validation, num_test) < 1:
-        raise ValueError(
-            f"`split` {tuple(split)!r} of {num_rows} rows leaves an empty split "
-            f"(train {num_train}, validation {num_validation}, test {num_test})."
-        )
-    return num_train, num_validation, num_test
-
-
 def load_hatespeech(
     path_or_repo: str | os.PathLike | None = None,
     seed: int = 0,
@@ -259,8 +231,8 @@ def load_hatespeech(
 
     ```
     """
-    seed = _check_seed(seed, "seed")
-    expert_seed = seed if expert_seed is None else _check_seed(expert_seed, "expert_seed")
+    seed = check_seed(seed, "seed")
+    expert_seed = seed if expert_seed is None else check_seed(expert_seed, "expert_seed")
     if path_or_repo is None:
         source = default_hatespeech_source()
     elif isinstance(path_or_repo, (str, os.PathLike)):
@@ -272,7 +244,7 @@ def load_hatespeech(
     if source is not None and not source:
         raise ValueError("`path_or_repo` must be a non-empty path or Hub dataset id, got ''.")
     # Validate `split` before any (possibly slow) loading.
-    _split_sizes(10**6, split)
+    split_sizes(10**6, split)
 
     if source is None:
         name = "the shipped copy of labeled_data.csv"
@@ -286,7 +258,7 @@ def load_hatespeech(
     full = _to_dataset(frame, name)
     full = annotator_expert(full, list(HATESPEECH_LABELS), seed=expert_seed, column="expert_labels")
 
-    _, num_validation, num_test = _split_sizes(full.num_rows, split)
+    _, num_validation, num_test = split_sizes(full.num_rows, split)
     first = full.train_test_split(test_size=num_test, seed=seed)
     second = first["train"].train_test_split(test_size=num_validation, seed=seed)
     return datasets.DatasetDict(

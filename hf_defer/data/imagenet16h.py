@@ -19,7 +19,7 @@ import pandas as pd
 
 from ..experts.simulated import annotator_expert
 from .annotations import annotations_to_columns
-from .hatespeech import _check_seed, _split_sizes
+from ..modeling.validators import check_seed, split_sizes
 
 __all__ = ["IMAGENET16H_CITATION", "IMAGENET16H_LABELS", "IMAGENET16H_MODELS", "IMAGENET16H_NOISE_LEVELS",
            "load_imagenet16h"]
@@ -227,10 +227,10 @@ def load_imagenet16h(
         raise FileNotFoundError(f"`path` {str(folder)!r} is not a folder; expected the ImageNet-16H folder (see the "
                                 "docstring of load_imagenet16h for its layout and where to download it).")
     noise = _check_noise(noise)
-    seed = _check_seed(seed, "seed")
-    expert_seed = seed if expert_seed is None else _check_seed(expert_seed, "expert_seed")
+    seed = check_seed(seed, "seed")
+    expert_seed = seed if expert_seed is None else check_seed(expert_seed, "expert_seed")
     models = _check_models(models)
-    _split_sizes(10**6, split)
+    split_sizes(10**6, split)
 
     categories_file = _find(folder, [_CATEGORIES], "list of images and classes")
     categories = _read(categories_file, ["image_name", "category"])
@@ -254,7 +254,7 @@ def load_imagenet16h(
             **{name: classes for name in participants}}))
     full = annotator_expert(full, "answer_counts", seed=expert_seed, column="expert_labels")
 
-    _, num_validation, num_test = _split_sizes(full.num_rows, split)
+    _, num_validation, num_test = split_sizes(full.num_rows, split)
     first = full.train_test_split(test_size=num_test, seed=seed)
     second = first["train"].train_test_split(test_size=num_validation, seed=seed)
     return datasets.DatasetDict({"train": second["train"], "validation": second["test"], "test": first["test"]})

@@ -25,14 +25,11 @@ from .labels import LabelMap as _LabelMap  # the label rules live there, stated 
 from .labels import class_names as _class_names
 from .labels import training_split as _training_split
 from .labels import is_missing
+from ..modeling.validators import MISSING_EXPERT_MODES  # defined with the other shared rules; re-exported
 
 __all__ = ["MISSING_EXPERT_MODES", "PreparedDeferralData", "check_side_feature_columns", "prepare_deferral_dataset"]
 
 logger = logging.getLogger(__name__)
-
-MISSING_EXPERT_MODES = ("error", "drop", "mask")
-"""What [`prepare_deferral_dataset`] does with a missing expert annotation (`None`, NaN, `-1`, `"-1"`, `""`): refuse
-it, drop its row, or keep the row with -100 for that expert (its terms leave the loss; it is unavailable there)."""
 
 @dataclass
 class PreparedDeferralData:

@@ -1,6 +1,38 @@
 """Evaluating a deferral model: metrics (system error, coverage, expert ECE, budgeted errors), reliability, costs and
-error-cost curves, calibration of the deferral budget (with a stated confidence: `guarantees`), the routing baselines,
+error-cost curves, the deferral threshold set from held-out data (`thresholds`; with a stated confidence:
+`guarantees`), the routing baselines,
 plotting and the `evaluate` module.
 
 Imports `hf_defer.modeling` and the libraries; never data, experts, training, hub or anything above them.
 """
+
+from .metrics import DeferralMetrics, deferral_metrics
+from .reliability import expected_calibration_error, pool_reliability, reliability_bins, reliability_ece
+from .costs import ErrorCostCurve, area_under_error_cost, error_cost_curve, mean_cost, pareto_front
+from .thresholds import calibrate_deferral
+from .guarantees import DeferralGuarantee, budget_threshold, certify_threshold, error_threshold
+from .evaluate_metric import load_metric
+from .plotting import plot_estimate_histograms, plot_pooled_reliability, plot_reliability_diagram
+
+__all__ = [
+    "DeferralGuarantee",
+    "DeferralMetrics",
+    "ErrorCostCurve",
+    "area_under_error_cost",
+    "budget_threshold",
+    "calibrate_deferral",
+    "certify_threshold",
+    "deferral_metrics",
+    "error_cost_curve",
+    "error_threshold",
+    "expected_calibration_error",
+    "load_metric",
+    "mean_cost",
+    "pareto_front",
+    "plot_estimate_histograms",
+    "plot_pooled_reliability",
+    "plot_reliability_diagram",
+    "pool_reliability",
+    "reliability_bins",
+    "reliability_ece",
+]

@@ -30,9 +30,19 @@ __all__ = ["ErrorCostCurve", "area_under_error_cost", "error_cost_curve", "mean_
            "plot_error_cost_curves"]
 
 
-def _array(name: str, values: Any, ndim: int, dtype: Any = np.float64) -> np.ndarray:
+def check_array(name: str, values: Any, ndim: int, dtype: Any = np.float64) -> np.ndarray:
     """`values` as an array of `ndim` dimensions; numbers (`float64`) must be finite. A `ValueError` naming `name`
-    otherwise: an [`ErrorCostCurve`] of NaN estimates would be a curve of nothing."""
+    otherwise: an [`ErrorCostCurve`] of NaN estimates would be a curve of nothing. The array check of the error-cost
+    sweeps and of the routing measures.
+
+    Example:
+
+    ```python
+    >>> check_array("costs", [0.5, 1.0], ndim=1).tolist()
+    [0.5, 1.0]
+
+    ```
+    """
     if hasattr(values, "detach"):  # a torch tensor
         values = values.detach().cpu().numpy()
     try:
@@ -53,10 +63,19 @@ def _array(name: str, values: Any, ndim: int, dtype: Any = np.float64) -> np.nda
     return array
 
 
-def _class_ids(name: str, values: Any, ndim: int, num_classes: int | None = None) -> np.ndarray:
+def check_class_ids(name: str, values: Any, ndim: int, num_classes: int | None = None) -> np.ndarray:
     """`values` as integer class ids (`int64`) of `ndim` dimensions, each in `[0, num_classes)` (`>= 0` when
-    `num_classes` is None): a label of -100 or -1, or a fraction, would otherwise be scored as an answer."""
-    array = _array(name, values, ndim)
+    `num_classes` is None): a label of -100 or -1, or a fraction, would otherwise be scored as an answer.
+
+    Example:
+
+    ```python
+    >>> check_class_ids("labels", [0, 2, 1], ndim=1, num_classes=3).tolist()
+    [0, 2, 1]
+
+    ```
+    """
+    array = check_array(name, values, ndim)
     if not (array == np.round(array)).all():
         raise ValueError(f"`{name}` must be integer class ids, got {array[array != np.round(array)][:5].tolist()}.")
     bad = (array < 0) | (array >= (num_classes if num_classes is not None else np.inf))
@@ -68,16 +87,25 @@ def _class_ids(name: str, values: Any, ndim: int, num_classes: int | None = None
     return array.astype(np.int64)
 
 
-def _per_row(name: str, values: Any, n: int, width: int, num_classes: int | None = None,
+def check_rows(name: str, values: Any, n: int, width: int, num_classes: int | None = None,
              ids: bool = False) -> np.ndarray:
     """A `[n, width]` array (class ids with `ids`) from `values` of shape `[n, width]` (or `[n]` when `width == 1`),
-    never reshaped from another shape: `[width, n]` is refused (transpose it), not read in the wrong order."""
+    never reshaped from another shape: `[width, n]` is refused (transpose it), not read in the wrong order.
+
+    Example:
+
+    ```python
+    >>> check_rows("answers", [1, 0, 1], n=3, width=1, ids=True).tolist()
+    [[1], [0], [1]]
+
+    ```
+    """
     try:
         ndim = np.ndim(values.detach().cpu().numpy() if hasattr(values, "detach") else values)
     except ValueError:  # numpy refuses ragged nested lists
         raise ValueError(f"`{name}` must be a rectangular [{n}, {width}] array, got rows of different lengths.") from None
     ndim = 1 if ndim == 1 and width == 1 else 2
-    array = _class_ids(name, values, ndim, num_classes) if ids else _array(name, values, ndim)
+    array = check_class_ids(name, values, ndim, num_classes) if ids else check_array(name, values, ndim)
     if ndim == 1:
         array = array[:, None]
     if array.shape != (n, width):
@@ -123,8 +151,8 @@ def mean_cost(defer: Any, expert: Any, expert_costs: Sequence[float], model_cost
 
     ```
     """
-    defer = _array("defer", defer, 1, bool)
-    expert = _array("expert", expert, 1)
+    defer = check_array("defer", defer, 1, bool)
+    expert = check_array("expert", expert, 1)
     if not (expert == np.round(expert)).all():
         raise ValueError(f"`expert` must be integer expert ids, got {expert[expert != np.round(expert)][:5].tolist()}.")
     expert = expert.astype(np.int64)
@@ -194,7 +222,7 @@ def pareto_front(cost: Any, error: Any) -> np.ndarray:
 
     ```
     """
-    cost, error = _array("cost", cost, 1), _array("error", error, 1)
+    cost, error = check_array("cost", cost, 1), check_array("error", error, 1)
     if cost.shape != error.shape or cost.size == 0 or not (np.isfinite(cost).all() and np.isfinite(error).all()):
         raise ValueError(
             f"`cost` and `error` must be finite, non-empty and of one length, got {cost.size} and {error.size}."
@@ -224,7 +252,7 @@ def area_under_error_cost(cost: Any, error: Any, low: float, high: float) -> flo
 
     ```
     """
-    cost, error = _array("cost", cost, 1), _array("error", error, 1)
+    cost, error = check_array("cost", cost, 1), check_array("error", error, 1)
     front = pareto_front(cost, error)
     if not (np.isfinite(low) and np.isfinite(high) and high > low):
         raise ValueError(f"`low` and `high` must be finite with high > low, got {low!r} and {high!r}.")
@@ -285,26 +313,26 @@ def error_cost_curve(
 
     ```
     """
-    probs, accuracy = _array("class_probs", class_probs, 2), _array("expert_accuracy", expert_accuracy, 2)
+    probs, accuracy = check_array("class_probs", class_probs, 2), check_array("expert_accuracy", expert_accuracy, 2)
     n, m = accuracy.shape
-    y = _class_ids("labels", labels, 1, probs.shape[1])
+    y = check_class_ids("labels", labels, 1, probs.shape[1])
     if probs.shape[0] != n or y.shape[0] != n or n == 0:
         raise ValueError(
             f"class_probs {probs.shape}, expert_accuracy {accuracy.shape} and labels {y.shape} must describe the same "
             "N > 0 inputs."
         )
-    experts = _per_row("expert_labels", expert_labels, n, m, probs.shape[1], ids=True)
+    experts = check_rows("expert_labels", expert_labels, n, m, probs.shape[1], ids=True)
     prices = np.asarray(check_expert_costs(expert_costs, m), dtype=np.float64)  # flat: nested or ragged is refused
     threshold = check_defer_threshold(threshold)
     if decision_costs is None:
         if scales is None:
             positive = prices[prices > 0]
             scales = np.append(0.0, np.geomspace(1e-4, 1.0, 60) / (positive.min() if positive.size else 1.0))
-        scales = _array("scales", scales, 1)
+        scales = check_array("scales", scales, 1)
         if scales.size == 0 or not np.isfinite(scales).all() or (scales < 0).any():
             raise ValueError(f"`scales` must be at least one finite, non-negative number, got {scales.tolist()}.")
         decision_costs = scales[:, None] * prices[None, :]
-    grid = _array("decision_costs", decision_costs, 2)
+    grid = check_array("decision_costs", decision_costs, 2)
     if grid.shape[0] == 0 or grid.shape[1] != m or not np.isfinite(grid).all():
         raise ValueError(f"`decision_costs` must be at least one finite row with one column per expert ({m}), got "
                          f"shape {grid.shape}.")
@@ -334,9 +362,9 @@ def plot_error_cost_curves(
         title (`str`, *optional*): the figure title.
         log_cost (`bool`, *optional*, defaults to `False`): logarithmic cost axis.
     """
-    from .plotting import _figure  # an Agg figure outside pyplot: the caller's backend and figures stay as they were
+    from .plotting import agg_figure  # an Agg figure outside pyplot: the caller's backend and figures stay as they were
 
-    figure = _figure(figsize=(6.4, 4.4))
+    figure = agg_figure(figsize=(6.4, 4.4))
     axis = figure.add_subplot()
     for name, (cost, error) in curves.items():
         axis.step(np.asarray(cost), 100 * np.asarray(error), where="post", label=name, linewidth=1.6)

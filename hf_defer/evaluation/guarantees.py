@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from numbers import Real
 from typing import Any, Mapping
 
 import numpy as np
+
+from ..modeling.validators import check_share, is_number
 
 
 # Learn-then-Test over deferral thresholds (Angelopoulos, Bates, Candes, Jordan, Lei 2021): the lattice of thresholds
@@ -173,7 +174,7 @@ def _error_threshold(margins: np.ndarray, kept_loss: np.ndarray, deferred_loss: 
 def _scaled_costs(margins: np.ndarray, cost_if_deferred: Any, max_mean_cost: Any,
                   cost_bound: float | None) -> tuple[np.ndarray, float, float]:
     """The costs divided by their bound (into [0, 1]), the budget on that scale, and the bound."""
-    if isinstance(max_mean_cost, bool) or not isinstance(max_mean_cost, Real) or not max_mean_cost > 0:
+    if not is_number(max_mean_cost) or not max_mean_cost > 0:
         raise ValueError(f"max_mean_cost must be a positive number, got {max_mean_cost!r}.")
     if cost_if_deferred is None:
         raise ValueError("max_mean_cost needs cost_if_deferred: the price each input would cost if deferred.")
@@ -197,14 +198,6 @@ tied: batch composition, padding and kernels change a margin in its last float32
 on a CPU; a float32 step is 6e-8 at 0.5), so a threshold never sits closer than this to a calibration margin."""
 
 RATE_BOUND = "binomial order statistic (exact)"
-
-
-def _check_unit(name: str, value: Any, closed_top: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a number in (0, 1{']' if closed_top else ')'}, got {value!r}.")
-    if not (0 < value <= 1 if closed_top else 0 < value < 1):
-        raise ValueError(f"{name} must lie in (0, 1{']' if closed_top else ')'}, got {value!r}.")
-    return float(value)
 
 
 def _check_margins(margins: Any) -> np.ndarray:
@@ -354,7 +347,7 @@ def budget_threshold(margins: Any, max_deferral_rate: float, confidence: float |
     ```
     """
     margins = _check_margins(margins)
-    rate = _check_unit("max_deferral_rate", max_deferral_rate)
+    rate = check_share(max_deferral_rate, "max_deferral_rate")
     if weights is not None:
         counts = np.asarray(weights)
         if counts.shape != margins.shape or not np.issubdtype(counts.dtype, np.integer) or (counts < 0).any():
@@ -365,7 +358,7 @@ def budget_threshold(margins: Any, max_deferral_rate: float, confidence: float |
             raise ValueError("weights are all 0: no calibration input is left.")
     if confidence is None:
         return empirical_budget_threshold(margins, rate)
-    return _rate_threshold(margins, rate, _check_unit("confidence", confidence, closed_top=False),
+    return _rate_threshold(margins, rate, check_share(confidence, "confidence", closed_top=False),
                            "max_deferral_rate")
 
 
@@ -412,7 +405,7 @@ def _rate_constraints(margins: np.ndarray, max_deferral_rate: Any, experts: Any)
     if max_deferral_rate is None:
         return []
     if not isinstance(max_deferral_rate, Mapping):
-        return [({"kind": "deferral_rate"}, margins, _check_unit("max_deferral_rate", max_deferral_rate))]
+        return [({"kind": "deferral_rate"}, margins, check_share(max_deferral_rate, "max_deferral_rate"))]
     if not max_deferral_rate:
         raise ValueError("max_deferral_rate is an empty dict: give a budget for at least one expert.")
     if experts is None:
@@ -422,7 +415,7 @@ def _rate_constraints(margins: np.ndarray, max_deferral_rate: Any, experts: Any)
     if experts.shape != margins.shape:
         raise ValueError(f"experts must have one entry per margin (shape {margins.shape}), got {experts.shape}.")
     return [({"kind": "deferral_rate", "expert": name}, np.where(experts == name, margins, -np.inf),
-             _check_unit(f"max_deferral_rate[{name!r}]", rate)) for name, rate in max_deferral_rate.items()]
+             check_share(rate, f"max_deferral_rate[{name!r}]")) for name, rate in max_deferral_rate.items()]
 
 
 def certify_threshold(
@@ -501,7 +494,7 @@ def certify_threshold(
     ```
     """
     margins = _check_margins(margins)
-    confidence = _check_unit("confidence", confidence, closed_top=False)
+    confidence = check_share(confidence, "confidence", closed_top=False)
     if not isinstance(selective, bool):
         raise ValueError(f"selective must be a bool, got {selective!r}.")
     rates = _rate_constraints(margins, max_deferral_rate, experts)
@@ -509,7 +502,7 @@ def certify_threshold(
     if max_error is None and (loss_if_kept is not None or loss_if_deferred is not None):
         raise ValueError("loss_if_kept / loss_if_deferred are given without max_error: give the error target.")
     if max_error is not None:
-        alpha = _check_unit("max_error", max_error)
+        alpha = check_share(max_error, "max_error")
         if loss_if_kept is None or (loss_if_deferred is None and not selective):
             raise ValueError("max_error needs loss_if_kept and loss_if_deferred (selective=True: loss_if_kept only).")
         kept_loss = _check_losses("loss_if_kept", loss_if_kept, n)

@@ -11,7 +11,6 @@ import math
 import re
 from collections.abc import Sequence
 from decimal import Decimal
-from numbers import Real
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,6 @@ import torch
 
 from .reliability import (  # noqa: F401  (pool_reliability, reliability_ece, MAX_BINS: re-exported)
     MAX_BINS,
-    _is_int,
     expected_calibration_error,
     pool_reliability,
     reliability_bins,
@@ -27,6 +25,7 @@ from .reliability import (  # noqa: F401  (pool_reliability, reliability_ece, MA
 )
 from .costs import mean_cost
 from .metrics_routing import route_only_metrics
+from ..modeling.validators import check_share, is_int
 from ..modeling.surrogates import DeferralSurrogate, RouteOnlySurrogate, get_surrogate, surrogate_for_config
 from ..modeling.surrogate_routing import is_route_only
 
@@ -44,8 +43,7 @@ def _check_budgets(budgets: Any) -> list[float]:
     if isinstance(budgets, (str, bytes)) or not (isinstance(budgets, Sequence) or np.ndim(budgets) == 1):
         raise ValueError(f"budgets must be a sequence of numbers in (0, 1], got {budgets!r}.")
     for budget in budgets:
-        if isinstance(budget, bool) or not isinstance(budget, Real) or not 0 < budget <= 1:
-            raise ValueError(f"budgets must lie in (0, 1], got {budget!r}.")
+        check_share(budget, "budgets")
     return [float(str(budget)) for budget in budgets]  # str: np.float32(0.1) is the budget 0.1
 
 
@@ -87,10 +85,7 @@ def budget_deferrals(deferred: Any, score: Any, max_deferral_rate: float) -> np.
     """
     deferred = np.asarray(deferred, dtype=bool)
     score = np.asarray(score, dtype=np.float64)
-    if isinstance(max_deferral_rate, bool) or not isinstance(max_deferral_rate, Real) or not (
-        0 < max_deferral_rate <= 1
-    ):
-        raise ValueError(f"budgets must lie in (0, 1], got {max_deferral_rate!r}.")
+    check_share(max_deferral_rate, "max_deferral_rate")
     cap = math.floor(max_deferral_rate * deferred.shape[0] + 1e-9)
     rows = np.flatnonzero(deferred)
     if rows.size <= cap:
@@ -143,7 +138,7 @@ def _read_config(surrogate: Any, num_experts: int, width: int) -> tuple[Deferral
         return scorer, getattr(config, "expert_costs", None), float(config.defer_threshold), config.expert_names
     if isinstance(surrogate, DeferralSurrogate):
         return surrogate, None, 0.0, None
-    if not _is_int(num_experts) or num_experts < 1:
+    if not is_int(num_experts) or num_experts < 1:
         raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
     num_experts = int(num_experts)
     if width - num_experts < 2:

@@ -18,7 +18,9 @@ from .reliability import pool_reliability, reliability_ece
 __all__ = ["plot_estimate_histograms", "plot_pooled_reliability", "plot_reliability_diagram"]
 
 
-def _figure(**kwargs: Any) -> Any:
+def agg_figure(**kwargs: Any) -> Any:
+    """A `matplotlib.figure.Figure` (``kwargs``: its arguments) on its own Agg canvas, outside pyplot: the caller's
+    backend and figures stay as they were. Every figure of `hf_defer.evaluation` is drawn on one."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -39,7 +41,7 @@ def plot_reliability_diagram(reliability: Any, path: str | os.PathLike, expert_n
 
     ```python
     >>> import os, tempfile
-    >>> from hf_defer import reliability_bins
+    >>> from hf_defer.evaluation import reliability_bins
     >>> from hf_defer.evaluation.plotting import plot_reliability_diagram
     >>> path = os.path.join(tempfile.mkdtemp(), "diagram.png")
     >>> plot_reliability_diagram(reliability_bins([0.2, 0.9, 0.8], [0, 1, 1], n_bins=5), path)
@@ -49,7 +51,7 @@ def plot_reliability_diagram(reliability: Any, path: str | os.PathLike, expert_n
     ```
     """
     diagrams = reliability if isinstance(reliability, list) else [reliability]
-    figure = _figure(figsize=(4 * len(diagrams), 4), dpi=100)
+    figure = agg_figure(figsize=(4 * len(diagrams), 4), dpi=100)
     for j, diagram in enumerate(diagrams):
         axes = figure.add_subplot(1, len(diagrams), j + 1)
         edges = diagram["bin_edges"]
@@ -85,7 +87,7 @@ def plot_pooled_reliability(
 
     ```python
     >>> import os, tempfile
-    >>> from hf_defer import reliability_bins
+    >>> from hf_defer.evaluation import reliability_bins
     >>> from hf_defer.evaluation.plotting import plot_pooled_reliability
     >>> runs = [reliability_bins([0.2, 0.9], [0, 1], n_bins=5), reliability_bins([0.8], [1], n_bins=5)]
     >>> plot_pooled_reliability({"A-SM": runs}, os.path.join(tempfile.mkdtemp(), "pooled.png"))["A-SM"]["counts"]
@@ -94,7 +96,7 @@ def plot_pooled_reliability(
     ```
     """
     names = list(diagrams)
-    figure = _figure(figsize=(3.6 * len(names), 3.4))
+    figure = agg_figure(figsize=(3.6 * len(names), 3.4))
     axes = figure.subplots(1, len(names), sharey=True, squeeze=False)
     drawn = {}
     for axis, name in zip(axes[0], names):
@@ -144,7 +146,7 @@ def plot_estimate_histograms(
     ```
     """
     names = list(estimates)
-    figure = _figure(figsize=(3.6 * len(names), 3.2))
+    figure = agg_figure(figsize=(3.6 * len(names), 3.2))
     axes = figure.subplots(1, len(names), sharey=True, squeeze=False)
     bins = np.linspace(0.0, 1.0, 26)
     for axis, name in zip(axes[0], names):

@@ -5,11 +5,12 @@ the ECE of binned data. [`deferral_metrics`] reports the experts' ECE with them;
 from __future__ import annotations
 
 from collections.abc import Sequence
-from numbers import Integral
 from typing import Any
 
 import numpy as np
 import torch
+
+from ..modeling.validators import is_int
 
 __all__ = ["MAX_BINS", "expected_calibration_error", "pool_reliability", "reliability_bins", "reliability_ece"]
 
@@ -28,11 +29,6 @@ def _to_numpy_1d(name: str, values: Any) -> np.ndarray:
     if array.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}.")
     return array
-
-
-def _is_int(value: Any) -> bool:
-    """An integer, Python's or numpy's, but not a bool."""
-    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15, soft: bool = False) -> dict[str, list[float]]:
@@ -55,7 +51,7 @@ def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15, soft: bool
     Example:
 
     ```python
-    >>> from hf_defer import reliability_bins
+    >>> from hf_defer.evaluation import reliability_bins
     >>> reliability_bins([0.1, 0.9, 0.95], [0, 1, 1], n_bins=2)["accuracy"]
     [0.0, 1.0]
 
@@ -65,7 +61,7 @@ def reliability_bins(confidence: Any, correct: Any, n_bins: int = 15, soft: bool
     hits = _to_numpy_1d("correct", correct)
     if conf.shape != hits.shape:
         raise ValueError(f"confidence and correct must have the same length, got {conf.shape[0]} and {hits.shape[0]}.")
-    if not _is_int(n_bins) or not 1 <= n_bins <= MAX_BINS:
+    if not is_int(n_bins) or not 1 <= n_bins <= MAX_BINS:
         raise ValueError(f"n_bins must be an integer in [1, {MAX_BINS}], got {n_bins!r}.")
     n_bins = int(n_bins)
     if soft and not ((hits >= 0) & (hits <= 1)).all():
@@ -95,7 +91,7 @@ def expected_calibration_error(confidence: Any, correct: Any, n_bins: int = 15) 
     Example:
 
     ```python
-    >>> from hf_defer import expected_calibration_error
+    >>> from hf_defer.evaluation import expected_calibration_error
     >>> expected_calibration_error([0.8, 0.8, 0.8, 0.8, 0.8], [1, 1, 1, 1, 0])
     0.0
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .costs import ErrorCostCurve, _array, _class_ids, _per_row
+from .costs import ErrorCostCurve, check_array as _array, check_class_ids as _class_ids, check_rows as _per_row
 from ..modeling.surrogate_base import check_expert_costs
 
 __all__ = ["confidence_cascade_curve", "router_curve"]

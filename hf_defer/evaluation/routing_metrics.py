@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .costs import _array
+from .costs import check_array as _array
 from ..modeling.surrogate_base import check_expert_costs
 
 __all__ = ["CallPerformanceCurve", "apgr", "call_performance_curve", "cost_swept_curve", "cpt", "oracle_curve",

@@ -7,8 +7,9 @@ and the model a head trained on sentence embeddings is put on) and the libraries
 commands or experiments.
 """
 
+from .embeddings import add_embeddings, embed_texts
 from .model_experts import model_expert
 from .simulated import annotator_accuracy, annotator_expert, class_subset_expert, dialect_biased_expert, stack_experts
 
-__all__ = ["annotator_accuracy", "annotator_expert", "class_subset_expert", "dialect_biased_expert", "model_expert",
-           "stack_experts"]
+__all__ = ["add_embeddings", "annotator_accuracy", "annotator_expert", "class_subset_expert",
+           "dialect_biased_expert", "embed_texts", "model_expert", "stack_experts"]

@@ -23,13 +23,13 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterable
-from numbers import Integral
 from pathlib import Path
 
 import datasets
 import numpy as np
 
 from ..modeling.modeling_deferral import DeferralPreTrainedModel, EncoderForDeferral
+from ..modeling.validators import check_positive_int
 
 __all__ = ["DEFAULT_SENTENCE_ENCODER", "add_embeddings", "default_embedding_cache_dir", "embed_texts",
            "head_on_sentence_encoder", "resolve_sentence_encoder", "sentence_encoder_max_length",
@@ -266,12 +266,9 @@ def embed_texts(
     ```
     """
     texts = _check_texts(texts)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
-        raise ValueError(f"`batch_size` must be a positive int, got {batch_size!r}.")
-    batch_size = int(batch_size)
-    if max_seq_length is not None and (isinstance(max_seq_length, bool) or not isinstance(max_seq_length, Integral)
-                                       or max_seq_length < 1):
-        raise ValueError(f"`max_seq_length` must be a positive int, got {max_seq_length!r}.")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    if max_seq_length is not None:
+        check_positive_int(max_seq_length, "max_seq_length")
     path = resolve_sentence_encoder(_check_name(model_name_or_path))
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_embedding_cache_dir()
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import numbers
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -24,7 +23,8 @@ import numpy as np
 
 from ..modeling.pipeline_deferral import CLASSIFIER_ANSWER
 from ..modeling.surrogate_routing import is_route_only
-from .simulated import _check_column_name, _check_dataset, _require_columns
+from ..modeling.validators import check_positive_int, is_int
+from .simulated import check_column_name, check_dataset, require_columns
 
 __all__ = ["answer_with_model_experts", "answers_to_ids", "as_batch_predictor", "model_expert", "predict_ids",
            "predictor_identity"]
@@ -135,7 +135,7 @@ def answers_to_ids(
             continue
         if isinstance(value, str) and (match := _DEFAULT_NAME.match(value)):
             value = int(match.group(1))
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < num_labels:
+        if is_int(value) and 0 <= value < num_labels:
             ids[position] = int(value)
             continue
         raise ValueError(
@@ -289,9 +289,9 @@ def model_expert(
     """
     from .embeddings import default_embedding_cache_dir
 
-    dataset = _check_dataset(dataset)
-    column, name = _check_column_name(column, "column"), name or column
-    _require_columns(dataset, [_check_column_name(input_column, "input_column")], "input_column")
+    dataset = check_dataset(dataset)
+    column, name = check_column_name(column, "column"), name or column
+    require_columns(dataset, [check_column_name(input_column, "input_column")], "input_column")
     classes = dataset.features.get(label_column)
     if not isinstance(classes, datasets.ClassLabel):
         raise ValueError(
@@ -299,8 +299,7 @@ def model_expert(
             f"{type(classes).__name__ if classes is not None else 'no such column'}; cast it with "
             "dataset.cast_column(label_column, datasets.ClassLabel(names=[...]))."
         )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"`batch_size` must be a positive int, got {batch_size!r}.")
+    check_positive_int(batch_size, "batch_size")
     run = as_batch_predictor(predictor, tokenizer, max_length)
     label2id = {label: index for index, label in enumerate(classes.names)}
     identity = predictor_id if predictor_id is not None else predictor_identity(predictor, tokenizer, max_length)

@@ -17,11 +17,12 @@ Every function here takes a `datasets.Dataset` and returns a new one with an add
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import datasets
 import numpy as np
+
+from ..modeling.validators import check_positive_int, check_probability, is_int
 
 __all__ = ["annotator_accuracy", "annotator_expert", "class_subset_expert", "dialect_biased_expert",
            "stack_experts"]
@@ -33,12 +34,14 @@ def _make_rng(seed: SeedLike) -> np.random.Generator:
     """Return a numpy Generator from a non-negative int seed (or the Generator itself)."""
     if isinstance(seed, np.random.Generator):
         return seed
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+    if not is_int(seed) or seed < 0:
         raise ValueError(f"`seed` must be a non-negative int or a numpy.random.Generator, got {seed!r}.")
     return np.random.default_rng(int(seed))
 
 
-def _check_dataset(dataset: object) -> datasets.Dataset:
+def check_dataset(dataset: object) -> datasets.Dataset:
+    """``dataset`` if it is a `datasets.Dataset` (a `DatasetDict` is refused with the advice to apply the expert to
+    each split), for the simulated and the model experts."""
     if isinstance(dataset, datasets.DatasetDict):
         raise ValueError("`dataset` must be a datasets.Dataset, got a DatasetDict; apply the expert to each split "
                          "(or, better, to the full dataset before splitting so every example keeps one expert label).")
@@ -47,13 +50,16 @@ def _check_dataset(dataset: object) -> datasets.Dataset:
     return dataset
 
 
-def _check_column_name(name: object, argument: str) -> str:
+def check_column_name(name: object, argument: str) -> str:
+    """``name`` if it is a non-empty string (a column name), else a `ValueError` naming ``argument``."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"`{argument}` must be a non-empty column name (str), got {name!r}.")
     return name
 
 
-def _require_columns(dataset: datasets.Dataset, names: Sequence[str], argument: str) -> None:
+def require_columns(dataset: datasets.Dataset, names: Sequence[str], argument: str) -> None:
+    """A `ValueError` naming ``argument``, the missing columns and the dataset's columns, unless ``dataset`` has every
+    column of ``names``."""
     missing = [name for name in names if name not in dataset.column_names]
     if missing:
         raise ValueError(f"`{argument}` names column(s) {missing} that the dataset does not have; "
@@ -87,12 +93,6 @@ def _class_labels(dataset: datasets.Dataset, label_column: str, num_classes: int
     return labels
 
 
-def _check_probability(p: object, argument: str) -> float:
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
-        raise ValueError(f"`{argument}` must be a probability in [0, 1], got {p!r}.")
-    return float(p)
-
-
 def _replace_column(
     dataset: datasets.Dataset, column: str, values: np.ndarray | list, feature: datasets.features.FeatureType
 ) -> datasets.Dataset:
@@ -104,7 +104,7 @@ def _replace_column(
 def _count_matrix(dataset: datasets.Dataset, count_columns: str | Sequence[str], column: str) -> np.ndarray:
     """The `[N, K]` annotator counts named by `count_columns`, checked (`column` is the one to be written)."""
     if isinstance(count_columns, str):
-        _require_columns(dataset, [count_columns], "count_columns")
+        require_columns(dataset, [count_columns], "count_columns")
         if column == count_columns:
             raise ValueError(f"`column` ({column!r}) must differ from the count column {count_columns!r}.")
         raw = _numeric_columns(dataset, [count_columns])[count_columns]
@@ -122,10 +122,10 @@ def _count_matrix(dataset: datasets.Dataset, count_columns: str | Sequence[str],
         if not isinstance(count_columns, Sequence) or len(count_columns) == 0:
             raise ValueError("`count_columns` must be a column name or a non-empty sequence of column names, got "
                              f"{count_columns!r}.")
-        names = [_check_column_name(name, "count_columns") for name in count_columns]
+        names = [check_column_name(name, "count_columns") for name in count_columns]
         if len(set(names)) != len(names):
             raise ValueError(f"`count_columns` must not repeat a column, got {names}.")
-        _require_columns(dataset, names, "count_columns")
+        require_columns(dataset, names, "count_columns")
         if column in names:
             raise ValueError(f"`column` ({column!r}) must differ from the count columns {names}.")
         arrays = _numeric_columns(dataset, names)
@@ -194,8 +194,8 @@ def annotator_expert(
 
     ```
     """
-    dataset = _check_dataset(dataset)
-    column = _check_column_name(column, "column")
+    dataset = check_dataset(dataset)
+    column = check_column_name(column, "column")
     rng = _make_rng(seed)
     counts = _count_matrix(dataset, count_columns, column)
     num_rows, num_classes = counts.shape
@@ -266,17 +266,16 @@ def class_subset_expert(
 
     ```
     """
-    dataset = _check_dataset(dataset)
-    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
-        raise ValueError(f"`num_classes` must be a positive int, got {num_classes!r}.")
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 < k <= num_classes:
+    dataset = check_dataset(dataset)
+    check_positive_int(num_classes, "num_classes")
+    if not is_int(k) or not 0 < k <= num_classes:
         raise ValueError(f"`k` must be an int with 0 < k <= num_classes ({num_classes}), got {k!r}.")
-    p = _check_probability(p, "p")
-    label_column = _check_column_name(label_column, "label_column")
-    column = _check_column_name(column, "column")
+    p = check_probability(p, "p")
+    label_column = check_column_name(label_column, "label_column")
+    column = check_column_name(column, "column")
     if column == label_column:
         raise ValueError(f"`column` ({column!r}) must differ from `label_column` ({label_column!r}).")
-    _require_columns(dataset, [label_column], "label_column")
+    require_columns(dataset, [label_column], "label_column")
     rng = _make_rng(seed)
     labels = _class_labels(dataset, label_column, num_classes)
     num_rows = len(labels)
@@ -324,14 +323,14 @@ def stack_experts(
 
     ```
     """
-    dataset = _check_dataset(dataset)
-    column = _check_column_name(column, "column")
+    dataset = check_dataset(dataset)
+    column = check_column_name(column, "column")
     if isinstance(columns, str) or not isinstance(columns, Sequence) or len(columns) == 0:
         raise ValueError(f"`columns` must be a non-empty sequence of column names, got {columns!r}.")
-    names = [_check_column_name(name, "columns") for name in columns]
+    names = [check_column_name(name, "columns") for name in columns]
     if len(set(names)) != len(names):
         raise ValueError(f"`columns` must not repeat a column, got {names}.")
-    _require_columns(dataset, names, "columns")
+    require_columns(dataset, names, "columns")
     if not remove_columns and column in names:
         raise ValueError(f"`column` ({column!r}) is one of `columns` {names}; it can only be reused with "
                          "remove_columns=True.")
@@ -374,9 +373,9 @@ def annotator_accuracy(
 
     ```
     """
-    dataset = _check_dataset(dataset)
-    label_column = _check_column_name(label_column, "label_column")
-    _require_columns(dataset, [label_column], "label_column")
+    dataset = check_dataset(dataset)
+    label_column = check_column_name(label_column, "label_column")
+    require_columns(dataset, [label_column], "label_column")
     counts = _count_matrix(dataset, count_columns, label_column)
     labels = _class_labels(dataset, label_column, counts.shape[1])
     return counts[np.arange(len(labels)), labels] / counts.sum(axis=1)
@@ -422,17 +421,17 @@ def dialect_biased_expert(
 
     ```
     """
-    dataset = _check_dataset(dataset)
-    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 2:
+    dataset = check_dataset(dataset)
+    if not is_int(num_classes) or num_classes < 2:
         raise ValueError(f"`num_classes` must be an int >= 2, got {num_classes!r}.")
-    p_aae, p_other = _check_probability(p_aae, "p_aae"), _check_probability(p_other, "p_other")
-    label_column = _check_column_name(label_column, "label_column")
-    column = _check_column_name(column, "column")
+    p_aae, p_other = check_probability(p_aae, "p_aae"), check_probability(p_other, "p_other")
+    label_column = check_column_name(label_column, "label_column")
+    column = check_column_name(column, "column")
     if column == label_column:
         raise ValueError(f"`column` ({column!r}) must differ from `label_column`.")
-    _require_columns(dataset, [label_column], "label_column")
+    require_columns(dataset, [label_column], "label_column")
     if isinstance(aae, str):
-        _require_columns(dataset, [aae], "aae")
+        require_columns(dataset, [aae], "aae")
         flags = _numeric_columns(dataset, [aae])[aae]
     else:
         flags = np.asarray(aae)

@@ -5,7 +5,10 @@ Imports modeling, evaluation, data and the inspection of models and adapters (`h
 commands, review or experiments.
 """
 
+from .auto import AutoModelForDeferral
+from .model_card import DeferralModelCardData, render_model_card
 from .model_source import check_model_source
 from .sharing import push_to_hub, save_for_hub
 
-__all__ = ["check_model_source", "push_to_hub", "save_for_hub"]
+__all__ = ["AutoModelForDeferral", "DeferralModelCardData", "check_model_source", "push_to_hub", "render_model_card",
+           "save_for_hub"]

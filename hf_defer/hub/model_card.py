@@ -112,7 +112,7 @@ class DeferralModelCardData(ModelCardData):
     Example:
 
     ```python
-    >>> from hf_defer import DeferralModelCardData
+    >>> from hf_defer.hub import DeferralModelCardData
     >>> data = DeferralModelCardData(class_names=["hate", "offensive", "neither"], expert_names=["annotator"],
     ...                              metrics={"eval_system_error": 0.08, "eval_coverage": 0.7, "eval_runtime": 1.2})
     >>> data.metrics
@@ -215,7 +215,7 @@ class DeferralModelCardData(ModelCardData):
         ```python
         >>> import hf_defer
         >>> model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=8, num_labels=2, surrogate="ssm"))
-        >>> hf_defer.DeferralModelCardData.from_model(model).surrogate
+        >>> hf_defer.hub.DeferralModelCardData.from_model(model).surrogate
         'ssm'
 
         ```
@@ -290,7 +290,7 @@ def render_model_card(
 
     ```python
     >>> import tempfile
-    >>> from hf_defer import DeferralModelCardData, render_model_card
+    >>> from hf_defer.hub import DeferralModelCardData, render_model_card
     >>> data = DeferralModelCardData(class_names=["a", "b"], expert_names=["human"],
     ...                              metrics={"system_error": 0.125, "coverage": 0.75})
     >>> card = render_model_card(data, tempfile.mkdtemp())

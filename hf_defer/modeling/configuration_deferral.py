@@ -1,32 +1,28 @@
 """Configuration of a learning-to-defer model: an encoder (or precomputed features) and a K + M head.
 
 This module imports ``transformers``, the standard library and its siblings ``surrogates`` / ``surrogate_base`` (the
-surrogate names, the check of expert costs) and ``pipeline_deferral`` (the reserved label ``"defer"``): all are copied
+surrogate names, the check of expert costs), ``validators`` and ``pipeline_deferral`` (the reserved label ``"defer"``): all are copied
 next to the weights for remote-code loading (``trust_remote_code=True``).
 """
 
 from __future__ import annotations
 
 from dataclasses import field
-from numbers import Integral
 from typing import Any, ClassVar
 
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
 from .pipeline_deferral import CLASSIFIER_ANSWER, DEFER_LABEL
-from .surrogate_base import _is_finite_number, check_defer_threshold, check_expert_costs  # sibling modules: remote code copies them too
+from .surrogate_base import check_defer_threshold, check_expert_costs  # sibling modules: remote code copies them too
 from .surrogates import SURROGATES as SURROGATE_NAMES
 from .side_features import check_side_features
+from .validators import is_finite_number, is_int
 
 POOLING_MODES: tuple[str, ...] = ("cls", "mean", "max", "last")
 """Values of `DeferralConfig.pooling`."""
 EXPERT_KINDS: tuple[str, ...] = ("person", "model")
 """Values of `DeferralConfig.expert_kinds`."""
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def is_decoder_only(encoder: PretrainedConfig | dict) -> bool:
@@ -213,14 +209,14 @@ class DeferralConfig(PretrainedConfig):
             self.surrogate = "route_only"
         # numpy integers (`labels.max() + 1`) are integers too: stored as int, which config.json can hold.
         for name in ("feature_size", "num_experts"):
-            if _is_int(getattr(self, name)):
+            if is_int(getattr(self, name)):
                 setattr(self, name, int(getattr(self, name)))
-        if _is_int(kwargs.get("num_labels")):
+        if is_int(kwargs.get("num_labels")):
             kwargs["num_labels"] = int(kwargs["num_labels"])
         if isinstance(self.head_hidden_sizes, (list, tuple)):
-            self.head_hidden_sizes = [int(size) if _is_int(size) else size for size in self.head_hidden_sizes]
+            self.head_hidden_sizes = [int(size) if is_int(size) else size for size in self.head_hidden_sizes]
         num_labels = kwargs.get("num_labels")  # checked here: the base class would only warn
-        if num_labels is not None and not (_is_int(num_labels) and num_labels >= 2) and self.route_only is not True:
+        if num_labels is not None and not (is_int(num_labels) and num_labels >= 2) and self.route_only is not True:
             raise ValueError(
                 f"num_labels must be an integer >= 2 (learning to defer needs at least two classes), got {num_labels!r}."
             )
@@ -235,19 +231,19 @@ class DeferralConfig(PretrainedConfig):
         if self.label2id is None:
             self.label2id = {label: index for index, label in self.id2label.items()}
         self.pooling = resolve_pooling(self.encoder, self.pooling)  # None: the backbone's default
-        if self.expert_names is None and _is_int(self.num_experts):
+        if self.expert_names is None and is_int(self.num_experts):
             self.expert_names = [f"expert_{j}" for j in range(self.num_experts)]
         for name in ("head_hidden_sizes", "expert_names", "expert_costs", "expert_kinds"):
             if isinstance(getattr(self, name), tuple):
                 setattr(self, name, list(getattr(self, name)))
-        if _is_int(self.num_experts) and self.expert_kinds is None:
+        if is_int(self.num_experts) and self.expert_kinds is None:
             self.expert_kinds = [EXPERT_KINDS[0]] * self.num_experts
-        if _is_int(self.num_experts) and self.expert_costs is None:
+        if is_int(self.num_experts) and self.expert_costs is None:
             self.expert_costs = [0.0] * self.num_experts
         if self.route_only is True and isinstance(self.expert_names, list):
             if self.default_expert is None and self.expert_names:
                 self.default_expert = self.expert_names[0]
-            elif _is_int(self.default_expert) and 0 <= self.default_expert < len(self.expert_names):
+            elif is_int(self.default_expert) and 0 <= self.default_expert < len(self.expert_names):
                 self.default_expert = self.expert_names[self.default_expert]
         self._validate_deferral_fields()
 
@@ -266,7 +262,7 @@ class DeferralConfig(PretrainedConfig):
             raise ValueError(f"encoder must be a PretrainedConfig or a dict, got {type(self.encoder).__name__}.")
         if isinstance(self.encoder, dict) and "model_type" not in self.encoder:
             raise ValueError(f"encoder given as a dict must contain 'model_type', got keys {sorted(self.encoder)[:10]}.")
-        if has_features and not (_is_int(self.feature_size) and self.feature_size >= 1):
+        if has_features and not (is_int(self.feature_size) and self.feature_size >= 1):
             raise ValueError(f"feature_size must be a positive integer, got {self.feature_size!r}.")
 
     def validate_num_labels(self) -> None:
@@ -289,7 +285,7 @@ class DeferralConfig(PretrainedConfig):
             )
 
     def validate_num_experts(self) -> None:
-        if not (_is_int(self.num_experts) and self.num_experts >= 1):
+        if not (is_int(self.num_experts) and self.num_experts >= 1):
             raise ValueError(f"num_experts must be an integer >= 1, got {self.num_experts!r}.")
 
     def validate_surrogate(self) -> None:
@@ -311,7 +307,7 @@ class DeferralConfig(PretrainedConfig):
                 raise ValueError(f"default_expert is for route-only models (route_only=True), got "
                                  f"default_expert={self.default_expert!r} with route_only={self.route_only!r}.")
             return
-        if _is_int(self.num_experts) and self.num_experts < 2:
+        if is_int(self.num_experts) and self.num_experts < 2:
             raise ValueError(f"num_experts must be >= 2 for a route-only model (it routes between experts), got "
                              f"{self.num_experts}.")
         if self.default_expert not in (self.expert_names or []):
@@ -330,9 +326,9 @@ class DeferralConfig(PretrainedConfig):
 
     def validate_head(self) -> None:
         sizes = self.head_hidden_sizes
-        if not isinstance(sizes, list) or not all(_is_int(size) and size >= 1 for size in sizes):
+        if not isinstance(sizes, list) or not all(is_int(size) and size >= 1 for size in sizes):
             raise ValueError(f"head_hidden_sizes must be a list of positive integers, got {sizes!r}.")
-        if not (_is_finite_number(self.head_dropout) and 0.0 <= self.head_dropout < 1.0):
+        if not (is_finite_number(self.head_dropout) and 0.0 <= self.head_dropout < 1.0):
             raise ValueError(f"head_dropout must be a number in [0, 1), got {self.head_dropout!r}.")
 
     def validate_expert_names(self) -> None:

@@ -7,8 +7,9 @@ two task heads, and [`DeferralPreTrainedModel.class_for_config`] says which one 
 
 This module imports only ``torch``, ``transformers`` and, relatively, ``.configuration_deferral``, ``.surrogates``,
 ``.surrogate_routing`` and ``.saving_deferral`` (saving and loading the folder), which import ``.surrogate_base``,
-``.surrogate_kernels`` and ``.pipeline_deferral``: with it, those are the files that `save_pretrained` copies next
-to the weights for remote-code loading (``trust_remote_code=True``). Registration with the auto classes happens, once, in ``hf_defer/__init__.py``.
+``.pipeline_deferral`` and ``.validators``: with it, those are the files that `save_pretrained` copies next to the
+weights for remote-code loading (``trust_remote_code=True``). Registration with the auto classes happens, once, in
+``hf_defer/__init__.py``.
 """
 
 from __future__ import annotations

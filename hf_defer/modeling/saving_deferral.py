@@ -62,10 +62,9 @@ class DeferralSavingMixin:
                         **kwargs: Any) -> None:
         """Writes everything a folder needs, for library mode and remote-code mode alike: the weights (safetensors),
         `config.json` with `auto_map` and `custom_pipelines`, and the code files `configuration_deferral.py`,
-        `modeling_deferral.py`, `saving_deferral.py`, `surrogates.py`, `surrogate_base.py`, `surrogate_kernels.py`, `surrogate_routing.py`,
-        `side_features.py`,
-        `pipeline_deferral.py` and `pipeline_options.py`. The Trainer, the pipeline,
-        `save_for_hub` and `push_to_hub` all save through it. The files go to a temporary folder first, then move in.
+        `modeling_deferral.py`, `saving_deferral.py`, `surrogates.py`, `surrogate_base.py`, `surrogate_routing.py`,
+        `side_features.py`, `pipeline_deferral.py` and `validators.py`. The Trainer, the pipeline, `save_for_hub` and
+        `push_to_hub` all save through it. The files go to a temporary folder first, then move in.
 
         A file of the folder is never lost silently: `config.json` and the weights are replaced (as transformers
         always does), a code file only when it is the same as hf_defer's; stale weight shards are deleted and other

@@ -11,26 +11,23 @@ The model's head reads `[pooled text representation, embeddings..., standardised
 builds the list from training columns; [`side_feature_tensors`] turns rows of values into the two inputs of the
 model's forward, `side_categorical` (`[B, n_categorical]` category ids) and `side_numeric` (`[B, n_numeric]`).
 
-This module only imports ``torch``: it is copied next to the model code for remote-code loading.
+This module only imports ``torch`` and ``.validators``: it is copied next to the model code for remote-code loading.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from numbers import Real
 from typing import Any
 
 import torch
 from torch import nn
 
+from .validators import is_number
+
 __all__ = ["SideFeatureEncoder", "check_side_features", "side_feature_specs", "side_feature_tensors"]
 
 RESERVED = ("text", "text_pair", "features", "image")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool)
 
 
 def check_side_features(specs: Any) -> list[dict[str, Any]]:
@@ -56,7 +53,7 @@ def check_side_features(specs: Any) -> list[dict[str, Any]]:
             out.append({"name": name, "kind": kind, "categories": list(categories), "dim": dim})
         elif kind == "numeric":
             mean, std = spec.get("mean", 0.0), spec.get("std", 1.0)
-            if not (_is_number(mean) and math.isfinite(mean) and _is_number(std) and math.isfinite(std) and std > 0):
+            if not (is_number(mean) and math.isfinite(mean) and is_number(std) and math.isfinite(std) and std > 0):
                 raise ValueError(f"{where} ({name!r}): 'mean' must be finite and 'std' positive, got {mean!r}, {std!r}.")
             out.append({"name": name, "kind": kind, "mean": float(mean), "std": float(std)})
         else:
@@ -85,7 +82,7 @@ def side_feature_specs(columns: Mapping[str, Sequence[Any]], dim: int = 8,
         values = list(values)
         if any(value is None or (isinstance(value, float) and math.isnan(value)) for value in values):
             raise ValueError(f"side feature column {name!r} has missing values; fill them (e.g. 'unknown' or 0).")
-        if all(_is_number(value) for value in values) and name not in (categorical or ()):
+        if all(is_number(value) for value in values) and name not in (categorical or ()):
             mean = sum(float(v) for v in values) / len(values)
             std = math.sqrt(sum((float(v) - mean) ** 2 for v in values) / len(values))
             specs.append({"name": name, "kind": "numeric", "mean": mean, "std": std if std > 0 else 1.0})
@@ -125,7 +122,7 @@ def side_feature_tensors(specs: Sequence[Mapping[str, Any]],
                 index = {c: i for i, c in enumerate(spec["categories"])}.get(str(value))
                 ids.append(0 if index is None else index + 1)
             else:
-                if not _is_number(value) or not math.isfinite(float(value)):
+                if not is_number(value) or not math.isfinite(float(value)):
                     raise ValueError(f"side feature {name!r} of input {row_index} must be a finite number, got "
                                      f"{value!r:.40}.")
                 numbers.append(float(value))

@@ -2,16 +2,16 @@
 answers), reduction and the decision rule (with the experts available at decision time).
 
 The four surrogates (:mod:`surrogates`) subclass :class:`DeferralSurrogate` and implement only their loss and
-estimator. This module only imports ``torch``: it is copied next to the model code for remote-code loading.
+estimator. This module only imports ``torch`` and ``.validators``: it is copied next to the model code for remote-code loading.
 """
 
 from __future__ import annotations
 
-import math
-from numbers import Integral, Real
 from typing import Any
 
 import torch
+
+from .validators import is_finite_number, is_int
 
 IGNORE_INDEX = -100
 """Label value that marks a row to ignore (the Hugging Face padding convention)."""
@@ -20,8 +20,9 @@ MAX_ABS_LOGIT = 1e30
 """The largest logit magnitude accepted: beyond it, differences and sums of logits overflow float32 in the losses."""
 
 
-def _as_target_tensor(name: str, values: object, device: torch.device | None) -> torch.Tensor:
-    """``torch.as_tensor(values)``, with an error naming ``name`` for ragged lists, strings and other non-numbers."""
+def as_target_tensor(name: str, values: object, device: torch.device | None) -> torch.Tensor:
+    """``torch.as_tensor(values)``, with an error naming ``name`` for ragged lists, strings and other non-numbers: how
+    every surrogate (the route-only one too) reads ``labels``, ``expert_labels`` and ``expert_correct``."""
     try:
         return torch.as_tensor(values, device=device)
     except (TypeError, ValueError, RuntimeError) as err:
@@ -30,10 +31,6 @@ def _as_target_tensor(name: str, values: object, device: torch.device | None) ->
             f"{name} must be {what} (a tensor, array or list of them, one row per example), got a "
             f"{type(values).__name__} that is not a rectangular array of numbers ({err})."
         ) from None
-
-
-def _is_finite_number(value: Any) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def estimate_margin(class_probs: torch.Tensor, expert_accuracy: torch.Tensor, costs: torch.Tensor | None = None,
@@ -76,7 +73,7 @@ def check_expert_costs(costs: Any, num_experts: int, argument: str = "expert_cos
                          f"or ragged one: {costs!r}.")
     if len(costs) != num_experts:
         raise ValueError(f"{argument} must have one cost per expert (num_experts={num_experts}), got {costs!r}.")
-    if not all(_is_finite_number(cost) and cost >= 0 for cost in costs):
+    if not all(is_finite_number(cost) and cost >= 0 for cost in costs):
         raise ValueError(f"{argument} must be finite, non-negative numbers, got {costs!r}.")
     return [float(cost) for cost in costs]
 
@@ -84,7 +81,7 @@ def check_expert_costs(costs: Any, num_experts: int, argument: str = "expert_cos
 def check_defer_threshold(value: Any) -> float:
     """The margin to defer (`defer_threshold`): a finite number, as a float; the one check for the config, the
     decision and the pipeline."""
-    if not _is_finite_number(value):
+    if not is_finite_number(value):
         raise ValueError(f"defer_threshold must be a finite number, got {value!r}.")
     return float(value)
 
@@ -133,14 +130,14 @@ class DeferralSurrogate:
     bounded: bool = True
     """Whether the expert-accuracy estimator lies in [0, 1] by construction (unbounded ones are clipped)."""
     kernel: Any = None
-    """The `torch.autograd.Function` computing the per-example loss and its gradient (`surrogate_kernels`)."""
+    """The `torch.autograd.Function` computing the per-example loss and its gradient (the kernels in `surrogates.py`)."""
 
     def __init__(self, num_classes: int, num_experts: int = 1) -> None:
-        if isinstance(num_classes, bool) or not isinstance(num_classes, Integral) or num_classes < 2:
+        if not is_int(num_classes) or num_classes < 2:
             raise ValueError(
                 f"num_classes must be an integer >= 2 (learning to defer needs at least two classes), got {num_classes!r}."
             )
-        if isinstance(num_experts, bool) or not isinstance(num_experts, Integral) or num_experts < 1:
+        if not is_int(num_experts) or num_experts < 1:
             raise ValueError(f"num_experts must be an integer >= 1, got {num_experts!r}.")
         self.num_classes = int(num_classes)
         self.num_experts = int(num_experts)
@@ -180,7 +177,7 @@ class DeferralSurrogate:
     def _check_labels(self, labels: Any, batch_size: int, device: torch.device | None,
                       check_values: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """``labels`` as long ``[B]`` with ignored rows set to 0, and the mask ``[B]`` of rows that count."""
-        labels = _as_target_tensor("labels", labels, device)
+        labels = as_target_tensor("labels", labels, device)
         if labels.dim() == 2 and labels.shape[1] == 1:
             labels = labels[:, 0]
         if labels.dim() != 1 or labels.shape[0] != batch_size:
@@ -229,7 +226,7 @@ class DeferralSurrogate:
             ``[B, M]`` (``-100`` kept), and the boolean mask ``[B]`` of rows that count (label != -100).
         """
         labels, valid = self._check_labels(labels, batch_size, device, check_values)
-        expert_labels = self._expert_shape("expert_labels", _as_target_tensor("expert_labels", expert_labels, device),
+        expert_labels = self._expert_shape("expert_labels", as_target_tensor("expert_labels", expert_labels, device),
                                            batch_size)
         if expert_labels.is_floating_point() or expert_labels.dtype == torch.bool:
             raise ValueError(f"expert_labels must be integers (class ids, {IGNORE_INDEX} where an expert did not "
@@ -272,7 +269,7 @@ class DeferralSurrogate:
             labels, expert_labels, valid = self.check_targets(labels, expert_labels, batch_size, device, check_values)
             return labels, (expert_labels == labels[:, None]).float(), expert_labels != IGNORE_INDEX, valid
         labels, valid = self._check_labels(labels, batch_size, device, check_values)
-        scores = self._expert_shape("expert_correct", _as_target_tensor("expert_correct", expert_correct, device),
+        scores = self._expert_shape("expert_correct", as_target_tensor("expert_correct", expert_correct, device),
                                     batch_size).float()
         observed = scores != IGNORE_INDEX
         if check_values:
@@ -398,7 +395,7 @@ class DeferralSurrogate:
 
         ```python
         >>> import torch
-        >>> from hf_defer import get_surrogate
+        >>> from hf_defer.modeling import get_surrogate
         >>> aova = get_surrogate("aova", num_classes=2, num_experts=2)
         >>> logits = torch.tensor([[0.0, -1.0, 2.0, 1.0], [0.0, -1.0, 2.0, 1.0]])
         >>> defer, _, expert = aova.decide(logits, available=[[True, True], [False, True]])

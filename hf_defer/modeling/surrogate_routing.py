@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .surrogate_base import IGNORE_INDEX, DeferralSurrogate, _as_target_tensor, check_defer_threshold
+from .surrogate_base import IGNORE_INDEX, DeferralSurrogate, as_target_tensor, check_defer_threshold
 
 __all__ = ["RouteOnlySurrogate", "is_route_only", "route_only_output"]
 
@@ -106,7 +106,7 @@ class RouteOnlySurrogate(DeferralSurrogate):
         if expert_correct is None:
             raise ValueError("expert_correct is required by a route-only model: [batch, num_experts] booleans, 0/1 or "
                              f"scores in [0, 1] ({IGNORE_INDEX} where an expert did not answer), got None.")
-        scores = _as_target_tensor("expert_correct", expert_correct, device)
+        scores = as_target_tensor("expert_correct", expert_correct, device)
         if batch_size is None:
             batch_size = scores.shape[0] if scores.dim() else 0
         if scores.is_complex():

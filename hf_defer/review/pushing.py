@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..modeling.validators import check_positive_int
 from .client import ReviewProject, ReviewServerError
 from .tasks import KEY_FIELD, deferred_tasks
 
@@ -52,9 +53,7 @@ class PushReport:
 
 
 def _check_batch_size(batch_size: Any) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"`batch_size` must be a positive int, got {batch_size!r}.")
-    return batch_size
+    return check_positive_int(batch_size, "batch_size")
 
 
 def push(

@@ -11,12 +11,12 @@ of real annotators on that tweet.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..modeling.validators import check_positive_int
 from .client import ReviewProject
 from .labeling import CONTROL_NAME, OBJECT_NAME
 
@@ -50,8 +50,7 @@ def reviewer_votes(counts: np.ndarray | Sequence[Sequence[int]], num_reviewers: 
     if counts.ndim != 2 or not np.issubdtype(counts.dtype, np.integer) or (counts < 0).any():
         raise ValueError(f"`counts` must be an [N, K] array of non-negative integers, got dtype {counts.dtype} and "
                          f"shape {counts.shape}.")
-    if isinstance(num_reviewers, bool) or not isinstance(num_reviewers, numbers.Integral) or num_reviewers < 1:
-        raise ValueError(f"`num_reviewers` must be a positive int, got {num_reviewers!r}.")
+    check_positive_int(num_reviewers, "num_reviewers")
     totals = counts.sum(axis=1)
     short = np.flatnonzero(totals < num_reviewers)
     if len(short):

@@ -169,7 +169,7 @@ UPSTREAM_HOOKS: tuple[UpstreamHook, ...] = (
         referenced_by=("transformers.Pipeline.__init__",), instance_attribute=True),
     UpstreamHook(
         "transformers.Pipeline._postprocess_params", "read",
-        "hf_defer.modeling.pipeline_deferral.DeferralPipeline and hf_defer.evaluation.calibration.calibrate_deferral",
+        "hf_defer.modeling.pipeline_deferral.DeferralPipeline and hf_defer.evaluation.thresholds.calibrate_deferral",
         "the decision options (costs, threshold) the pipeline was built with; calibration drops them to score raw",
         referenced_by=("transformers.Pipeline.__init__",), instance_attribute=True),
     UpstreamHook(
@@ -192,7 +192,7 @@ UPSTREAM_HOOKS: tuple[UpstreamHook, ...] = (
         "the encoder's attention implementation, kept when the base class rebuilds the encoder's sub-config"),
     UpstreamHook(
         "transformers.PreTrainedConfig._name_or_path", "read",
-        "hf_defer.evaluation.calibration and hf_defer.review.pushing",
+        "hf_defer.evaluation.thresholds and hf_defer.review.pushing",
         "the folder or Hub id a config was loaded from (read with a fallback: a model built in memory has none)",
         referenced_by=("transformers.PreTrainedConfig.__post_init__",), instance_attribute=True),
     UpstreamHook(

@@ -262,7 +262,7 @@ def test_bad_costs_and_kinds_are_refused(config, match):
 
 
 def test_model_card_draws_the_error_cost_curve_when_costs_are_set(tmp_path):
-    from hf_defer import DeferralModelCardData, render_model_card
+    from hf_defer.hub import DeferralModelCardData, render_model_card
 
     model = fixed_model(expert_costs=[0.3, 0.0])
     curve = error_cost_curve(PROBS, ACCURACY, LABELS, EXPERT_LABELS, PRICES, decision_costs=GRID)

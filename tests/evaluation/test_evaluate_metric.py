@@ -12,7 +12,8 @@ import torch
 
 import hf_defer
 import hf_defer.evaluation.evaluate_metric as metric_module
-from hf_defer import deferral_metrics, get_surrogate
+from hf_defer import deferral_metrics
+from hf_defer.modeling import get_surrogate
 
 
 def data(n: int, num_experts: int, seed: int = 0):

@@ -244,9 +244,9 @@ def test_docstring_examples_run():
     import doctest
 
     import hf_defer.commands.calibrate as calibrate
-    import hf_defer.evaluation.calibration as calibration
+    import hf_defer.evaluation.thresholds as thresholds
     import hf_defer.evaluation.guarantees as guarantees
     import hf_defer.hub.model_card as model_card
 
-    for module in (guarantees, calibration, calibrate, model_card):
+    for module in (guarantees, thresholds, calibrate, model_card):
         assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0, module.__name__

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from hf_defer import deferral_metrics, reliability_bins
+from hf_defer import deferral_metrics
+from hf_defer.evaluation import reliability_bins
 
 K = 3
 IGNORE = -100

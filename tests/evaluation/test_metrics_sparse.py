@@ -162,7 +162,7 @@ def test_complete_answers_give_the_numbers_of_before():
 def test_complete_answers_give_the_numbers_of_the_formulas_of_before():
     # The formulas deferral_metrics used before issue 19 (boolean correctness, all rows), evaluated here on random
     # complete data: every number the same to 1e-12 (two code paths: equal up to the order of float sums).
-    from hf_defer import get_surrogate
+    from hf_defer.modeling import get_surrogate
     from hf_defer.evaluation.metrics import budget_deferrals, reliability_ece
 
     rng = np.random.default_rng(0)

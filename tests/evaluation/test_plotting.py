@@ -7,7 +7,7 @@ import doctest
 import numpy as np
 
 import hf_defer.evaluation.plotting as plotting
-from hf_defer import reliability_bins
+from hf_defer.evaluation import reliability_bins
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

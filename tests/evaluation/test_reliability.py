@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hf_defer.evaluation.reliability as reliability_module
-from hf_defer import expected_calibration_error, reliability_bins
+from hf_defer.evaluation import expected_calibration_error, reliability_bins
 from hf_defer.evaluation.metrics import pool_reliability, reliability_ece
 
 

@@ -11,7 +11,8 @@ from PIL import Image
 from transformers import BertConfig
 
 import hf_defer
-from hf_defer import DeferralConfig, EncoderForDeferral, reliability_bins
+from hf_defer import DeferralConfig, EncoderForDeferral
+from hf_defer.evaluation import reliability_bins
 from hf_defer.hub.model_card import DeferralModelCardData, default_template_path, render_model_card
 
 METRICS = {

@@ -32,9 +32,9 @@ def test_plain_words():
 def test_card_has_the_section_only_with_a_guarantee(tmp_path):
     model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=4, num_labels=2))
     model.config.defer_threshold = 0.25
-    hf_defer.render_model_card(hf_defer.DeferralModelCardData.from_model(model, model_name="plain"), tmp_path / "a")
+    hf_defer.hub.render_model_card(hf_defer.hub.DeferralModelCardData.from_model(model, model_name="plain"), tmp_path / "a")
     assert "What is guaranteed" not in Path(tmp_path / "a" / "README.md").read_text()
     model.config.deferral_guarantee = GUARANTEE
-    hf_defer.render_model_card(hf_defer.DeferralModelCardData.from_model(model, model_name="sure"), tmp_path / "b")
+    hf_defer.hub.render_model_card(hf_defer.hub.DeferralModelCardData.from_model(model, model_name="sure"), tmp_path / "b")
     card = Path(tmp_path / "b" / "README.md").read_text()
     assert "### What is guaranteed" in card and "at most 10 % of the inputs go to an expert" in card

@@ -28,7 +28,7 @@ from hf_defer.modeling.pipeline_deferral import REMOTE_TASK
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat is good bad very".split()]
 TEXTS = ["the cat sat on the mat", "a very bad dog", "good"]
 CODE_FILES = {"configuration_deferral.py", "modeling_deferral.py", "saving_deferral.py", "surrogates.py", "surrogate_base.py",
-              "surrogate_kernels.py", "surrogate_routing.py", "side_features.py", "pipeline_deferral.py", "pipeline_options.py"}
+              "surrogate_routing.py", "side_features.py", "pipeline_deferral.py", "validators.py"}
 PACKAGE = Path(hf_defer.__file__).parent / "modeling"  # the code a saved folder carries
 
 
@@ -268,7 +268,7 @@ def test_model_and_pipeline_push_to_hub_upload_the_deferral_card_and_remote_code
     fake_hub["someone/model-push"]["README.md"] = b"# written on the Hub\n"
     model.push_to_hub("someone/model-push")
     assert fake_hub["someone/model-push"]["README.md"] == b"# written on the Hub\n"
-    model.push_to_hub("someone/model-push", card_data=hf_defer.DeferralModelCardData.from_model(model))
+    model.push_to_hub("someone/model-push", card_data=hf_defer.hub.DeferralModelCardData.from_model(model))
     assert b"learning-to-defer" in fake_hub["someone/model-push"]["README.md"]
     with pytest.raises(TypeError, match="max_shard_size"):
         model.push_to_hub("someone/model-push", max_shard_size="1GB")

@@ -7,7 +7,8 @@ import torch
 from transformers import AutoConfig, BertConfig, ViTConfig
 
 import hf_defer
-from hf_defer import DeferralConfig, get_surrogate
+from hf_defer import DeferralConfig
+from hf_defer.modeling import get_surrogate
 from hf_defer.modeling.configuration_deferral import SURROGATE_NAMES
 
 
@@ -52,7 +53,7 @@ def test_id2label_sets_num_labels_and_label2id():
 
 
 def test_surrogate_names_in_sync_with_surrogates_module():
-    assert SURROGATE_NAMES == hf_defer.SURROGATES
+    assert SURROGATE_NAMES == hf_defer.modeling.SURROGATES
 
 
 def test_encoder_given_as_dict_becomes_its_config_class():

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from hf_defer import DeferralConfig, EncoderForDeferral, deferral_metrics, get_surrogate
+from hf_defer import DeferralConfig, EncoderForDeferral, deferral_metrics
+from hf_defer.modeling import get_surrogate
 
 SURROGATES = ("asm", "ssm", "sova", "aova")
 

@@ -21,7 +21,8 @@ from transformers import (
     ViTConfig,
 )
 
-from hf_defer import AutoModelForDeferral, DeferralConfig, DeferralOutput, EncoderForDeferral, get_surrogate
+from hf_defer import AutoModelForDeferral, DeferralConfig, DeferralOutput, EncoderForDeferral
+from hf_defer.modeling import get_surrogate
 
 ENCODERS = {
     "bert": lambda: BertConfig(

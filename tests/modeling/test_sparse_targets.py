@@ -1,6 +1,6 @@
 """Sparse expert answers (issue 19) and soft expert targets (issue 22) in the four surrogate losses.
 
-The reference is written here, independently of `surrogate_kernels`: the naive per-row formulas of DESIGN.md in
+The reference is written here, independently of the kernels in `surrogates.py`: the naive per-row formulas of DESIGN.md in
 float64 torch ops (plain exp/log, no log-sum-exp tricks), split into the classifier's term and one term per expert,
 and the masked loss is the sum of the *remaining* terms, chosen in Python: the terms of an expert who did not answer
 are left out, not multiplied by a weight. Gradients of the reference come from float64 autograd.
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from hf_defer import get_surrogate
-from hf_defer.modeling.surrogate_kernels import _AOvALoss, _ASMLoss, _SOvALoss, _SSMLoss
+from hf_defer.modeling import get_surrogate
+from hf_defer.modeling.surrogates import _AOvALoss, _ASMLoss, _SOvALoss, _SSMLoss
 
 NAMES = ("asm", "ssm", "sova", "aova")
 IGNORE = -100

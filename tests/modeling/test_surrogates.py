@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
 
-from hf_defer import get_surrogate
+from hf_defer.modeling import get_surrogate
 
 NAMES = ("asm", "ssm", "sova", "aova")
 IGNORE = -100

@@ -14,7 +14,8 @@ import torch
 from datasets import Dataset
 from transformers import BertConfig, BertTokenizer, TrainingArguments
 
-from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral, deferral_metrics, get_surrogate
+from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral, deferral_metrics
+from hf_defer.modeling import get_surrogate
 
 K, D = 3, 6
 

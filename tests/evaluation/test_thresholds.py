@@ -12,7 +12,7 @@ from transformers import BertConfig, BertTokenizer, pipeline
 
 import hf_defer  # registers the "deferral" task
 from hf_defer import DeferralConfig, EncoderForDeferral
-from hf_defer.evaluation.calibration import MARGIN_TOLERANCE, calibrate_deferral
+from hf_defer.evaluation.thresholds import MARGIN_TOLERANCE, calibrate_deferral
 
 D = 5
 
@@ -116,7 +116,7 @@ def test_budget_outside_zero_one_is_rejected(rate):
 
 def test_other_bad_arguments():
     model = eager_deferrer()
-    with pytest.raises(TypeError, match="max_deferral_rate"):
+    with pytest.raises(ValueError, match="max_deferral_rate must be a number in"):
         calibrate_deferral(model, list(held_out(5)), max_deferral_rate="0.1")
     with pytest.raises(ValueError, match="empty"):
         calibrate_deferral(model, [])

@@ -1,8 +1,9 @@
-"""Deferral budgets: pick the pipeline's ``defer_threshold`` so that at most a given share of inputs is deferred."""
+"""Deferral thresholds: [`calibrate_deferral`] sets the pipeline's ``defer_threshold`` from held-out inputs so that at
+most a given share of inputs is deferred (or, with a confidence, so that an error or cost target holds on new inputs:
+the statistics are in ``guarantees.py``). Calibration *error* (ECE, reliability diagrams) is ``reliability.py``'s."""
 
 from __future__ import annotations
 
-from numbers import Integral, Real
 import warnings
 from collections.abc import Iterator, Mapping
 from datetime import date
@@ -11,10 +12,10 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .guarantees import MARGIN_TOLERANCE, _threshold_between, certify_threshold, empirical_budget_threshold  # noqa: F401
-from ..modeling.pipeline_options import _WithAvailability, _availability
-from ..modeling.pipeline_deferral import DeferralPipeline
+from .guarantees import MARGIN_TOLERANCE, certify_threshold, empirical_budget_threshold  # noqa: F401
+from ..modeling.pipeline_deferral import DeferralPipeline, InputWithAvailability, parse_available_experts
 from ..modeling.surrogate_routing import is_route_only
+from ..modeling.validators import check_share, is_int
 
 
 def _pipeline_inputs(dataset: Any, input_kind: str) -> tuple[Iterator[Any], int]:
@@ -172,12 +173,8 @@ def calibrate_deferral(
         raise ValueError("max_error, max_mean_cost and a budget per expert (a dict) are promises on new inputs: give "
                          "confidence= (in (0, 1), e.g. 0.9).")
     if not certified:
-        if isinstance(max_deferral_rate, bool) or not isinstance(max_deferral_rate, Real):
-            raise TypeError(f"max_deferral_rate must be a number in (0, 1], got {type(max_deferral_rate).__name__}.")
-        if not 0 < max_deferral_rate <= 1:
-            raise ValueError(f"max_deferral_rate must lie in (0, 1], got {max_deferral_rate!r}.")
-        max_deferral_rate = float(max_deferral_rate)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
+        max_deferral_rate = check_share(max_deferral_rate, "max_deferral_rate")
+    if not is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
     batch_size = int(batch_size)
     if isinstance(model_or_pipeline, DeferralPipeline):
@@ -287,7 +284,7 @@ def _with_experts(inputs: Iterator[Any], count: int, available_experts: Any, nam
                   targets: tuple | None) -> tuple[Iterator[Any], Any]:
     """The input stream and the whole call's ``available_experts``: per-input availability (given per input, or the
     experts who answered, for an error target) rides with each input."""
-    per_input, mask = (False, None) if available_experts is None else _availability(available_experts, names)
+    per_input, mask = (False, None) if available_experts is None else parse_available_experts(available_experts, names)
     if per_input and mask.shape[0] != count:
         raise ValueError(f"available_experts has {mask.shape[0]} rows (one per input), but dataset has {count} inputs.")
     if targets is not None:  # an expert without an answer is not available there (as deferral_metrics scores it)
@@ -295,7 +292,7 @@ def _with_experts(inputs: Iterator[Any], count: int, available_experts: Any, nam
         per_input = True
     if not per_input:
         return inputs, mask
-    return (_WithAvailability(item, row) for item, row in zip(inputs, mask)), None
+    return (InputWithAvailability(item, row) for item, row in zip(inputs, mask)), None
 
 
 def _certify(margins: np.ndarray, chosen: np.ndarray, predicted: np.ndarray, targets: tuple | None,
@@ -336,7 +333,7 @@ def _described(available_experts: Any, names: list[str]) -> list[str] | str | No
     input" (the pipeline cannot check that one)."""
     if available_experts is None:
         return None
-    per_input, mask = _availability(available_experts, names)
+    per_input, mask = parse_available_experts(available_experts, names)
     return "given per input" if per_input else [name for name, on in zip(names, mask) if on]
 
 

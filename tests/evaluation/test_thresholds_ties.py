@@ -14,7 +14,8 @@ from transformers import pipeline
 
 import hf_defer  # noqa: F401  (registers the "deferral" task)
 from hf_defer import DeferralConfig, EncoderForDeferral
-from hf_defer.evaluation.calibration import MARGIN_TOLERANCE, _threshold_between, calibrate_deferral
+from hf_defer.evaluation.thresholds import MARGIN_TOLERANCE, calibrate_deferral
+from hf_defer.evaluation.guarantees import _threshold_between
 from hf_defer.evaluation.metrics import budget_deferrals
 
 D = 5

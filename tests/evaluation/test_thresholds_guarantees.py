@@ -13,7 +13,7 @@ from datasets import Dataset
 
 import hf_defer  # noqa: F401 (registers the "deferral" task)
 from hf_defer import DeferralConfig, EncoderForDeferral, deferral_metrics
-from hf_defer.evaluation.calibration import calibrate_deferral
+from hf_defer.evaluation.thresholds import calibrate_deferral
 from hf_defer.evaluation.guarantees import binomial_order_statistic, budget_threshold
 
 D, N = 5, 600
