@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hf_defer import SURROGATES, DeferralConfig, EncoderForDeferral, deferral_metrics, get_surrogate
-from hf_defer.experiments.hatespeech import Protocol, load_splits, train_head
+from research.table2_hatespeech import Protocol, load_splits, train_head
 
 
 def _tensors(split: datasets.Dataset) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from hf_defer.evaluation.costs import area_under_error_cost
-from hf_defer.experiments import cascade as cx
-from hf_defer.experiments.reporting import markdown_table
+from research import hatespeech_cascade as cx
+from research.reporting import markdown_table
 from hf_defer.experts.embeddings import DEFAULT_SENTENCE_ENCODER, resolve_sentence_encoder
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from hf_defer.evaluation.costs import area_under_error_cost
-from hf_defer.evaluation.routing import confidence_cascade_curve
-from hf_defer.experiments import cascade as cx
+from research.routing_baselines import confidence_cascade_curve
+from research import hatespeech_cascade as cx
 from hf_defer.experts.deferral_cascade import escalation_features
 
 ROOT = Path(__file__).resolve().parent.parent

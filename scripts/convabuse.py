@@ -32,9 +32,9 @@ from pathlib import Path
 import datasets
 import transformers
 
-from hf_defer.experiments.convabuse import ConvAbuseArguments, run_convabuse
-from hf_defer.experiments.convabuse_report import convabuse_markdown
-from hf_defer.experiments.runs import confirm_overwrite, parse_experiment_arguments
+from research.convabuse_annotators import ConvAbuseArguments, run_convabuse
+from research.convabuse_annotators_report import convabuse_markdown
+from research.runs import confirm_overwrite, parse_experiment_arguments
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hf_defer.experiments import guarantees as g
-from hf_defer.experiments import guarantees_data as data
-from hf_defer.experiments.guarantees_report import findings, guarantees_markdown, plot_violations
-from hf_defer.experiments.runs import confirm_overwrite, write_json
+from research import guarantees_draws as g
+from research import guarantees_data as data
+from research.guarantees_report import findings, guarantees_markdown, plot_violations
+from research.runs import confirm_overwrite, write_json
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 DATASETS = ("hatespeech", "convabuse", "imagenet16h", "mmlu")

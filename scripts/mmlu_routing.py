@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from hf_defer.experiments import mmlu_routing as mr
-from hf_defer.experiments.mmlu_side_features import fit_route_only_side_features
+from research import mmlu_routing as mr
+from research.mmlu_side_features import fit_route_only_side_features
 from hf_defer.experts.embeddings import DEFAULT_SENTENCE_ENCODER
 
 ROOT = Path(__file__).resolve().parent.parent

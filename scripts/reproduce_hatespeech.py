@@ -42,9 +42,9 @@ from pathlib import Path
 import datasets
 import transformers
 
-from hf_defer.experiments.imagenet16h import render_imagenet16h, run_imagenet16h
-from hf_defer.experiments.reporting import render_reports
-from hf_defer.experiments.runs import (ReproductionArguments, confirm_overwrite, parse_experiment_arguments,
+from research.table2_imagenet16h import render_imagenet16h, run_imagenet16h
+from research.reporting import render_reports
+from research.runs import (ReproductionArguments, confirm_overwrite, parse_experiment_arguments,
                                        run_finetune, run_multi_expert, run_table2)
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

@@ -13,7 +13,7 @@ import hf_defer
 PACKAGE = Path(hf_defer.__file__).resolve().parent
 # Lower number = lower layer. A module may import its own layer or lower ones; modeling imports nothing else.
 LAYERS = {"modeling": 0, "evaluation": 1, "data": 1, "experts": 1, "training": 2, "hub": 2,
-          "commands": 3, "review": 3, "experiments": 3, "serving": 3}
+          "commands": 3, "review": 3, "serving": 3}
 
 
 def module_name(path: Path) -> str:
@@ -57,7 +57,7 @@ def layer(name: str) -> int | None:
 def test_the_subpackages_are_the_layers_and_each_says_what_it_may_import():
     folders = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()}
     assert folders <= set(LAYERS), folders - set(LAYERS)
-    assert {"modeling", "evaluation", "data", "experts", "training", "hub", "commands", "experiments"} <= folders
+    assert {"modeling", "evaluation", "data", "experts", "training", "hub", "commands"} <= folders
     for folder in folders:
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text())) or ""
         assert "import" in doc.lower(), f"hf_defer/{folder}/__init__.py must say what it may import"

@@ -19,7 +19,7 @@ from hf_defer.evaluation.costs import (
     pareto_front,
     plot_error_cost_curves,
 )
-from hf_defer.evaluation.routing import confidence_cascade_curve, router_curve
+from research.routing_baselines import confidence_cascade_curve, router_curve
 
 # Three inputs, K = 2 classes, M = 2 experts (prices 1 and 10). Hand-worked decisions (defer iff max_j (a_j - d_j) >
 # max_y p_y, to the argmax):

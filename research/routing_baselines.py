@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .costs import ErrorCostCurve, _array, _class_ids, _per_row
-from ..modeling.surrogate_base import check_expert_costs
+from hf_defer.evaluation.costs import ErrorCostCurve, _array, _class_ids, _per_row
+from hf_defer.modeling.surrogate_base import check_expert_costs
 
 __all__ = ["confidence_cascade_curve", "router_curve"]
 
@@ -61,7 +61,7 @@ def confidence_cascade_curve(
     Example:
 
     ```python
-    >>> from hf_defer.evaluation.routing import confidence_cascade_curve
+    >>> from research.routing_baselines import confidence_cascade_curve
     >>> curve = confidence_cascade_curve([[0.9], [0.6]], [[0, 0], [0, 1]], labels=[0, 1], prices=[1.0, 10.0],
     ...                                  thresholds=[[0.0], [0.7]])
     >>> curve.cost.tolist(), curve.error.tolist()  # t = 0.7: the second input goes on (1 + 10 paid)
@@ -106,7 +106,7 @@ def router_curve(
     Example:
 
     ```python
-    >>> from hf_defer.evaluation.routing import router_curve
+    >>> from research.routing_baselines import router_curve
     >>> curve = router_curve([0.2, 0.8], [[0, 0], [0, 1]], labels=[0, 1], prices=[0.0, 10.0], thresholds=[[0.5]])
     >>> curve.cost.tolist(), curve.error.tolist()
     ([5.0], [0.0])

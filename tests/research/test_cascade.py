@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, BertTokenizer
 
-from hf_defer.experiments.cascade import fold_of_rows
+from research.hatespeech_cascade import fold_of_rows
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cascade_hatespeech.py"
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a i you is are to and of rt bitch hoes not so my".split()]

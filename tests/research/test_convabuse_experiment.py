@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from hf_defer import deferral_metrics
-from hf_defer.experiments.convabuse import (METHODS, ConvAbuseArguments, experts_of, item_errors, pooled_expert,
+from research.convabuse_annotators import (METHODS, ConvAbuseArguments, experts_of, item_errors, pooled_expert,
                                             run_convabuse, scoring_targets)
-from hf_defer.experiments.convabuse_report import convabuse_markdown, item_difference
+from research.convabuse_annotators_report import convabuse_markdown, item_difference
 from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,7 +131,7 @@ def test_the_committed_report_is_rendered_from_the_committed_json():
     assert (ROOT / "results" / "convabuse.md").read_text() == convabuse_markdown(record)
 
 
-@pytest.mark.parametrize("module", ["hf_defer.experiments.convabuse", "hf_defer.experiments.convabuse_report"])
+@pytest.mark.parametrize("module", ["research.convabuse_annotators", "research.convabuse_annotators_report"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib

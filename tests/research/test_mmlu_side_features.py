@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-import hf_defer.experiments.mmlu_routing as mr
-from hf_defer.experiments.mmlu_side_features import fit_route_only_side_features
+import research.mmlu_routing as mr
+from research.mmlu_side_features import fit_route_only_side_features
 
 ACCURACY = {"law": (0.9, 0.5), "math": (0.3, 0.9), "art": (0.6, 0.7)}  # (weak, strong) right, by subject
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .guarantees import RULES
+from .guarantees_draws import RULES
 
 def _pct(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{100 * value:.{digits}f} %"

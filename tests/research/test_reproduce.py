@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_defer.experiments import hatespeech, reporting, runs, statistics
+from research import reporting, runs, statistics, table2_hatespeech as hatespeech
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "reproduce_hatespeech.py"

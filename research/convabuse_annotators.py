@@ -35,16 +35,16 @@ import torch
 import transformers
 from transformers import PrinterCallback
 
-from ..data.annotations import aggregate_labels
-from ..data.convabuse import CONVABUSE_ANNOTATORS, CONVABUSE_BINARY_NAMES, load_convabuse
-from ..evaluation.metrics import deferral_metrics
-from ..experts.embeddings import DEFAULT_SENTENCE_ENCODER, embed_texts
-from ..modeling.configuration_deferral import DeferralConfig
-from ..modeling.modeling_deferral import EncoderForDeferral
-from ..modeling.surrogate_base import IGNORE_INDEX
-from ..modeling.surrogates import get_surrogate
-from ..training.trainer import DeferralTrainer
-from .hatespeech import Protocol, training_arguments
+from hf_defer.data.annotations import aggregate_labels
+from hf_defer.data.convabuse import CONVABUSE_ANNOTATORS, CONVABUSE_BINARY_NAMES, load_convabuse
+from hf_defer.evaluation.metrics import deferral_metrics
+from hf_defer.experts.embeddings import DEFAULT_SENTENCE_ENCODER, embed_texts
+from hf_defer.modeling.configuration_deferral import DeferralConfig
+from hf_defer.modeling.modeling_deferral import EncoderForDeferral
+from hf_defer.modeling.surrogate_base import IGNORE_INDEX
+from hf_defer.modeling.surrogates import get_surrogate
+from hf_defer.training.trainer import DeferralTrainer
+from .table2_hatespeech import Protocol, training_arguments
 from .runs import write_json
 
 TARGETS = {"leave_one_out": "others' majority (main)", "majority": "full majority, own vote included",

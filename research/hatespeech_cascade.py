@@ -38,7 +38,7 @@ def cascade_data() -> Any:
     one after the other) as a `datasets.Dataset`; both stages index rows in this order."""
     import datasets
 
-    from ..data.hatespeech import load_hatespeech
+    from hf_defer.data.hatespeech import load_hatespeech
 
     splits = load_hatespeech(seed=0)
     return datasets.concatenate_datasets([splits[name] for name in ("train", "validation", "test")])
@@ -178,8 +178,8 @@ def _fit_linear(features: np.ndarray, targets: np.ndarray, num_classes: int, see
 def _fit_deferral(features: np.ndarray, labels: np.ndarray, expert_labels: np.ndarray, surrogate: str, seed: int,
                   epochs: int) -> Any:
     """A linear `EncoderForDeferral` head with M = 2 experts (Adam, batch 256); returns features -> (p, a)."""
-    from ..modeling.configuration_deferral import DeferralConfig
-    from ..modeling.modeling_deferral import EncoderForDeferral
+    from hf_defer.modeling.configuration_deferral import DeferralConfig
+    from hf_defer.modeling.modeling_deferral import EncoderForDeferral
 
     torch.manual_seed(seed)
     model = EncoderForDeferral(DeferralConfig(feature_size=features.shape[1], num_labels=int(labels.max()) + 1,
@@ -200,8 +200,8 @@ def _fit_route_only(features: np.ndarray, correct: np.ndarray, names: Sequence[s
                     epochs: int) -> Any:
     """A linear route-only `EncoderForDeferral` head (per-expert binary log loss on `correct`, Adam, batch 256);
     returns features -> estimated accuracy of each expert `[N, M]`."""
-    from ..modeling.configuration_deferral import DeferralConfig
-    from ..modeling.modeling_deferral import EncoderForDeferral
+    from hf_defer.modeling.configuration_deferral import DeferralConfig
+    from hf_defer.modeling.modeling_deferral import EncoderForDeferral
 
     torch.manual_seed(seed)
     model = EncoderForDeferral(DeferralConfig(feature_size=features.shape[1], route_only=True, num_experts=len(names),
@@ -221,7 +221,7 @@ def _learned_cascade_curve(top: np.ndarray, accuracy: np.ndarray, gain: np.ndarr
     pay the person iff ``gain`` (its estimated accuracy less the costly model's) ``> t``. ``wrong`` `[N, 3]`: whether
     the classifier, the costly model and the person are wrong; paid = cheap + costly if called + person if called.
     """
-    from ..evaluation.costs import ErrorCostCurve
+    from hf_defer.evaluation.costs import ErrorCostCurve
 
     cheap, costly, person = prices
     pairs, pair_of = np.unique(grid[:, :2], axis=0, return_inverse=True)
@@ -243,7 +243,7 @@ def _learned_cascade_curve(top: np.ndarray, accuracy: np.ndarray, gain: np.ndarr
 def _route_only_curve(accuracy: np.ndarray, wrong: np.ndarray, prices: Sequence[float], grid: np.ndarray) -> Any:
     """Points of a route-only model over (cheap, costly, person) for each setting ``(d_costly, d_person)``: route to
     ``argmax_j (a_j - d_j)`` with ``d_cheap = 0`` (ties to the cheap model); paid = cheap + the chosen one if not it."""
-    from ..evaluation.costs import ErrorCostCurve
+    from hf_defer.evaluation.costs import ErrorCostCurve
 
     net = accuracy[None] - np.concatenate([np.zeros((len(grid), 1)), grid], axis=1)[:, None, :]  # [S, N, 3]
     chosen = np.where(net[..., 1:].max(2) > net[..., 0], 1 + net[..., 1:].argmax(2), 0)
@@ -282,11 +282,11 @@ def compare(data: Any, features: np.ndarray, costly_probs: np.ndarray, seeds: Se
     Returns:
         `dict`: per seed and method, the test (cost, error) points; the members alone.
     """
-    from ..data.hatespeech import HATESPEECH_LABELS
-    from ..evaluation.costs import error_cost_curve
-    from ..evaluation.routing import confidence_cascade_curve, router_curve
-    from ..experts.deferral_cascade import escalation_features
-    from ..experts.simulated import annotator_expert
+    from hf_defer.data.hatespeech import HATESPEECH_LABELS
+    from hf_defer.evaluation.costs import error_cost_curve
+    from .routing_baselines import confidence_cascade_curve, router_curve
+    from hf_defer.experts.deferral_cascade import escalation_features
+    from hf_defer.experts.simulated import annotator_expert
 
     cheap_price, costly_price, person_price = (float(p) for p in prices)
     labels = np.asarray(data["labels"], dtype=np.int64)
@@ -391,7 +391,7 @@ def _cheap_first_estimates(cheap: np.ndarray, crossfit: np.ndarray, costly: np.n
     [`escalation_features`] of the cheap probabilities (`crossfit` on training rows), `FIRST_STAGE_EPOCHS`. Stage 2:
     A-SM with classes and the person on those and the costly probabilities; its classifier stacks both models, the
     person is paid below a confidence threshold (`stage2_min_confidence`), so ``gain = -max p``."""
-    from ..experts.deferral_cascade import escalation_features
+    from hf_defer.experts.deferral_cascade import escalation_features
 
     nothing = np.zeros((len(labels), 0), dtype=np.float32)
     first_train, first_all = escalation_features(nothing, crossfit), escalation_features(nothing, cheap)
@@ -415,7 +415,7 @@ def summarize(result: dict[str, Any], budgets: int = 200) -> dict[str, Any]:
     curves."""
     from scipy import stats
 
-    from ..evaluation.costs import area_under_error_cost
+    from hf_defer.evaluation.costs import area_under_error_cost
     from .statistics import mean_and_standard_error
 
     low, high = result["prices"]["cheap"], result["prices"]["person"]

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..modeling.surrogate_base import IGNORE_INDEX
-from .guarantees import Pool
+from hf_defer.modeling.surrogate_base import IGNORE_INDEX
+from .guarantees_draws import Pool
 
 def fit_head(features: np.ndarray, labels: np.ndarray, expert_correct: np.ndarray, num_labels: int, seed: int,
              protocol: Any, score_features: np.ndarray, **overrides: Any) -> np.ndarray:
@@ -21,10 +21,10 @@ def fit_head(features: np.ndarray, labels: np.ndarray, expert_correct: np.ndarra
     import transformers
     from transformers import PrinterCallback
 
-    from ..modeling.configuration_deferral import DeferralConfig
-    from ..modeling.modeling_deferral import EncoderForDeferral
-    from ..training.trainer import DeferralTrainer
-    from .hatespeech import training_arguments
+    from hf_defer.modeling.configuration_deferral import DeferralConfig
+    from hf_defer.modeling.modeling_deferral import EncoderForDeferral
+    from hf_defer.training.trainer import DeferralTrainer
+    from .table2_hatespeech import training_arguments
 
     train = datasets.Dataset.from_dict({"features": features.astype(np.float32), "labels": labels.astype(np.int64),
                                         "expert_correct": expert_correct.astype(np.float32)}).with_format("numpy")
@@ -50,7 +50,7 @@ def margins_and_losses(logits: np.ndarray, labels: np.ndarray, expert_correct: n
     loss and the chosen expert's (a correctness of 1/2, where the others tie, is drawn once as a fair coin)."""
     import torch
 
-    from ..modeling.surrogates import get_surrogate
+    from hf_defer.modeling.surrogates import get_surrogate
 
     available = expert_correct != IGNORE_INDEX
     scorer = get_surrogate("asm", num_labels, expert_correct.shape[1])
@@ -83,7 +83,7 @@ def pool_hatespeech(seed: int = 0, train_size: int = 6000, epochs: float = 50, c
     expert, the protocol of Cao et al.); the pool is every other tweet."""
     import datasets
 
-    from .hatespeech import Protocol, load_splits
+    from .table2_hatespeech import Protocol, load_splits
 
     full = datasets.concatenate_datasets(list(load_splits(seed, cache_dir=cache_dir, show_progress=False).values()))
     table = full.with_format("numpy", columns=["features", "labels", "expert_labels"])[:]
@@ -103,8 +103,8 @@ def pool_convabuse(seed: int = 0, folds: int = 5, epochs: float = 50, cache_dir:
     """ConvAbuse: A-SM heads with the 8 annotators as masked experts (scored against the others' majority, as in
     `hf_defer.experiments.convabuse`) on MiniLM embeddings of the turn and its context, cross-fitted over all
     labelled items of the three splits (the data set is too small to set a separate training part aside)."""
-    from .convabuse import load_data
-    from .hatespeech import Protocol
+    from .convabuse_annotators import load_data
+    from .table2_hatespeech import Protocol
 
     data = load_data(cache_dir=cache_dir, show_progress=False, max_rows=max_rows)
     names = list(data.features)
@@ -126,8 +126,8 @@ def pool_imagenet16h(path: str, noise: int, seed: int = 0, folds: int = 5, epoch
     `hf_defer.experiments.imagenet16h`), one participant per image as the expert, cross-fitted over the 1,200 images."""
     import datasets
 
-    from ..data.imagenet16h import IMAGENET16H_LABELS, load_imagenet16h
-    from .imagenet16h import imagenet16h_protocol
+    from hf_defer.data.imagenet16h import IMAGENET16H_LABELS, load_imagenet16h
+    from .table2_imagenet16h import imagenet16h_protocol
 
     full = datasets.concatenate_datasets(list(load_imagenet16h(path, noise=noise, seed=seed).values()))
     table = full.with_format("numpy", columns=["features", "labels", "expert_labels"])[:]
@@ -159,7 +159,7 @@ def pool_mmlu(seed: int = 0, train_size: int = 4000, encoder: str = "tfidf", cac
     (`hf_defer.experiments.mmlu_routing.fit_route_only_deferral`, trained on `train_size` random questions) sends the
     question to GPT-4; the margin is a_GPT-4 - a_Mixtral, so a budget caps GPT-4 calls. The questions' features are
     [`tfidf_features`] (`encoder="tfidf"`), or the embeddings of a sentence encoder (its name; cached on disk)."""
-    from ..data.routellm_mmlu import load_routellm_mmlu
+    from hf_defer.data.routellm_mmlu import load_routellm_mmlu
     from .mmlu_routing import fit_route_only_deferral, mmlu_routing_data
 
     data = load_routellm_mmlu()

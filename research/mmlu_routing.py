@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from ..evaluation.reliability import expected_calibration_error
-from ..evaluation.routing_metrics import (apgr, call_performance_curve, cost_swept_curve, cpt, oracle_curve,
+from hf_defer.evaluation.reliability import expected_calibration_error
+from hf_defer.evaluation.routing_metrics import (apgr, call_performance_curve, cost_swept_curve, cpt, oracle_curve,
                                           random_router_curve, routing_summary)
-from .cascade import _fit_linear
+from .hatespeech_cascade import _fit_linear
 
 __all__ = ["ROUTERS", "RouteOnlyFit", "compare", "cross_fit", "fit_correctness_classifiers", "fit_route_only_deferral",
            "mmlu_routing_data", "report_markdown", "subject_folds"]
@@ -67,7 +67,7 @@ def subject_folds(subjects: Sequence[str], folds: int = 5, seed: int = 0) -> np.
     Example:
 
     ```python
-    >>> from hf_defer.experiments.mmlu_routing import subject_folds
+    >>> from research.mmlu_routing import subject_folds
     >>> fold = subject_folds(["a"] * 4 + ["b"] * 3, folds=2, seed=0)
     >>> sorted(fold[:4].tolist()), sorted(fold[4:].tolist())
     ([0, 0, 1, 1], [0, 0, 1])
@@ -96,7 +96,7 @@ def cross_fit(fit: Callable[[np.ndarray], Scorer], fold: np.ndarray) -> np.ndarr
 
     ```python
     >>> import numpy as np
-    >>> from hf_defer.experiments.mmlu_routing import cross_fit
+    >>> from research.mmlu_routing import cross_fit
     >>> y = np.array([1.0, 2.0, 3.0, 4.0])
     >>> cross_fit(lambda train: (lambda rows: np.full(len(rows), y[train].mean())), np.array([0, 0, 1, 1])).tolist()
     [3.5, 3.5, 1.5, 1.5]
@@ -152,8 +152,8 @@ def fit_route_only_deferral(features: np.ndarray, correct: np.ndarray, seed: int
     `epochs` iterations; returns `features -> expert_accuracy` (`[m, 2]`)."""
     import torch
 
-    from ..modeling.configuration_deferral import DeferralConfig
-    from ..modeling.modeling_deferral import EncoderForDeferral
+    from hf_defer.modeling.configuration_deferral import DeferralConfig
+    from hf_defer.modeling.modeling_deferral import EncoderForDeferral
 
     torch.manual_seed(seed)
     model = EncoderForDeferral(DeferralConfig(feature_size=features.shape[1], route_only=True, num_experts=2,
@@ -305,8 +305,8 @@ def mmlu_routing_data(max_rows: int | None = None, seed: int = 0, model: str | N
                       cache_dir: str | None = None) -> tuple[Any, np.ndarray]:
     """The questions (`load_routellm_mmlu()`, or a seeded random subset of `max_rows`) and their sentence embeddings
     (`hf_defer.experts.embed_texts`, cached on disk)."""
-    from ..data.routellm_mmlu import load_routellm_mmlu
-    from ..experts.embeddings import DEFAULT_SENTENCE_ENCODER, embed_texts
+    from hf_defer.data.routellm_mmlu import load_routellm_mmlu
+    from hf_defer.experts.embeddings import DEFAULT_SENTENCE_ENCODER, embed_texts
 
     data = load_routellm_mmlu()
     if max_rows is not None and max_rows < data.num_rows:

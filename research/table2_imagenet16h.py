@@ -26,12 +26,12 @@ from scipy import stats
 from tqdm.auto import tqdm
 from transformers import PrinterCallback
 
-from ..data.imagenet16h import IMAGENET16H_LABELS, IMAGENET16H_MODELS, load_imagenet16h
-from ..experts.simulated import annotator_accuracy
-from ..modeling.configuration_deferral import DeferralConfig
-from ..modeling.modeling_deferral import EncoderForDeferral
-from ..training.trainer import DeferralTrainer
-from .hatespeech import TABLE2_SURROGATES, Protocol, RunResult, _fit_and_predict, estimate_errors, evaluate_logits, \
+from hf_defer.data.imagenet16h import IMAGENET16H_LABELS, IMAGENET16H_MODELS, load_imagenet16h
+from hf_defer.experts.simulated import annotator_accuracy
+from hf_defer.modeling.configuration_deferral import DeferralConfig
+from hf_defer.modeling.modeling_deferral import EncoderForDeferral
+from hf_defer.training.trainer import DeferralTrainer
+from .table2_hatespeech import TABLE2_SURROGATES, Protocol, RunResult, _fit_and_predict, estimate_errors, evaluate_logits, \
     training_arguments
 from .reporting import METRICS, _percent_cell, display_name, markdown_table, render_template, results_table
 from .runs import ReproductionArguments, write_json

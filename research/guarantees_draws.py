@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..modeling.surrogate_base import IGNORE_INDEX
+from hf_defer.modeling.surrogate_base import IGNORE_INDEX
 
 SIZES = (100, 300, 1000, 3000)
 """Calibration sizes n; a size is run only where the pool holds at least 2n inputs (the rest is then at least n)."""
@@ -278,7 +278,7 @@ def run_draws(pool: Pool, sizes: tuple[int, ...] = SIZES, draws: int = 1000, bud
     """The rules of [`RULES`] (all, or `rules`) on `draws` random calibration draws of each size in `sizes` (those with
     2n <= N; the draws depend only on `seed` and n), scored on the population (see the module docstring); returns the
     record `results/guarantees.json` keeps per data set."""
-    from ..evaluation.guarantees import budget_threshold, error_threshold
+    from hf_defer.evaluation.guarantees import budget_threshold, error_threshold
 
     population = Population(pool.margins, pool.loss_if_kept, pool.loss_if_deferred)
     goal = targets(population)

@@ -24,9 +24,9 @@ def fit_route_only_side_features(features: np.ndarray, subjects: Sequence[str], 
     held-out loss; returns `(features, subjects) -> expert_accuracy` (`[m, 2]`)."""
     import torch
 
-    from ..modeling.configuration_deferral import DeferralConfig
-    from ..modeling.modeling_deferral import EncoderForDeferral
-    from ..modeling.side_features import side_feature_specs, side_feature_tensors
+    from hf_defer.modeling.configuration_deferral import DeferralConfig
+    from hf_defer.modeling.modeling_deferral import EncoderForDeferral
+    from hf_defer.modeling.side_features import side_feature_specs, side_feature_tensors
 
     subjects = [str(subject) for subject in subjects]
     specs = side_feature_specs({"subject": subjects}, dim=dim)

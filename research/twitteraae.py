@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..data.bundled_data import bundled_bytes
+from hf_defer.data.bundled_data import bundled_bytes
 
 __all__ = ["TOPICS", "TwitterAAE", "cvb0_proportions", "tokenize_tweet"]
 
@@ -57,7 +57,7 @@ def tokenize_tweet(text: str) -> list[str]:
     Example:
 
     ```python
-    >>> from hf_defer.experts.aae import tokenize_tweet
+    >>> from research.twitteraae import tokenize_tweet
     >>> tokenize_tweet("RT @bob: I ain't finna go!!! :) http://t.co/x")
     ['i', "ain't", 'finna', 'go', '!!!', ':)']
 
@@ -92,7 +92,7 @@ def cvb0_proportions(likelihoods: np.ndarray, alpha: float = 1.0, num_passes: in
 
     ```python
     >>> import numpy as np
-    >>> from hf_defer.experts.aae import cvb0_proportions
+    >>> from research.twitteraae import cvb0_proportions
     >>> theta, _ = cvb0_proportions(np.array([[3.0, 1.0]]))  # one token: its normalised likelihood
     >>> theta.tolist()
     [0.75, 0.25]
@@ -153,7 +153,7 @@ class TwitterAAE:
     Example:
 
     ```python
-    >>> from hf_defer.experts.aae import TwitterAAE
+    >>> from research.twitteraae import TwitterAAE
     >>> model = TwitterAAE()  # the tables shipped in the package
     >>> model.is_aae(["he finna go to the sto lol", "I am going to the store tomorrow."]).tolist()
     [True, False]

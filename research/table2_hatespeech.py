@@ -19,14 +19,14 @@ import torch
 import transformers
 from transformers import PrinterCallback, TrainingArguments
 
-from ..modeling.configuration_deferral import DeferralConfig
-from ..data.hatespeech import HATESPEECH_LABELS, load_hatespeech
-from ..experts.embeddings import DEFAULT_SENTENCE_ENCODER, add_embeddings
-from ..experts.simulated import class_subset_expert, dialect_biased_expert, stack_experts
-from ..evaluation.metrics import deferral_metrics
-from ..modeling.modeling_deferral import EncoderForDeferral
-from ..modeling.surrogates import get_surrogate
-from ..training.trainer import DeferralTrainer
+from hf_defer.modeling.configuration_deferral import DeferralConfig
+from hf_defer.data.hatespeech import HATESPEECH_LABELS, load_hatespeech
+from hf_defer.experts.embeddings import DEFAULT_SENTENCE_ENCODER, add_embeddings
+from hf_defer.experts.simulated import class_subset_expert, dialect_biased_expert, stack_experts
+from hf_defer.evaluation.metrics import deferral_metrics
+from hf_defer.modeling.modeling_deferral import EncoderForDeferral
+from hf_defer.modeling.surrogates import get_surrogate
+from hf_defer.training.trainer import DeferralTrainer
 
 TABLE2_SURROGATES: tuple[str, ...] = ("ssm", "sova", "aova", "asm")
 """The surrogates in the row order of the paper's Table 2."""

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from hf_defer.experiments.guarantees import (Pool, Population, evaluate_thresholds, oracle_thresholds,
+from research.guarantees_draws import (Pool, Population, evaluate_thresholds, oracle_thresholds,
                                              plug_in_error_thresholds, plug_in_selective_thresholds, targets)
 
 
@@ -103,7 +103,7 @@ def test_pool_rejects_losses_that_are_not_zero_or_one():
 
 def test_mapie_certifies_a_threshold_the_population_supports():
     pytest.importorskip("mapie")
-    from hf_defer.experiments.guarantees import mapie_selective_threshold
+    from research.guarantees_draws import mapie_selective_threshold
 
     margins = np.linspace(-1, 1, 2001)
     # Right wherever the margin is <= 0: keeping margins <= x has precision 0.5 / ((x + 1) / 2), so 0.9 needs x <= 1/9.
@@ -119,7 +119,7 @@ def test_mapie_certifies_a_threshold_the_population_supports():
 @pytest.mark.slow  # about 15 s: 80 draws of Learn-then-Test, twice
 def test_run_draws_keeps_the_promises_it_guarantees():
     pytest.importorskip("hf_defer.evaluation.guarantees")
-    from hf_defer.experiments.guarantees import run_draws
+    from research.guarantees_draws import run_draws
 
     rng = np.random.default_rng(3)
     margins = rng.uniform(-1, 1, size=5000)
@@ -136,8 +136,8 @@ def test_run_draws_keeps_the_promises_it_guarantees():
 
 
 def test_report_states_the_numbers_of_the_record(tmp_path):
-    from hf_defer.experiments.guarantees import RULES
-    from hf_defer.experiments.guarantees_report import findings, guarantees_markdown, plot_violations
+    from research.guarantees_draws import RULES
+    from research.guarantees_report import findings, guarantees_markdown, plot_violations
 
     summary = {"violation": 0.5, "refused": 0.0, "deferral_rate": 0.1, "error": 0.2, "selective_risk": 0.1}
     rules = {rule: {"pool": dict(summary), "rest": dict(summary)} for rule in RULES}

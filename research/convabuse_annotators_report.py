@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from ..data.convabuse import CONVABUSE_ANNOTATORS
-from ..evaluation.metrics import expert_keys
-from .convabuse import METHODS, TARGETS
+from hf_defer.data.convabuse import CONVABUSE_ANNOTATORS
+from hf_defer.evaluation.metrics import expert_keys
+from .convabuse_annotators import METHODS, TARGETS
 from .reporting import _cell, markdown_table, render_template
 from .statistics import comparable_methods, mean_and_standard_error
 

@@ -6,7 +6,7 @@ import doctest
 
 import pytest
 
-import hf_defer.experiments.overhead as overhead
+import research.finetune_overhead as overhead
 
 
 def _run(steps_per_s: float, cpu: float, rss: float) -> dict[str, float]:

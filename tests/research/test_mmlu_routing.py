@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import hf_defer.experiments.mmlu_routing as mr
+import research.mmlu_routing as mr
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mmlu_routing.py"
 

@@ -48,8 +48,8 @@ def prepare_data(directory: Path, settings: OverheadSettings) -> dict[str, int]:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from ..data.hatespeech import HATESPEECH_LABELS, load_hatespeech
-    from ..experts.simulated import annotator_expert
+    from hf_defer.data.hatespeech import HATESPEECH_LABELS, load_hatespeech
+    from hf_defer.experts.simulated import annotator_expert
 
     datasets.disable_progress_bars()
     n_train, n_eval = settings.batch_size * settings.steps, settings.eval_examples

@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from hf_defer.data import load_imagenet16h
-from hf_defer.experiments import imagenet16h, runs
+from research import runs, table2_imagenet16h as imagenet16h
 from script_loader import load_script
 from test_imagenet16h import write_imagenet16h_folder  # tests/data: the synthetic folder
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf_defer.experts.aae import TwitterAAE, cvb0_proportions, tokenize_tweet
+from research.twitteraae import TwitterAAE, cvb0_proportions, tokenize_tweet
 
 
 
@@ -157,7 +157,7 @@ def test_shipped_tables_have_the_upstream_size():
 def test_docstring_examples():
     import doctest
 
-    import hf_defer.experts.aae as aae_module
+    import research.twitteraae as aae_module
 
     result = doctest.testmod(aae_module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

@@ -23,13 +23,13 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from ..data.hatespeech import HATESPEECH_LABELS, default_hatespeech_source
-from ..data.imagenet16h import IMAGENET16H_NOISE_LEVELS
-from ..experts.embeddings import resolve_sentence_encoder
-from ..experts.simulated import annotator_accuracy
-from ..evaluation.plotting import plot_estimate_histograms
-from ..modeling.surrogates import SURROGATES
-from .hatespeech import (DEFAULT_ENCODER, EXPERT_COLUMNS, TABLE2_SURROGATES, Protocol, RunResult, add_three_experts,
+from hf_defer.data.hatespeech import HATESPEECH_LABELS, default_hatespeech_source
+from hf_defer.data.imagenet16h import IMAGENET16H_NOISE_LEVELS
+from hf_defer.experts.embeddings import resolve_sentence_encoder
+from hf_defer.experts.simulated import annotator_accuracy
+from hf_defer.evaluation.plotting import plot_estimate_histograms
+from hf_defer.modeling.surrogates import SURROGATES
+from .table2_hatespeech import (DEFAULT_ENCODER, EXPERT_COLUMNS, TABLE2_SURROGATES, Protocol, RunResult, add_three_experts,
                          estimate_errors, finetune_encoder, load_splits, train_head)
 from .reporting import display_name, finetune_markdown, multi_expert_markdown, plot_table2_reliability, table2_markdown
 
@@ -230,7 +230,7 @@ def _aae_flags(splits: datasets.DatasetDict, aae_of: dict[str, bool], dialect: A
 
 def run_multi_expert(arguments: ReproductionArguments, output: Path) -> dict[str, Any]:
     """Three experts vs each expert alone, A-SM, every seed. Writes hatespeech_multi_expert.md/.json."""
-    from ..experts.aae import TwitterAAE
+    from .twitteraae import TwitterAAE
 
     protocol = arguments.protocol()
     twitteraae = arguments.twitteraae or os.environ.get("HF_DEFER_TWITTERAAE") or "the copy shipped in hf_defer"

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from ..evaluation.plotting import plot_pooled_reliability
-from ..modeling.surrogates import surrogate_class
-from .hatespeech import EXPERT_COLUMNS, TABLE2_SURROGATES
+from hf_defer.evaluation.plotting import plot_pooled_reliability
+from hf_defer.modeling.surrogates import surrogate_class
+from .table2_hatespeech import EXPERT_COLUMNS, TABLE2_SURROGATES
 from .statistics import comparable_methods, mean_and_standard_error
 
 METRICS = ("system_error", "coverage", "expert_ece", "budgeted_error_10", "budgeted_error_20", "budgeted_error_30")
@@ -61,7 +61,7 @@ def render_template(name: str, **context: Any) -> str:
     """Renders the report template `hf_defer/templates/<name>` with `context` (undefined names are errors)."""
     import jinja2
 
-    folder = Path(__file__).resolve().parents[1] / "templates"
+    folder = Path(__file__).resolve().parent / "templates"
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(folder), keep_trailing_newline=True,
                                      trim_blocks=True, undefined=jinja2.StrictUndefined, autoescape=False)
     return environment.get_template(name).render(**context)
