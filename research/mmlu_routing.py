@@ -5,7 +5,7 @@ Mixtral-8x7B (weak, cheap) answered correctly. Every router here is **cross-fitt
 folds stratified by subject ([`subject_folds`]) and each fold is scored by a router fitted on the other four
 ([`cross_fit`]), so no question is ever scored by a router that saw it. The routers:
 
-- the random router and the oracle (RouteLLM's definitions, `hf_defer.evaluation.routing_metrics`);
+- the random router and the oracle (RouteLLM's definitions, `hf_defer.evaluation.routellm_metrics`);
 - a subject-only router: the per-subject gain `P(strong right) - P(weak right)` on the training folds;
 - RouteLLM-style classifier routers on MiniLM embeddings of the question: logistic regression predicting that the
   weak model is wrong, and one predicting "strong wins" (strong right, weak wrong) against tie / loss, as RouteLLM's
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from hf_defer.evaluation.reliability import expected_calibration_error
-from hf_defer.evaluation.routing_metrics import (apgr, call_performance_curve, cost_swept_curve, cpt, oracle_curve,
-                                          random_router_curve, routing_summary)
+from hf_defer.evaluation.routellm_metrics import (apgr, call_performance_curve, cost_swept_curve, cpt, oracle_curve,
+                                                 random_router_curve, routing_summary)
 from .hatespeech_cascade import _fit_linear
 
 __all__ = ["ROUTERS", "RouteOnlyFit", "compare", "cross_fit", "fit_correctness_classifiers", "fit_route_only_deferral",

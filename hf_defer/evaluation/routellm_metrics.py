@@ -32,6 +32,13 @@ These functions follow RouteLLM's evaluation code (`routellm/evals/benchmarks.py
   is the same number for an increasing curve and the paper's definition otherwise.
 
 Shares and accuracies are fractions in [0, 1] (RouteLLM prints percentages).
+
+Why this is in the library and not in `research/`: a route-only model (README, "Routing between models") sends each
+prompt to one of several LLMs, and whoever trains one to route between a strong and a weak LLM wants the numbers the
+routing literature reports, APGR and CPT, computed exactly as RouteLLM computes them so that they can be set beside
+RouteLLM's published ones; [`cost_swept_curve`] reads the route-only model's own accuracy estimates. They are measures
+of any router, not of one experiment of ours. The experiment that uses them on RouteLLM's MMLU data
+(results/mmlu_routing.md) is `research/mmlu_routing.py`.
 """
 
 from __future__ import annotations
@@ -110,7 +117,7 @@ def call_performance_curve(score: Any, strong_correct: Any, weak_correct: Any,
     Example:
 
     ```python
-    >>> from hf_defer.evaluation.routing_metrics import call_performance_curve
+    >>> from hf_defer.evaluation.routellm_metrics import call_performance_curve
     >>> curve = call_performance_curve([0.9, 0.1, 0.5, 0.3], [1, 1, 0, 1], [0, 1, 0, 0], num_results=2)
     >>> curve.strong_fraction.tolist(), curve.accuracy.tolist()
     ([0.0, 0.5, 1.0], [0.25, 0.5, 0.75])
@@ -153,7 +160,7 @@ def random_router_curve(strong_correct: Any, weak_correct: Any, num_results: int
 
     ```python
     >>> import numpy as np
-    >>> from hf_defer.evaluation.routing_metrics import apgr, random_router_curve
+    >>> from hf_defer.evaluation.routellm_metrics import apgr, random_router_curve
     >>> rng = np.random.default_rng(0)
     >>> strong, weak = rng.random(5000) < 0.8, rng.random(5000) < 0.6
     >>> round(apgr(random_router_curve(strong, weak, iterations=20)), 1)
@@ -190,7 +197,7 @@ def oracle_curve(strong_correct: Any, weak_correct: Any, strong_fractions: Any =
     Example:
 
     ```python
-    >>> from hf_defer.evaluation.routing_metrics import oracle_curve
+    >>> from hf_defer.evaluation.routellm_metrics import oracle_curve
     >>> oracle_curve([1, 1, 0, 1], [0, 1, 1, 0], strong_fractions=[0, 0.25, 0.5, 1]).accuracy.tolist()
     [0.5, 0.75, 1.0, 1.0]
 
@@ -226,7 +233,7 @@ def cost_swept_curve(accuracy_estimates: Any, strong_correct: Any, weak_correct:
     Example:
 
     ```python
-    >>> from hf_defer.evaluation.routing_metrics import cost_swept_curve
+    >>> from hf_defer.evaluation.routellm_metrics import cost_swept_curve
     >>> curve = cost_swept_curve([[0.9, 0.95], [0.2, 0.9]], [1, 1], [1, 0], strong_call_costs=[0.0, 0.1, 1.0])
     >>> curve.strong_fraction.tolist(), curve.settings.tolist()
     ([0.0, 0.5, 1.0], [1.0, 0.1, 0.0])
@@ -264,7 +271,7 @@ def pgr(curve: CallPerformanceCurve) -> np.ndarray:
     Example:
 
     ```python
-    >>> from hf_defer.evaluation.routing_metrics import oracle_curve, pgr
+    >>> from hf_defer.evaluation.routellm_metrics import oracle_curve, pgr
     >>> pgr(oracle_curve([1, 1, 0, 1], [0, 1, 1, 0], strong_fractions=[0, 0.25])).tolist()
     [0.0, 1.0]
 
@@ -282,7 +289,7 @@ def apgr(curve: CallPerformanceCurve) -> float:
     Example:
 
     ```python
-    >>> from hf_defer.evaluation.routing_metrics import apgr, oracle_curve
+    >>> from hf_defer.evaluation.routellm_metrics import apgr, oracle_curve
     >>> apgr(oracle_curve([1, 1, 0, 1], [0, 1, 1, 0], strong_fractions=[0, 0.25, 0.5, 1]))  # PGR 0, 1, 2, 2
     1.5
 
@@ -315,7 +322,7 @@ def cpt(curve: CallPerformanceCurve, level: float,
     Example:
 
     ```python
-    >>> from hf_defer.evaluation.routing_metrics import call_performance_curve, cpt
+    >>> from hf_defer.evaluation.routellm_metrics import call_performance_curve, cpt
     >>> curve = call_performance_curve([0.9, 0.1, 0.5, 0.3], [1, 1, 0, 1], [0, 1, 0, 0], num_results=2)
     >>> cpt(curve, 0.5)  # accuracies 0.25, 0.5, 0.75 at shares 0, 0.5, 1: the target 0.5 is met at 0.5
     0.5
@@ -344,7 +351,7 @@ def routing_summary(curve: CallPerformanceCurve, levels: Sequence[float] = (0.2,
     Example:
 
     ```python
-    >>> from hf_defer.evaluation.routing_metrics import call_performance_curve, routing_summary
+    >>> from hf_defer.evaluation.routellm_metrics import call_performance_curve, routing_summary
     >>> curve = call_performance_curve([0.9, 0.1, 0.5, 0.3], [1, 1, 0, 1], [0, 1, 0, 0], num_results=2)
     >>> routing_summary(curve, levels=(0.5,))
     {'apgr': 0.5, 'cpt_50': 0.5}

@@ -1,4 +1,4 @@
-"""RouteLLM's measures (hf_defer.evaluation.routing_metrics) against hand-worked examples and brute force."""
+"""RouteLLM's measures (hf_defer.evaluation.routellm_metrics) against hand-worked examples and brute force."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import doctest
 import numpy as np
 import pytest
 
-import hf_defer.evaluation.routing_metrics as rm
-from hf_defer.evaluation.routing_metrics import (apgr, call_performance_curve, cost_swept_curve, cpt, oracle_curve,
+import hf_defer.evaluation.routellm_metrics as rm
+from hf_defer.evaluation.routellm_metrics import (apgr, call_performance_curve, cost_swept_curve, cpt, oracle_curve,
                                                  pgr, random_router_curve, routing_summary)
 
 # Five questions. Sorted scores 0.1 0.2 0.4 0.6 0.8; with num_results=2 the thresholds are the quantiles at 0, 1/2, 1:
