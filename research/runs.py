@@ -62,7 +62,8 @@ class ReproductionArguments:
     quick: bool = field(default=False, metadata={"help": "tiny settings for a smoke run"})
     skip_main: bool = field(default=False, metadata={"help": "skip the Table 2 runs"})
     multi_expert: bool = field(default=False, metadata={"help": "also run the three-expert experiment"})
-    twitteraae: str | None = field(default=None, metadata={"help": "TwitterAAE model folder (default: shipped)"})
+    twitteraae: str | None = field(default=None,
+                                   metadata={"help": "TwitterAAE model folder (default: research/data/twitteraae)"})
     p_aae: float = field(default=0.6, metadata={"help": "dialect-biased expert: accuracy parameter on AAE"})
     p_other: float = field(default=0.9, metadata={"help": "dialect-biased expert: elsewhere"})
     specialist_p: float = field(default=0.9, metadata={"help": "hate-speech specialist: on class 0"})
@@ -233,7 +234,7 @@ def run_multi_expert(arguments: ReproductionArguments, output: Path) -> dict[str
     from .twitteraae import TwitterAAE
 
     protocol = arguments.protocol()
-    twitteraae = arguments.twitteraae or os.environ.get("HF_DEFER_TWITTERAAE") or "the copy shipped in hf_defer"
+    twitteraae = arguments.twitteraae or os.environ.get("HF_DEFER_TWITTERAAE") or "the copy in research/data/twitteraae"
     dialect, aae_of, records = TwitterAAE(arguments.twitteraae), {}, []
     progress = tqdm(total=len(arguments.seeds) * (1 + len(EXPERT_COLUMNS)), desc="multi-expert runs", unit="run")
     for seed in arguments.seeds:

@@ -10,11 +10,15 @@ proportions are the normalised sum of the token distributions. A tweet counts as
 when the first topic has the largest proportion.
 
 The flags feed [`~hf_defer.experts.dialect_biased_expert`], the "synthetic" HateSpeech expert of Mozannar et al. (2023).
+The two tables lie beside this module in `research/data/twitteraae/` (gzip copies of the upstream files, MIT license,
+upstream commit db4d6d1), checked against the upstream SHA-256 each time they are read; they are not part of the
+installed package.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import html
 import io
 import numbers
@@ -22,11 +26,11 @@ import os
 import re
 from collections.abc import Sequence
 
+from pathlib import Path
+
 import numpy as np
 
-from hf_defer.data.bundled_data import bundled_bytes
-
-__all__ = ["TOPICS", "TwitterAAE", "cvb0_proportions", "tokenize_tweet"]
+__all__ = ["SHIPPED_DIR", "SHIPPED_SHA256", "TOPICS", "TwitterAAE", "cvb0_proportions", "shipped_table", "tokenize_tweet"]
 
 TOPICS: tuple[str, ...] = ("african_american", "hispanic", "asian", "white")
 """The four demographic topics of TwitterAAE, in the column order of `model_count_table.txt`."""
@@ -122,6 +126,42 @@ def cvb0_proportions(likelihoods: np.ndarray, alpha: float = 1.0, num_passes: in
 
 _TABLES = ("model_count_table.txt", "model_vocab.txt")
 
+SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "twitteraae"
+"""The gzip copies of the two upstream tables (github.com/slanglab/twitteraae model/ @ db4d6d1, MIT: `LICENSE`)."""
+
+SHIPPED_SHA256 = {
+    "model_count_table.txt": "9907158995bea09301022050736bb91dda71bd577af9d3e643ae434d5c3fbf4e",
+    "model_vocab.txt": "6ef8e0ed59ed13776ad015a7dc14a0dd26a24ce9f6906edf860dfe40bf679133",
+}
+"""SHA-256 of each upstream table, decompressed."""
+
+
+def shipped_table(name: str) -> bytes:
+    """The upstream bytes of one table of `research/data/twitteraae/`, after checking their SHA-256.
+
+    Args:
+        name (`str`): ``"model_count_table.txt"`` or ``"model_vocab.txt"``.
+
+    Returns:
+        `bytes`: the upstream file, byte for byte.
+
+    Raises:
+        `ValueError`: `name` is not one of the two tables.
+        `OSError`: the copy is missing, not valid gzip, or does not match its upstream checksum.
+    """
+    if name not in SHIPPED_SHA256:
+        raise ValueError(f"name must be one of {sorted(SHIPPED_SHA256)}, got {name!r}.")
+    path = SHIPPED_DIR / f"{name}.gz"
+    try:
+        data = gzip.decompress(path.read_bytes())
+    except (OSError, EOFError) as error:
+        raise OSError(f"the TwitterAAE table {os.fspath(path)!r} is missing or damaged ({error}).") from error
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != SHIPPED_SHA256[name]:
+        raise OSError(f"the TwitterAAE table {os.fspath(path)!r} does not match its upstream checksum (expected "
+                      f"SHA-256 {SHIPPED_SHA256[name]}, got {digest}).")
+    return data
+
 
 def _read_table(model_dir: str | os.PathLike, name: str) -> bytes:
     """The bytes of ``model_dir/name``, or of ``model_dir/name.gz`` decompressed."""
@@ -143,8 +183,8 @@ class TwitterAAE:
     Args:
         model_dir (`str` or `os.PathLike`, *optional*):
             Folder holding `model_count_table.txt` and `model_vocab.txt` (each may be gzip-compressed, `.txt.gz`).
-            Defaults to `$HF_DEFER_TWITTERAAE` when set, else the copy shipped in the package (MIT license, upstream
-            commit db4d6d1, checked against its SHA-256 when read).
+            Defaults to `$HF_DEFER_TWITTERAAE` when set, else the copy in `research/data/twitteraae/` (MIT license,
+            upstream commit db4d6d1, checked against its SHA-256 when read).
         alpha (`float`, *optional*, defaults to 1.0): CVB0 Dirichlet prior.
         num_passes (`int`, *optional*, defaults to 5): CVB0 passes.
         min_tokens (`int`, *optional*, defaults to 1): fewest in-vocabulary tokens needed for an estimate.
@@ -154,7 +194,7 @@ class TwitterAAE:
 
     ```python
     >>> from research.twitteraae import TwitterAAE
-    >>> model = TwitterAAE()  # the tables shipped in the package
+    >>> model = TwitterAAE()  # the tables in research/data/twitteraae/
     >>> model.is_aae(["he finna go to the sto lol", "I am going to the store tomorrow."]).tolist()
     [True, False]
 
@@ -172,7 +212,7 @@ class TwitterAAE:
         if model_dir is None:
             model_dir = os.environ.get("HF_DEFER_TWITTERAAE") or None
         if model_dir is None:
-            tables = [bundled_bytes(f"twitteraae/{name}") for name in _TABLES]
+            tables = [shipped_table(name) for name in _TABLES]
         elif isinstance(model_dir, (str, os.PathLike)):
             tables = [_read_table(model_dir, name) for name in _TABLES]
         else:

@@ -1,8 +1,8 @@
 """Experts: simulated ones (a real annotator drawn from vote counts, class-subset and dialect-biased experts), experts
-that are models (`model_expert`), the TwitterAAE dialect model, cached sentence embeddings, and the learned cascade
+that are models (`model_expert`), cached sentence embeddings, and the learned cascade
 (`deferral_cascade`, its `"deferral-cascade"` pipeline in `cascade_pipeline`).
 
-Imports `hf_defer.data.bundled_data` (the shipped dialect model), `hf_defer.modeling` (the cascade's stages and the
+Imports `hf_defer.modeling` (the cascade's stages and the
 pipeline's option checks), `hf_defer.evaluation.guarantees` (the cascade's escalation budget) and the libraries; never
 training, hub, commands or experiments.
 """

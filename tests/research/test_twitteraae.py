@@ -1,4 +1,4 @@
-"""Tests of hf_defer.experts.aae: tokenizer, CVB0 inference and the TwitterAAE model."""
+"""Tests of research.twitteraae: tokenizer, CVB0 inference and the TwitterAAE model."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from research.twitteraae import TwitterAAE, cvb0_proportions, tokenize_tweet
+from research.twitteraae import SHIPPED_DIR, TwitterAAE, cvb0_proportions, shipped_table, tokenize_tweet
 
 
 
@@ -125,7 +125,7 @@ def test_predict_rejects_single_string(tiny_model_dir):
 
 # ----------------------------------------------------------------------------- the real TwitterAAE tables
 def test_real_model_on_hand_made_tweets():
-    model = TwitterAAE()  # the tables shipped in the package
+    model = TwitterAAE()  # the tables in research/data/twitteraae/
     aae = ["bruh dat shit ain't it smh", "he finna go to the sto lol", "yo ion even kno wassup wit chu"]
     standard = ["I am going to the store tomorrow.", "Wonderful weather in the park with my family today",
                 "The meeting has been moved to Thursday afternoon."]
@@ -152,6 +152,40 @@ def test_shipped_tables_have_the_upstream_size():
     # Blodgett et al.'s model: 191,874 words x 4 topics (shared/data/README.md)
     model = TwitterAAE()
     assert model.word_likelihoods.shape == (191_874, 4)
+
+
+# The upstream checksums and sizes, as published with the offline copies (shared/data/SHA256SUMS.txt), typed in here.
+@pytest.mark.parametrize("name, sha256, size", [
+    ("model_count_table.txt", "9907158995bea09301022050736bb91dda71bd577af9d3e643ae434d5c3fbf4e", 4_162_510),
+    ("model_vocab.txt", "6ef8e0ed59ed13776ad015a7dc14a0dd26a24ce9f6906edf860dfe40bf679133", 2_332_533),
+])
+def test_research_copies_decompress_to_the_upstream_bytes(name, sha256, size):
+    import gzip
+    import hashlib
+
+    raw = gzip.decompress((SHIPPED_DIR / f"{name}.gz").read_bytes())
+    assert hashlib.sha256(raw).hexdigest() == sha256 and len(raw) == size
+    assert shipped_table(name) == raw
+
+
+def test_a_damaged_or_unknown_table_is_refused(tmp_path, monkeypatch):
+    import gzip
+
+    import research.twitteraae as aae_module
+
+    (tmp_path / "model_vocab.txt.gz").write_bytes(gzip.compress(b"finna\n"))
+    monkeypatch.setattr(aae_module, "SHIPPED_DIR", tmp_path)
+    with pytest.raises(OSError, match="does not match its upstream checksum"):
+        shipped_table("model_vocab.txt")
+    with pytest.raises(OSError, match="missing or damaged"):
+        shipped_table("model_count_table.txt")
+    with pytest.raises(ValueError, match="name must be one of"):
+        shipped_table("model_vocab.csv")
+
+
+def test_the_tables_come_with_their_mit_license():
+    text = (SHIPPED_DIR / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("MIT License") and "Permission is hereby granted, free of charge" in text
 
 
 def test_docstring_examples():
