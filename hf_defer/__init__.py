@@ -1,8 +1,8 @@
 """hf_defer: learning to defer (A-SM and baselines) for the Hugging Face stack.
 
 The folders are the architecture: `modeling` (what a saved folder carries), `evaluation`, `data`, `experts`,
-`training`, `hub`, `commands` and `experiments`; each subpackage's docstring says what lives there and what it may
-import. This module re-exports the public API and registers the model type, the auto classes and the pipeline task.
+`training`, `hub`, `commands`, `review` and `serving`; each subpackage's docstring says what lives there and what it may
+import. The experiments are not part of the package (the repository's `research/`). This module re-exports the public API and registers the model type, the auto classes and the pipeline task.
 """
 
 from .evaluation.metrics import DeferralMetrics, deferral_metrics, expected_calibration_error, reliability_bins

@@ -1,5 +1,5 @@
 """The ConvAbuse report, results/convabuse.md: rendered from the JSON record of [`run_convabuse`] through
-`hf_defer/templates/report_convabuse.md`, so `scripts/convabuse.py --render-only` rewrites it without training.
+`research/templates/report_convabuse.md`, so `scripts/convabuse.py --render-only` rewrites it without training.
 
 Cells are mean (standard error) over seeds, bold for the best method and those a paired t-test over seeds does not
 tell apart ([`comparable_methods`], as in results/hatespeech.md). The splits are fixed, so those errors measure the

@@ -1,5 +1,5 @@
 """The data sets of `results/guarantees.md` as [`Pool`]s: per input the deferral margin and the 0/1 losses of the
-classifier and of the chosen expert, from models that never saw the input (see `hf_defer.experiments.guarantees`)."""
+classifier and of the chosen expert, from models that never saw the input (see `research.guarantees_draws`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .guarantees_draws import Pool
 def fit_head(features: np.ndarray, labels: np.ndarray, expert_correct: np.ndarray, num_labels: int, seed: int,
              protocol: Any, score_features: np.ndarray, **overrides: Any) -> np.ndarray:
     """Train a linear A-SM head (`EncoderForDeferral` on features, [`DeferralTrainer`], `protocol` as in
-    `hf_defer.experiments.hatespeech`; `expert_correct` `[N, M]`, -100 where an expert did not answer) and return
+    `research.table2_hatespeech`; `expert_correct` `[N, M]`, -100 where an expert did not answer) and return
     its logits on `score_features`."""
     import datasets
     import torch
@@ -101,7 +101,7 @@ def pool_hatespeech(seed: int = 0, train_size: int = 6000, epochs: float = 50, c
 def pool_convabuse(seed: int = 0, folds: int = 5, epochs: float = 50, cache_dir: str | None = None,
                    max_rows: int | None = None) -> Pool:
     """ConvAbuse: A-SM heads with the 8 annotators as masked experts (scored against the others' majority, as in
-    `hf_defer.experiments.convabuse`) on MiniLM embeddings of the turn and its context, cross-fitted over all
+    `research.convabuse_annotators`) on MiniLM embeddings of the turn and its context, cross-fitted over all
     labelled items of the three splits (the data set is too small to set a separate training part aside)."""
     from .convabuse_annotators import load_data
     from .table2_hatespeech import Protocol
@@ -123,7 +123,7 @@ def pool_convabuse(seed: int = 0, folds: int = 5, epochs: float = 50, cache_dir:
 
 def pool_imagenet16h(path: str, noise: int, seed: int = 0, folds: int = 5, epochs: float = 100) -> Pool:
     """ImageNet-16H at one noise level: A-SM heads on the five CNNs' log-probabilities (the protocol of
-    `hf_defer.experiments.imagenet16h`), one participant per image as the expert, cross-fitted over the 1,200 images."""
+    `research.table2_imagenet16h`), one participant per image as the expert, cross-fitted over the 1,200 images."""
     import datasets
 
     from hf_defer.data.imagenet16h import IMAGENET16H_LABELS, load_imagenet16h
@@ -156,7 +156,7 @@ def tfidf_features(texts: list[str], train: np.ndarray, dimensions: int = 256, s
 def pool_mmlu(seed: int = 0, train_size: int = 4000, encoder: str = "tfidf", cache_dir: str | None = None,
               max_rows: int | None = None) -> Pool:
     """MMLU routing (RouteLLM's data): Mixtral answers unless the route-only deferral model
-    (`hf_defer.experiments.mmlu_routing.fit_route_only_deferral`, trained on `train_size` random questions) sends the
+    (`research.mmlu_routing.fit_route_only_deferral`, trained on `train_size` random questions) sends the
     question to GPT-4; the margin is a_GPT-4 - a_Mixtral, so a budget caps GPT-4 calls. The questions' features are
     [`tfidf_features`] (`encoder="tfidf"`), or the embeddings of a sentence encoder (its name; cached on disk)."""
     from hf_defer.data.routellm_mmlu import load_routellm_mmlu

@@ -23,7 +23,7 @@ The rules ([`hf_defer.evaluation.guarantees`] for the library's):
   (`error_threshold(selective=True)`) and MAPIE (Hoeffding-Bentkus p-values, Bonferroni-Holm over its default grid of
   100 thresholds), on the same draws.
 
-The data sets are built by the `pool_*` functions of `hf_defer.experiments.guarantees_data` (embeddings cached by
+The data sets are built by the `pool_*` functions of `research.guarantees_data` (embeddings cached by
 `hf_defer.experts.embed_texts`).
 """
 

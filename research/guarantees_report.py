@@ -1,4 +1,4 @@
-"""The report of `hf_defer.experiments.guarantees`: results/guarantees.md, its figure and its findings in words."""
+"""The report of `research.guarantees_draws`: results/guarantees.md, its figure and its findings in words."""
 
 from __future__ import annotations
 

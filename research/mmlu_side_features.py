@@ -1,6 +1,6 @@
 """The route-only deferral model of the MMLU report with what a router knows beside the question: the subject, as a
 side feature embedded inside the model (`DeferralConfig(side_features=...)`), its head chosen by cross-validation on
-the training folds only. It plugs into [`~hf_defer.experiments.mmlu_routing.compare`] as `route_only_subject`."""
+the training folds only. It plugs into [`~research.mmlu_routing.compare`] as `route_only_subject`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The HateSpeech reports: markdown rendered from the saved JSON through the templates in `hf_defer/templates/`.
+"""The HateSpeech reports: markdown rendered from the saved JSON through the templates in `research/templates/`.
 
-Every number in a report comes from the JSON record of its experiment ([`~hf_defer.experiments.runs`] writes them),
+Every number in a report comes from the JSON record of its experiment ([`~research.runs`] writes them),
 so `reproduce_hatespeech.py --render-only` rewrites the reports without training.
 """
 
@@ -58,7 +58,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def render_template(name: str, **context: Any) -> str:
-    """Renders the report template `hf_defer/templates/<name>` with `context` (undefined names are errors)."""
+    """Renders the report template `research/templates/<name>` with `context` (undefined names are errors)."""
     import jinja2
 
     folder = Path(__file__).resolve().parent / "templates"

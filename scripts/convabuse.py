@@ -8,8 +8,8 @@ Linear heads over frozen MiniLM embeddings of the user turn and its context, on 
 are masked, against (a) dropping incomplete rows, (b) one pooled expert "whoever answered", (c) the best single
 annotator and (d) the classifier alone. Each deferral to annotator j is scored against the majority of the other
 annotators of that item; the report also scores everything against the full majority and Dawid–Skene. The experiment
-lives in `hf_defer.experiments.convabuse` (and its report in `convabuse_report`); this script parses the options and
-runs it.
+lives in `research.convabuse_annotators` (and its report in `convabuse_annotators_report`); this script parses the
+options and runs it.
 
 Outputs (in --output-dir, default results/): convabuse.md (the report) and convabuse.json (every run's metrics).
 

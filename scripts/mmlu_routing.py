@@ -1,6 +1,6 @@
 """MMLU routing on RouteLLM's data (GPT-4-1106 vs Mixtral-8x7B): cross-fitted routers, RouteLLM's APGR and CPT.
 
-Writes results/mmlu_routing.json and results/mmlu_routing.md. The logic lives in `hf_defer.experiments.mmlu_routing`.
+Writes results/mmlu_routing.json and results/mmlu_routing.md. The logic lives in `research.mmlu_routing`.
 
     python scripts/mmlu_routing.py                  # embeddings of the 14,037 questions (cached), then all routers
     python scripts/mmlu_routing.py --render-only    # rewrite the report from the JSON

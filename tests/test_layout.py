@@ -101,3 +101,30 @@ def test_no_import_circles():
         if name not in state:
             visit(name, [name])
     assert not cycles, cycles
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_package_holds_no_experiment_code():
+    """The experiments live in research/ beside scripts/ (not installed); the package neither holds nor imports them."""
+    import fnmatch
+    import tomllib
+
+    assert not (PACKAGE / "experiments").exists() and (ROOT / "research" / "__init__.py").is_file()
+    assert sorted(path.name for path in (PACKAGE / "templates").iterdir()) == ["deferral_model_card_template.md"]
+    assert not list(PACKAGE.rglob("*twitteraae*")) and not list(PACKAGE.rglob("report_*.md"))
+    importing_research = [name for name, path in modules().items() for node in ast.walk(ast.parse(path.read_text()))
+                          if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0)
+                          and any((alias.name if isinstance(node, ast.Import) else node.module or "").split(".")[0]
+                                  == "research" for alias in node.names)]
+    assert not importing_research, importing_research
+    # What the wheel takes: the packages found (only hf_defer's) and their data (nothing of research/).
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    include = setuptools["packages"]["find"]["include"]
+    assert not [pattern for pattern in include if fnmatch.fnmatch("research", pattern)
+                or fnmatch.fnmatch("research.templates", pattern)], include
+    assert all(package == "hf_defer" or package.startswith("hf_defer.") for package in setuptools["package-data"])
+    # One file name, one place: no module of research/ repeats a file name of the package.
+    package_names = {path.name for path in PACKAGE.rglob("*.py")} - {"__init__.py"}
+    assert not package_names & {path.name for path in (ROOT / "research").rglob("*.py")}

@@ -4,7 +4,7 @@ that are models (`model_expert`), cached sentence embeddings, and the learned ca
 
 Imports `hf_defer.modeling` (the cascade's stages and the
 pipeline's option checks), `hf_defer.evaluation.guarantees` (the cascade's escalation budget) and the libraries; never
-training, hub, commands or experiments.
+training, hub or commands.
 """
 
 from .model_experts import model_expert

@@ -1,7 +1,7 @@
 """The Hub: saving and uploading a deferral folder with its card (`save_for_hub`, `push_to_hub`), the model card and
 `AutoModelForDeferral`.
 
-Imports modeling, evaluation, data and training's adapter helpers; never commands, review or experiments.
+Imports modeling, evaluation, data and training's adapter helpers; never commands or review.
 """
 
 from .model_source import check_model_source

@@ -1,4 +1,4 @@
-"""hf_defer.evaluation.costs and hf_defer.evaluation.routing against hand-worked values; costs stored in the config, saved, reloaded and
+"""hf_defer.evaluation.costs and research.routing_baselines against hand-worked values; costs stored in the config, saved, reloaded and
 overridden in the pipeline."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The experiment behind results/guarantees.md (hf_defer.experiments.guarantees), on small synthetic arrays whose
+"""The experiment behind results/guarantees.md (research.guarantees_draws), on small synthetic arrays whose
 answers are worked out by hand, by brute force or from a binomial tail."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests of hf_defer.experiments.imagenet16h (the ImageNet-16H half of Table 2) on synthetic folders in the study's
+"""Tests of research.table2_imagenet16h (the ImageNet-16H half of Table 2) on synthetic folders in the study's
 layout, written by the tests (nothing reads the real data). Named apart from tests/data/test_imagenet16h.py because
 pytest imports test files by their base name."""
 

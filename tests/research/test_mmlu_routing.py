@@ -1,4 +1,4 @@
-"""hf_defer.experiments.mmlu_routing: folds, cross-fitting, the routers and the report, on small synthetic data."""
+"""research.mmlu_routing: folds, cross-fitting, the routers and the report, on small synthetic data."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""hf_defer.experiments.mmlu_side_features: the route-only model with the subject embedded inside it, on synthetic data
+"""research.mmlu_side_features: the route-only model with the subject embedded inside it, on synthetic data
 where only the subject tells which model is right: its estimates must come near each subject's accuracies (worked out
 here from the data), and `compare` fills its row with the paired intervals."""
 

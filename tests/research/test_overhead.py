@@ -1,4 +1,4 @@
-"""Tests of hf_defer.experiments.overhead: paired ratios by hand and the report's tables."""
+"""Tests of research.finetune_overhead: paired ratios by hand and the report's tables."""
 
 from __future__ import annotations
 

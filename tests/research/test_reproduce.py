@@ -1,4 +1,4 @@
-"""Tests of hf_defer.experiments (the HateSpeech protocol, runs, statistics, reports) on tiny synthetic data (no
+"""Tests of research (the HateSpeech protocol, runs, statistics, reports) on tiny synthetic data (no
 embeddings, no network), and of scripts/reproduce_hatespeech.py run as a program on the committed results."""
 
 from __future__ import annotations
