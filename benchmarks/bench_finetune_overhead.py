@@ -182,7 +182,7 @@ def main() -> None:
         raise SystemExit(f"{args.output} exists; pass --overwrite to replace it or choose another --output.")
     from tqdm.auto import tqdm
 
-    from hf_defer.experiments.overhead import OverheadSettings, overhead_report, prepare_data
+    from research.finetune_overhead import OverheadSettings, overhead_report, prepare_data
 
     configs = ["anchor", *[name for name in args.configs if name != "anchor"]]
     command = " ".join(shlex.quote(part) for part in [os.path.relpath(sys.executable, ROOT), *sys.argv])

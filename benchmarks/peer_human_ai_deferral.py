@@ -34,7 +34,7 @@ import torch
 import transformers
 from torch.utils.data import DataLoader, TensorDataset
 
-from hf_defer.experiments.hatespeech import Protocol, load_splits, train_head
+from research.table2_hatespeech import Protocol, load_splits, train_head
 from plain_loop_hatespeech import _tensors, plain_loop  # benchmarks/ is the script's folder
 
 

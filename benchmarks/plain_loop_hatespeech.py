@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hf_defer import DeferralConfig, EncoderForDeferral, deferral_metrics
 from hf_defer.modeling import SURROGATES, get_surrogate
-from hf_defer.experiments.hatespeech import Protocol, load_splits, train_head
+from research.table2_hatespeech import Protocol, load_splits, train_head
 
 
 def _tensors(split: datasets.Dataset) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

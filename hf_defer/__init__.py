@@ -4,10 +4,10 @@ The folders are the architecture: `modeling` (what a saved folder carries: the c
 pipeline), `inspection` (model, adapter and checkpoint checks), `evaluation` (metrics, costs, thresholds and their
 guarantees), `data` (preparation and the shipped loaders), `experts` (simulated and model experts, embeddings),
 `cascade` (two models run as one), `training`, `hub`, `commands`, `review` and `serving`; each subpackage's docstring
-says what lives there and what it may import, and its `__all__` lists its public names. This module re-exports what
-users call (the config, the models, the pipeline, the trainer, the collator, data preparation, the metrics,
-calibration, the hub, the cascade and the shipped loaders) and registers the model type, the auto classes and the
-pipeline task.
+says what lives there and what it may import, and its `__all__` lists its public names. The experiments are not part
+of the package (the repository's `research/`). This module re-exports what users call (the config, the models, the
+pipeline, the trainer, the collator, data preparation, the metrics, calibration, the hub, the cascade and the shipped
+loaders) and registers the model type, the auto classes and the pipeline task.
 """
 
 from .modeling.configuration_deferral import DeferralConfig

@@ -1,5 +1,5 @@
 """HateSpeech: a cheap model, a costly model and a person — confidence cascade, router and deferral models compared
-in the error-cost plane (results/hatespeech_cascade.md). The logic lives in `hf_defer.experiments.cascade`.
+in the error-cost plane (results/hatespeech_cascade.md). The logic lives in `research.hatespeech_cascade`.
 
     # 1. cross-fitted out-of-sample predictions of MiniLM fine-tuned end to end (GPU: --device cuda, no row cap)
     python scripts/cascade_hatespeech.py --stage costly --folds 5 --train-rows-per-fold 2000 --epochs 1 --max-length 64
@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from hf_defer.evaluation.costs import area_under_error_cost
-from hf_defer.experiments import cascade as cx
-from hf_defer.experiments.reporting import markdown_table
+from research import hatespeech_cascade as cx
+from research.reporting import markdown_table
 from hf_defer.experts.embeddings import DEFAULT_SENTENCE_ENCODER, resolve_sentence_encoder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,7 +174,7 @@ def markdown(record: dict, figure: str) -> str:
         f"`hatespeech_cascade.json`.",
         "",
         *([f"> **Limited for a contended 2-core CPU**: only the first {costly['rows']} of the 24,783 tweets (in the "
-           "fixed order of `hf_defer.experiments.cascade.cascade_data`) are used, and each costly model is fine-tuned on "
+           "fixed order of `research.hatespeech_cascade.cascade_data`) are used, and each costly model is fine-tuned on "
            "a few thousand tweets, so test sets are small (20 % of those tweets) and the costly model is weaker "
            "than it would be on all tweets. On a GPU, `make cascade CASCADE_COSTLY_ARGS=\"--device cuda --folds 5 "
            "--epochs 2\"` (after deleting `hatespeech_costly_predictions.json`) redoes it on all tweets.", ""]

@@ -19,7 +19,7 @@ most the two models are paid and those above) is measured on the other, both way
   as expert, on `escalation_features` of both models' probabilities (with, or without, both models' log-probabilities
   too): its classifier stacks the two models; it pays the person by the cost rule (a_person - d > max p + t) or by the
   confidence rule (max p < threshold). The last row, without log-probabilities and with the confidence rule, runs the
-  report's own code for the cheap-first cascade (`hf_defer.experiments.cascade._cheap_first_estimates`,
+  report's own code for the cheap-first cascade (`research.hatespeech_cascade._cheap_first_estimates`,
   `DeferralCascade(..., first_expert=...)` with `stage2_min_confidence`): it was added to the report as the best of
   these on validation (with the stacked answer, within 0.01 point) that `DeferralCascade` can run.
 
@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from hf_defer.evaluation.costs import area_under_error_cost
-from hf_defer.evaluation.routing import confidence_cascade_curve
-from hf_defer.experiments import cascade as cx
+from research.routing_baselines import confidence_cascade_curve
+from research import hatespeech_cascade as cx
 from hf_defer.cascade import escalation_features
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,8 +8,8 @@ Linear heads over frozen MiniLM embeddings of the user turn and its context, on 
 are masked, against (a) dropping incomplete rows, (b) one pooled expert "whoever answered", (c) the best single
 annotator and (d) the classifier alone. Each deferral to annotator j is scored against the majority of the other
 annotators of that item; the report also scores everything against the full majority and Dawid–Skene. The experiment
-lives in `hf_defer.experiments.convabuse` (and its report in `convabuse_report`); this script parses the options and
-runs it.
+lives in `research.convabuse_annotators` (and its report in `convabuse_annotators_report`); this script parses the
+options and runs it.
 
 Outputs (in --output-dir, default results/): convabuse.md (the report) and convabuse.json (every run's metrics).
 
@@ -32,9 +32,9 @@ from pathlib import Path
 import datasets
 import transformers
 
-from hf_defer.experiments.convabuse import ConvAbuseArguments, run_convabuse
-from hf_defer.experiments.convabuse_report import convabuse_markdown
-from hf_defer.experiments.runs import confirm_overwrite, parse_experiment_arguments
+from research.convabuse_annotators import ConvAbuseArguments, run_convabuse
+from research.convabuse_annotators_report import convabuse_markdown
+from research.runs import confirm_overwrite, parse_experiment_arguments
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

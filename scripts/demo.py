@@ -34,7 +34,7 @@ from transformers import AutoTokenizer, pipeline
 import hf_defer
 from hf_defer.data import HATESPEECH_CITATION, HATESPEECH_HUB_ID, load_hatespeech
 from hf_defer.experts.embeddings import add_embeddings, resolve_sentence_encoder
-from hf_defer.experiments.hatespeech import DEFAULT_ENCODER, Protocol, training_arguments
+from research.table2_hatespeech import DEFAULT_ENCODER, Protocol, training_arguments
 from hf_defer.evaluation.metrics import metric_name_and_meaning
 from hf_defer.experts.embeddings import head_on_sentence_encoder, sentence_encoder_max_length
 from hf_defer.modeling.surrogates import surrogate_class

@@ -5,7 +5,7 @@ break their promise on new inputs, and what the guarantee costs (issue 30, resul
 On HateSpeech, ConvAbuse, ImageNet-16H (with --imagenet16h, at the noise levels asked; the data are not shipped) and
 RouteLLM's MMLU data, per-input margins and 0/1 losses are computed once on a pool no model was trained on (cached
 under the embedding cache's parent folder, `guarantees/`), then thresholds are calibrated on 1,000 random draws of
-n inputs per size and scored on the pool. The logic lives in `hf_defer.experiments.guarantees` (rules, draws),
+n inputs per size and scored on the pool. The logic lives in `research.guarantees_draws` (rules, draws),
 `guarantees_data` (the pools) and `guarantees_report` (the report); this script parses the options and runs them.
 
 Outputs (in --output-dir, default results/): guarantees.md, guarantees.json and guarantees.png.
@@ -32,10 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hf_defer.experiments import guarantees as g
-from hf_defer.experiments import guarantees_data as data
-from hf_defer.experiments.guarantees_report import findings, guarantees_markdown, plot_violations
-from hf_defer.experiments.runs import confirm_overwrite, write_json
+from research import guarantees_draws as g
+from research import guarantees_data as data
+from research.guarantees_report import findings, guarantees_markdown, plot_violations
+from research.runs import confirm_overwrite, write_json
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 DATASETS = ("hatespeech", "convabuse", "imagenet16h", "mmlu")

@@ -1,6 +1,6 @@
 """MMLU routing on RouteLLM's data (GPT-4-1106 vs Mixtral-8x7B): cross-fitted routers, RouteLLM's APGR and CPT.
 
-Writes results/mmlu_routing.json and results/mmlu_routing.md. The logic lives in `hf_defer.experiments.mmlu_routing`.
+Writes results/mmlu_routing.json and results/mmlu_routing.md. The logic lives in `research.mmlu_routing`.
 
     python scripts/mmlu_routing.py                  # embeddings of the 14,037 questions (cached), then all routers
     python scripts/mmlu_routing.py --render-only    # rewrite the report from the JSON
@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from hf_defer.experiments import mmlu_routing as mr
-from hf_defer.experiments.mmlu_side_features import fit_route_only_side_features
+from research import mmlu_routing as mr
+from research.mmlu_side_features import fit_route_only_side_features
 from hf_defer.experts.embeddings import DEFAULT_SENTENCE_ENCODER
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ head with K + 1 = 4 outputs is trained for 50 epochs with SGD (momentum 0.9, lea
 batch 128, no weight decay) for each surrogate (A-SM, S-SM, S-OvA, A-OvA) and evaluated on the test split. Here the
 seed of a run drives the split, the expert draw and the initialisation, and the embeddings come from
 all-MiniLM-L6-v2 (the paper used paraphrase-multilingual-MiniLM-L12-v2, which is not available offline).
-The experiments themselves live in `hf_defer.experiments` (protocol, runs, statistics, reports); this script parses
+The experiments themselves live in `research` (protocol, runs, statistics, reports); this script parses
 the options and runs them.
 
 Outputs (in --output-dir, default results/):
@@ -42,9 +42,9 @@ from pathlib import Path
 import datasets
 import transformers
 
-from hf_defer.experiments.imagenet16h import render_imagenet16h, run_imagenet16h
-from hf_defer.experiments.reporting import render_reports
-from hf_defer.experiments.runs import (ReproductionArguments, confirm_overwrite, parse_experiment_arguments,
+from research.table2_imagenet16h import render_imagenet16h, run_imagenet16h
+from research.reporting import render_reports
+from research.runs import (ReproductionArguments, confirm_overwrite, parse_experiment_arguments,
                                        run_finetune, run_multi_expert, run_table2)
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

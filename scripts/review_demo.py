@@ -35,7 +35,7 @@ import hf_defer
 import hf_defer.review as review
 from hf_defer.data import HATESPEECH_LABELS, load_hatespeech
 from hf_defer.evaluation.costs import mean_cost
-from hf_defer.experiments.hatespeech import DEFAULT_ENCODER, Protocol, training_arguments
+from research.table2_hatespeech import DEFAULT_ENCODER, Protocol, training_arguments
 from hf_defer.experts.embeddings import add_embeddings
 from hf_defer.review.server import LABEL_STUDIO_VERSION, LabelStudioServer
 from hf_defer.review.simulated import ensure_reviewers, reviewer_votes, submit_answers

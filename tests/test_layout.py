@@ -14,7 +14,7 @@ import hf_defer
 PACKAGE = Path(hf_defer.__file__).resolve().parent
 # Lower number = lower layer. A module may import its own layer or lower ones; modeling imports nothing else.
 LAYERS = {"modeling": 0, "inspection": 1, "evaluation": 1, "data": 1, "experts": 1, "cascade": 2, "training": 2,
-          "hub": 2, "commands": 3, "review": 3, "experiments": 3, "serving": 3}
+          "hub": 2, "commands": 3, "review": 3, "serving": 3}
 
 
 def module_name(path: Path) -> str:
@@ -58,8 +58,7 @@ def layer(name: str) -> int | None:
 def test_the_subpackages_are_the_layers_and_each_says_what_it_may_import():
     folders = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()}
     assert folders <= set(LAYERS), folders - set(LAYERS)
-    assert {"modeling", "evaluation", "data", "experts", "cascade", "training", "hub", "commands",
-            "experiments"} <= folders
+    assert {"modeling", "evaluation", "data", "experts", "cascade", "training", "hub", "commands"} <= folders
     for folder in folders:
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text())) or ""
         assert "import" in doc.lower(), f"hf_defer/{folder}/__init__.py must say what it may import"
@@ -105,16 +104,10 @@ def test_no_import_circles():
     assert not cycles, cycles
 
 
-# Imports that are on their way out of the package: each entry must still exist (delete it once the module is gone).
-LEAVING = {"hf_defer.experts.aae": "the synthetic dialect expert, which moves to research/ (issue 34)"}
-
-
 def folder_imports() -> dict[tuple[str, str], list[str]]:
     """Per pair of subpackages (importer, imported), the module imports behind it."""
     found: dict[tuple[str, str], list[str]] = {}
     for name, path in modules().items():
-        if name in LEAVING:
-            continue
         source = name.split(".")
         for target in imported_modules(path):
             parts = target.split(".")
@@ -144,7 +137,6 @@ def folder_loops(edges: dict[tuple[str, str], list[str]]) -> dict[str, list[str]
 
 
 def test_no_import_loops_between_folders():
-    assert all(name in modules() for name in LEAVING), f"delete the modules gone from LEAVING: {LEAVING}"
     loops = folder_loops(folder_imports())
     assert not loops, loops
 
@@ -219,16 +211,10 @@ def test_private_imports_finds_each_form_and_only_those():
         "hf_defer.evaluation.metrics._d"]
 
 
-# hf_defer/experiments leaves the package (issue 34: research/ beside scripts/); its modules still share private
-# helpers among themselves. Drop this once the folder is gone.
-LEAVING_THE_PACKAGE = ("hf_defer.experiments",)
-
-
 def test_at_most_three_imports_of_another_modules_private_names():
     """A name that another module needs is public (no underscore, documented); modules split only for size were merged
     back. Counted per imported name, from the source."""
     found = [hit for name, path in sorted(modules().items())
-             if not any(name == folder or name.startswith(folder + ".") for folder in LEAVING_THE_PACKAGE)
              for hit in private_imports(path.read_text(), name, path.name == "__init__.py")]
     assert len(found) <= 3, "imports of another module's private names:\n" + "\n".join(found)
 
@@ -241,8 +227,6 @@ def test_each_subpackage_lists_its_public_names_and_the_top_level_only_reexports
     listed = {}
     for folder in sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()):
         name = f"hf_defer.{folder}"
-        if name in LEAVING_THE_PACKAGE:
-            continue
         package = importlib.import_module(name)
         assert isinstance(getattr(package, "__all__", None), list), f"{name} has no __all__"
         assert len(set(package.__all__)) == len(package.__all__), f"{name}.__all__ repeats a name"
@@ -252,3 +236,30 @@ def test_each_subpackage_lists_its_public_names_and_the_top_level_only_reexports
     for public in hf_defer.__all__:
         assert any(obj is getattr(hf_defer, public) for obj in listed.get(public, [])), \
             f"hf_defer.{public} is in no subpackage's __all__"
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_package_holds_no_experiment_code():
+    """The experiments live in research/ beside scripts/ (not installed); the package neither holds nor imports them."""
+    import fnmatch
+    import tomllib
+
+    assert not (PACKAGE / "experiments").exists() and (ROOT / "research" / "__init__.py").is_file()
+    assert sorted(path.name for path in (PACKAGE / "templates").iterdir()) == ["deferral_model_card_template.md"]
+    assert not list(PACKAGE.rglob("*twitteraae*")) and not list(PACKAGE.rglob("report_*.md"))
+    importing_research = [name for name, path in modules().items() for node in ast.walk(ast.parse(path.read_text()))
+                          if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0)
+                          and any((alias.name if isinstance(node, ast.Import) else node.module or "").split(".")[0]
+                                  == "research" for alias in node.names)]
+    assert not importing_research, importing_research
+    # What the wheel takes: the packages found (only hf_defer's) and their data (nothing of research/).
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    include = setuptools["packages"]["find"]["include"]
+    assert not [pattern for pattern in include if fnmatch.fnmatch("research", pattern)
+                or fnmatch.fnmatch("research.templates", pattern)], include
+    assert all(package == "hf_defer" or package.startswith("hf_defer.") for package in setuptools["package-data"])
+    # One file name, one place: no module of research/ repeats a file name of the package.
+    package_names = {path.name for path in PACKAGE.rglob("*.py")} - {"__init__.py"}
+    assert not package_names & {path.name for path in (ROOT / "research").rglob("*.py")}

@@ -3,7 +3,7 @@ the user downloads (not shipped), preparation of a user's own data, annotation t
 gold label), the batch collator and the checks run before training.
 
 Imports `hf_defer.modeling` (the ignore index), `hf_defer.experts` (the HateSpeech annotator expert) and the libraries;
-never training, hub, commands or experiments.
+never training, hub or commands.
 """
 
 from .annotations import aggregate_labels, annotations_to_columns

@@ -1,4 +1,4 @@
-"""Data shipped inside the package: the HateSpeech tweets, the TwitterAAE dialect model and the ConvAbuse splits,
+"""Data shipped inside the package: the HateSpeech tweets, the ConvAbuse splits and RouteLLM's MMLU results,
 checksum-verified.
 
 The files live in ``hf_defer/data/bundled/`` as gzip copies of the upstream files (sources, commits, licenses and checksums
@@ -42,16 +42,6 @@ BUNDLED_FILES: dict[str, BundledFile] = {
         "fcb8bc7c68120ae4af04a5b9acd58585513ede11e1548ebf36a5c2040b6f6281",
         "github.com/t-davidson/hate-speech-and-offensive-language data/labeled_data.csv "
         "@ cb50f7e9eb855a99abc51423bf40df0e26d6fe30 (MIT)",
-    ),
-    "twitteraae/model_count_table.txt": BundledFile(
-        "twitteraae/model_count_table.txt.gz",
-        "9907158995bea09301022050736bb91dda71bd577af9d3e643ae434d5c3fbf4e",
-        "github.com/slanglab/twitteraae model/model_count_table.txt @ db4d6d126ca26b9bb9a70d7ce18bdd5833077523 (MIT)",
-    ),
-    "twitteraae/model_vocab.txt": BundledFile(
-        "twitteraae/model_vocab.txt.gz",
-        "6ef8e0ed59ed13776ad015a7dc14a0dd26a24ce9f6906edf860dfe40bf679133",
-        "github.com/slanglab/twitteraae model/model_vocab.txt @ db4d6d126ca26b9bb9a70d7ce18bdd5833077523 (MIT)",
     ),
     **{
         f"convabuse/ConvAbuseEMNLP{split}.csv": BundledFile(

@@ -175,7 +175,7 @@ def load_routellm_mmlu(path: str | os.PathLike | None = None, keep_contaminated:
     """Load RouteLLM's MMLU results: per question, whether GPT-4-1106 and Mixtral-8x7B answered it correctly.
 
     One `Dataset` (MMLU's test questions have no train/test split here: experiments cross-fit, see
-    `hf_defer.experiments.mmlu_routing`), rows ordered by subject (alphabetically) and then as in RouteLLM's CSV of
+    `research.mmlu_routing`), rows ordered by subject (alphabetically) and then as in RouteLLM's CSV of
     that subject. Like RouteLLM's evaluation (`routellm/evals/benchmarks.py`), the rows whose `prompt` is one of the
     5 contaminated prompts (`eval_prompt` in `contaminated_prompts.jsonl`) are dropped, leaving 14,037 of 14,042.
 

@@ -1,10 +1,9 @@
 """Experts: simulated ones (a real annotator drawn from vote counts, class-subset and dialect-biased experts), experts
-that are models (`model_expert`), the TwitterAAE dialect model and cached sentence embeddings (the learned cascade
-has its own subpackage, `hf_defer.cascade`).
+that are models (`model_expert`) and cached sentence embeddings (the learned cascade has its own subpackage,
+`hf_defer.cascade`; the paper's dialect model is in the repository's `research/twitteraae.py`).
 
-Imports `hf_defer.data.bundled_data` (the shipped dialect model), `hf_defer.modeling` (the pipeline's answer marker,
-and the model a head trained on sentence embeddings is put on) and the libraries; never evaluation, training, hub,
-commands or experiments.
+Imports `hf_defer.modeling` (the pipeline's answer marker, and the model a head trained on sentence embeddings is put
+on) and the libraries; never data, evaluation, training, hub or commands.
 """
 
 from .embeddings import add_embeddings, embed_texts

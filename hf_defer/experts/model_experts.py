@@ -241,7 +241,7 @@ def model_expert(
     right. If the expert is a model that was trained on those rows, it is right there far more often than on new
     inputs, and the deferral model learns to trust an expert that memorised its training data. Use a model trained
     on other rows, or cross-fit (train K models, each answering the fold it did not see; see
-    `hf_defer.experiments.cascade.costly_predictions`).
+    `research.hatespeech_cascade.costly_predictions`).
 
     Answers (class names or ids) are mapped through the label set of `dataset[label_column]` (a `ClassLabel`):
     `label_map` first, then a class name, a class id, or transformers' `"LABEL_<id>"`. The predictor runs on batches

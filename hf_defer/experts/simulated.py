@@ -9,7 +9,7 @@ Every function here takes a `datasets.Dataset` and returns a new one with an add
 - [`class_subset_expert`]: the CIFAR-style synthetic expert: accurate (with probability `p`) on the first `k`
   classes, uniformly random elsewhere.
 - [`dialect_biased_expert`]: the "synthetic" HateSpeech expert of Mozannar et al. (2023), whose accuracy depends on
-  the dialect of the text (flag it with [`~hf_defer.experts.aae.TwitterAAE`]).
+  the dialect of the text (flags from any dialect model; the experiments use TwitterAAE, `research/twitteraae.py`).
 - [`annotator_accuracy`]: the exact accuracy of [`annotator_expert`] on each example, `counts[label] / sum(counts)`.
 - [`model_expert`] (from [`hf_defer.experts.model_experts`]): the answers of a model (pipeline, model, callable) as an expert.
 - [`stack_experts`]: turns M single-expert columns into the list column `expert_labels` of an M-expert dataset.
@@ -399,7 +399,7 @@ def dialect_biased_expert(
     Args:
         dataset (`datasets.Dataset`): the examples; not modified.
         aae (`str` or sequence of `bool`): a boolean column of `dataset`, or one flag per example
-            (e.g. `TwitterAAE(...).is_aae(dataset["text"])`).
+            (e.g. `TwitterAAE(...).is_aae(dataset["text"])` of `research/twitteraae.py`, outside the package).
         num_classes (`int`): number of classes K (at least 2).
         p_aae (`float`, *optional*, defaults to 0.6): probability of being right on AAE examples.
         p_other (`float`, *optional*, defaults to 0.9): probability of being right on the other examples.

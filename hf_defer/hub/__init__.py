@@ -2,7 +2,7 @@
 `AutoModelForDeferral`.
 
 Imports modeling, evaluation, data and the inspection of models and adapters (`hf_defer.inspection`); never training,
-commands, review or experiments.
+commands or review.
 """
 
 from .auto import AutoModelForDeferral

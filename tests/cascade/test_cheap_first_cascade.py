@@ -13,7 +13,7 @@ from transformers import pipeline
 
 import hf_defer  # noqa: F401  (registers the tasks)
 from hf_defer import DeferralConfig, EncoderForDeferral, EncoderForRouting
-from hf_defer.experiments.cascade import _learned_cascade_curve
+from research.hatespeech_cascade import _learned_cascade_curve
 from hf_defer.cascade import DeferralCascade, escalation_features
 from test_modeling_cascade import Recorder
 

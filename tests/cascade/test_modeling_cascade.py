@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_defer import DeferralConfig, EncoderForDeferral, EncoderForRouting
-from hf_defer.experiments.cascade import _learned_cascade_curve
+from research.hatespeech_cascade import _learned_cascade_curve
 from hf_defer.cascade import DeferralCascade, escalation_features
 
 PRICES = {"model": 1.0, "llm": 10.0, "person": 100.0}

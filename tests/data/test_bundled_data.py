@@ -20,11 +20,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # The upstream checksums, as published with the offline copies (shared/data/SHA256SUMS.txt), typed in here.
 UPSTREAM_SHA256 = {
     "hatespeech/labeled_data.csv": "fcb8bc7c68120ae4af04a5b9acd58585513ede11e1548ebf36a5c2040b6f6281",
-    "twitteraae/model_count_table.txt": "9907158995bea09301022050736bb91dda71bd577af9d3e643ae434d5c3fbf4e",
-    "twitteraae/model_vocab.txt": "6ef8e0ed59ed13776ad015a7dc14a0dd26a24ce9f6906edf860dfe40bf679133",
 }
-UPSTREAM_SIZES = {"hatespeech/labeled_data.csv": 2_546_446, "twitteraae/model_count_table.txt": 4_162_510,
-                  "twitteraae/model_vocab.txt": 2_332_533}
+UPSTREAM_SIZES = {"hatespeech/labeled_data.csv": 2_546_446}
 
 
 @pytest.mark.parametrize("name", sorted(UPSTREAM_SHA256))
@@ -35,7 +32,7 @@ def test_shipped_files_decompress_to_the_upstream_bytes(name):
     assert bundled.bundled_bytes(name) == raw
 
 
-@pytest.mark.parametrize("folder, holder", [("hatespeech", "Tom Davidson"), ("twitteraae", "")])
+@pytest.mark.parametrize("folder, holder", [("hatespeech", "Tom Davidson")])
 def test_each_data_set_ships_its_mit_license(folder, holder):
     text = (bundled.BUNDLED_DIR / folder / "LICENSE").read_text(encoding="utf-8")
     assert text.startswith("MIT License") or "MIT License" in text.splitlines()[0:3]
@@ -67,15 +64,16 @@ def test_wheel_carries_the_data_and_loads_it_when_installed(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for entry in bundled.BUNDLED_FILES.values():
         assert f"hf_defer/data/bundled/{entry.path}" in names
-    assert {"hf_defer/data/bundled/hatespeech/LICENSE", "hf_defer/data/bundled/twitteraae/LICENSE"} <= names
+    assert "hf_defer/data/bundled/hatespeech/LICENSE" in names
+    assert not [name for name in names if "twitteraae" in name]  # the experiments' dialect model: research/data/
     subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], check=True)
-    script = ("import hf_defer, hf_defer.data as d, hf_defer.experts.aae as a;"
+    script = ("import hf_defer, hf_defer.data as d;"
               "print(hf_defer.__file__); ds = d.load_hatespeech();"
-              "print(sum(ds.num_rows.values())); print(len(a.TwitterAAE().word_index))")
+              "print(sum(ds.num_rows.values()))")
     env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1"}
     env.pop("HF_DEFER_HATESPEECH", None)
     env.pop("HF_DEFER_TWITTERAAE", None)
     out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True, env=env,
                          cwd=tmp_path).stdout.split()
     assert Path(out[0]).is_relative_to(site)  # the installed copy, not the checkout
-    assert out[1:] == ["24783", "191874"]
+    assert out[1:] == ["24783"]
