@@ -46,7 +46,9 @@ _NARROW_WIDTH = 8
 B]``). PyTorch's CPU reductions, broadcasts and transcendental functions along a last dimension of a few elements take
 the slow, unvectorised paths (``max`` over 3 classes costs as much as ``log_softmax`` over the whole batch); along
 ``B`` contiguous elements they are single vector passes. The transpose costs one copy each way, which wide logits
-would not repay."""
+would not repay, nor would a small batch (below `_NARROW_MIN_BATCH` rows the two copies cost more than they save)."""
+
+_NARROW_MIN_BATCH = 1024
 
 
 class _ASMLoss(torch.autograd.Function):
@@ -61,14 +63,15 @@ class _ASMLoss(torch.autograd.Function):
     ``r`` none through it.
 
     The arithmetic runs along the class axis ``d`` of ``x``: ``x = u`` (``d = 1``), or, for narrow logits on CPU (see
-    `_NARROW_WIDTH`; not under ``torch.compile``), ``x = u.T`` made contiguous (``d = 0``); the same operations in the
+    `_NARROW_WIDTH`, `_NARROW_MIN_BATCH`; not under ``torch.compile``), ``x = u.T`` made contiguous (``d = 0``); the same operations in the
     same order, so both layouts give the same values.
     """
 
     @staticmethod
     def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, observed: torch.Tensor,
                 weight: torch.Tensor, num_classes: int) -> torch.Tensor:
-        narrow = u.shape[1] <= _NARROW_WIDTH and u.device.type == "cpu" and not torch.compiler.is_compiling()
+        narrow = (u.shape[1] <= _NARROW_WIDTH and u.shape[0] >= _NARROW_MIN_BATCH and u.device.type == "cpu"
+                  and not torch.compiler.is_compiling())
         d = 0 if narrow else 1  # a compiled graph picks its own layout (and takes no strided `out=`)
         if d == 0:  # one example per column
             x, labels, weight, correct = u.t().contiguous(), labels[None], weight[None], correct.t()

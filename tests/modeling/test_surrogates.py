@@ -854,6 +854,7 @@ def test_asm_both_layouts_match_float64_autograd(K, M, narrow_width, monkeypatch
     from hf_defer.modeling import surrogate_kernels
 
     monkeypatch.setattr(surrogate_kernels, "_NARROW_WIDTH", narrow_width)
+    monkeypatch.setattr(surrogate_kernels, "_NARROW_MIN_BATCH", 1)
     rng = np.random.default_rng(7 * K + M)
     B = 48
     logits, labels, experts = _random_batch(rng, K, M, B, scale=8.0, n_ignored=4)
