@@ -105,8 +105,8 @@ class _ASMLoss(torch.autograd.Function):
         if observed is not None:
             g.mul_(observed)
         top = torch.sigmoid(a_top).mul_(scale)  # sigmoid(a_0) scale = (1 + g_0) scale
-        g_sum = g.sum(dim=d, keepdim=True) if g.shape[d] > 1 else g.clone()
-        out = e * g_sum.add_(top).sub_(scale).div_(s).neg_()
+        g_sum = g.sum(dim=d, keepdim=True).add_(top) if g.shape[d] > 1 else g + top
+        out = e * g_sum.sub_(scale).div_(s).neg_()
         out.scatter_add_(d, top_index, top)
         out.scatter_add_(d, labels, scale.neg())
         if d == 1:
