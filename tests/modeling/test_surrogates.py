@@ -884,3 +884,25 @@ def test_asm_both_layouts_match_float64_autograd(K, M, narrow_width, monkeypatch
     np.testing.assert_allclose(per.detach().double().numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(u.grad.double().numpy(), ref_u.grad.numpy(), rtol=1e-4, atol=1e-6)
     assert u.grad.is_contiguous()  # written back in the logits' layout whichever layout computed it
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_asm_column_layout_finite_for_extreme_and_half_precision_logits(dtype, monkeypatch):
+    """The column layout (forced on a small batch) keeps the loss and gradient finite where the gaps between logits
+    reach 2e4 and in half precision, and gives the row layout's values."""
+    from hf_defer.modeling import surrogate_kernels
+
+    rows = [[1e4, -1e4, 0.0, 1e4, -1e4], [-1e4, -1e4, -1e4, 1e4, 1e4], [0.5, -0.25, 2.0, 1.0, -3.0],
+            [-1e4, 1e4, 1e4, -1e4, 0.0]]
+    y, m = torch.tensor([1, 0, 2, 1]), torch.tensor([[1, 0], [0, 0], [1, 2], [2, -100]])
+    s = get_surrogate("asm", num_classes=3, num_experts=2)
+    results = []
+    for narrow_width in (0, 64):  # rows, then columns
+        monkeypatch.setattr(surrogate_kernels, "_NARROW_WIDTH", narrow_width)
+        monkeypatch.setattr(surrogate_kernels, "_NARROW_MIN_BATCH", 1)
+        u = torch.tensor(rows, dtype=dtype, requires_grad=True)
+        loss = s(u, y, m, check=False)
+        loss.backward()
+        assert torch.isfinite(loss) and u.grad.dtype == dtype and torch.isfinite(u.grad).all()
+        results.append((loss.detach(), u.grad))
+    torch.testing.assert_close(results[0], results[1])
