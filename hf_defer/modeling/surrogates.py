@@ -89,42 +89,79 @@ def _asm_rest(u: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, ...]:
     return top, top_index, second, e, e.sum(dim=1, keepdim=True)
 
 
+_NARROW_WIDTH = 8
+"""Up to this many outputs (``K + M``), A-SM computes on CPU with one example per column (the logits transposed, ``[K + M,
+B]``). PyTorch's CPU reductions, broadcasts and transcendental functions along a last dimension of a few elements take
+the slow, unvectorised paths (``max`` over 3 classes costs as much as ``log_softmax`` over the whole batch); along
+``B`` contiguous elements they are single vector passes. The transpose costs one copy each way, which wide logits
+would not repay, nor would a small batch (below `_NARROW_MIN_BATCH` rows the two copies cost more than they save)."""
+
+_NARROW_MIN_BATCH = 1024
+
+
 class _ASMLoss(torch.autograd.Function):
-    """A-SM: ``(top - u_y) + sum_{z in (top, experts)} BCE(a_z, t_z)`` with ``r = LSE(u_{[K] minus y*})``,
-    ``a = (top, u_{K+1..K+M}) - r`` and targets ``t = (1, c)``: ``BCE(top - r, 1) = softplus(r - top)``, so the class
-    part is ``LSE(u_{[K]}) - u_y`` with no cancellation, and ``BCE(u_{K+j} - r, c_j)`` is expert ``j``'s term.
+    """A-SM: ``(top - u_y) + softplus(r - top) + sum_j o_j BCE(u_{K+j} - r, c_j)`` with ``r = LSE(u_{[K] minus y*})``:
+    ``top + softplus(r - top) = LSE(u_{[K]})``, so the class part is ``LSE(u_{[K]}) - u_y`` with no cancellation, and
+    ``BCE(u_{K+j} - r, c_j)`` is expert ``j``'s term (``a = (top, u_{K+1..K+M}) - r``, targets ``t = (1, c)``).
 
     Gradient, with ``g = sigmoid(a) - t`` (the binary terms' own), ``q = softmax(u_{[K] minus y*})`` (0 at ``y*``):
     ``sigmoid(a_0)`` at ``y*`` (``1 + g_0``), ``-(sum_z g_z) q`` on the other classes (through ``r``), ``-1`` at ``y``
     (``y*`` is piecewise constant, as in the masked formula) and ``g_{1..M}`` on the experts. A missing answer
     (``o_j = 0``) weights expert ``j``'s binary term, hence ``g_j``, by 0: its logit gets no gradient from that row and
     ``r`` none through it.
+
+    The arithmetic runs along the class axis ``d`` of ``x``: ``x = u`` (``d = 1``), or, for narrow logits on CPU (see
+    `_NARROW_WIDTH`, `_NARROW_MIN_BATCH`; not under ``torch.compile``), ``x = u.T`` made contiguous (``d = 0``); the same operations in the
+    same order, so both layouts give the same values.
     """
 
     @staticmethod
     def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, observed: torch.Tensor,
                 weight: torch.Tensor, num_classes: int) -> torch.Tensor:
-        top, top_index, second, e, s = _asm_rest(u, num_classes)
-        a = torch.cat([top, u[:, num_classes:]], dim=1).sub_(s.log().add_(second))
-        targets = F.pad(correct, (1, 0), value=1.0)
-        present = None if observed is None else F.pad(observed, (1, 0), value=1.0)  # the class part is always there
-        loss = F.binary_cross_entropy_with_logits(a, targets, present, reduction="none").sum(dim=1)
-        loss = loss.add_(top[:, 0]).sub_(u.gather(1, labels[:, None])[:, 0])
-        ctx.save_for_backward(a, targets, present, e, s, top_index, labels, weight)
-        return loss.mul_(weight)
+        narrow = (u.shape[1] <= _NARROW_WIDTH and u.shape[0] >= _NARROW_MIN_BATCH and u.device.type == "cpu"
+                  and not torch.compiler.is_compiling())
+        d = 0 if narrow else 1  # a compiled graph picks its own layout (and takes no strided `out=`)
+        if d == 0:  # one example per column
+            x, labels, weight, correct = u.t().contiguous(), labels[None], weight[None], correct.t()
+            observed = None if observed is None else observed.t()
+        else:
+            x, labels, weight = u, labels[:, None], weight[:, None]
+        classes = x.narrow(d, 0, num_classes)
+        top, top_index = classes.max(dim=d, keepdim=True)
+        rest = classes.scatter(d, top_index, float("-inf"))
+        second = rest.amax(dim=d, keepdim=True)  # a shift: the log-sum-exp's gradient does not depend on it
+        # exp(-80) ~ 2e-35 in place of exp(-inf) = 0 at y* (and under any smaller term): exp's vectorised path does not
+        # take inputs that far out, and s >= 1 absorbs them (1 + 2e-35 == 1 in float32), so the loss is unchanged
+        e = rest.sub_(second).clamp_(min=-80.0).exp_()
+        s = e.sum(dim=d, keepdim=True)  # >= 1: cannot underflow, whatever the gap to the top class
+        r = s.log().add_(second)
+        a_top = top - r
+        a = x.narrow(d, num_classes, x.shape[d] - num_classes) - r
+        experts = F.binary_cross_entropy_with_logits(a, correct, observed, reduction="none")
+        loss = experts.sum(dim=d, keepdim=True) if experts.shape[d] > 1 else experts
+        loss = loss.add(F.softplus(a_top.neg())).add_(top).sub_(x.gather(d, labels)).mul_(weight)
+        ctx.save_for_backward(a_top, a, correct, observed, e, s, top_index, labels, weight)
+        ctx.d = d
+        return loss.squeeze(d)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        a, targets, present, e, s, top_index, labels, weight = ctx.saved_tensors
-        scale = (weight * grad)[:, None]
-        sigmoid = torch.sigmoid(a)
-        g = (sigmoid - targets).mul_(scale)
-        if present is not None:
-            g.mul_(present)
-        out = e * g.sum(dim=1, keepdim=True).div_(s).neg_()
-        out.scatter_add_(1, top_index, sigmoid[:, :1].mul_(scale))
-        out.scatter_add_(1, labels[:, None], scale.neg())
-        return torch.cat([out, g[:, 1:]], dim=1), None, None, None, None, None
+        a_top, a, correct, observed, e, s, top_index, labels, weight = ctx.saved_tensors
+        d = ctx.d
+        scale = weight * grad.unsqueeze(d)
+        g = (torch.sigmoid(a) - correct).mul_(scale)
+        if observed is not None:
+            g.mul_(observed)
+        top = torch.sigmoid(a_top).mul_(scale)  # sigmoid(a_0) scale = (1 + g_0) scale
+        g_sum = g.sum(dim=d, keepdim=True).add_(top) if g.shape[d] > 1 else g + top
+        out = e * g_sum.sub_(scale).div_(s).neg_()
+        out.scatter_add_(d, top_index, top)
+        out.scatter_add_(d, labels, scale.neg())
+        if d == 1:
+            return torch.cat([out, g], dim=1), None, None, None, None, None
+        grad_u = torch.empty(out.shape[1], out.shape[0] + g.shape[0], dtype=out.dtype, device=out.device)
+        torch.cat([out, g], dim=0, out=grad_u.t())  # written back in the logits' layout, one example per row
+        return grad_u, None, None, None, None, None
 
 
 def _minus_targets(out: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, scale: torch.Tensor,

@@ -842,3 +842,67 @@ def test_a_batch_with_every_answer_skips_the_mask_and_gets_the_masked_result(nam
     holed[5, 1] = -100
     s(u, y, holed, check=False)
     assert seen[0] is None and seen[1] is not None and seen[1][5, 1] == 0 and seen[1].sum() == 64 * M - 1
+
+
+@pytest.mark.parametrize("narrow_width", [0, 64])
+@pytest.mark.parametrize("K,M", [(3, 1), (4, 3), (9, 2)])
+def test_asm_both_layouts_match_float64_autograd(K, M, narrow_width, monkeypatch):
+    """A-SM computes narrow logits on CPU one example per column (transposed) and wide ones one per row: forcing each
+    layout (the threshold at 0: always rows; at 64: always columns), loss and gradient match the float64 autograd of the
+    textbook formula, with a tie for the top class, missing answers on counted rows, a row far past exp's range and
+    ignored rows."""
+    from hf_defer.modeling import surrogate_kernels
+
+    monkeypatch.setattr(surrogate_kernels, "_NARROW_WIDTH", narrow_width)
+    monkeypatch.setattr(surrogate_kernels, "_NARROW_MIN_BATCH", 1)
+    rng = np.random.default_rng(7 * K + M)
+    B = 48
+    logits, labels, experts = _random_batch(rng, K, M, B, scale=8.0, n_ignored=4)
+    logits[10, :K] = logits[10, 0]  # a tie for the top class
+    logits[11, :K] = [300.0] + [-300.0] * (K - 1)  # the other classes 600 below the top: exp(-600) underflows
+    logits[11, K:] = 50.0
+    experts[12, 0] = IGNORE  # a counted row where expert 0 did not answer
+    experts[13, :] = IGNORE  # ... and one where none did
+    s = get_surrogate("asm", num_classes=K, num_experts=M)
+    u = torch.tensor(logits, dtype=torch.float32, requires_grad=True)
+    weights = torch.tensor(rng.uniform(0.1, 2.0, size=B))
+    per = s.loss(u, torch.tensor(labels), torch.tensor(experts), reduction="none", check=False)
+    (per.double() * weights).sum().backward()
+
+    valid = torch.tensor(labels != IGNORE)
+    answered = torch.tensor(experts != IGNORE).double()
+    ref_u = torch.tensor(logits, dtype=torch.float64, requires_grad=True)
+    safe = torch.where(valid, torch.tensor(labels), 0)
+    classes = ref_u[:, :K]
+    top = torch.nn.functional.one_hot(classes.argmax(dim=1), K).bool()
+    z = ref_u[:, K:] - torch.logsumexp(classes.masked_fill(top, float("-inf")), dim=1, keepdim=True)
+    c = (torch.tensor(experts) == safe[:, None]).double()
+    sp = torch.nn.functional.softplus
+    ref = -torch.log_softmax(classes, 1).gather(1, safe[:, None])[:, 0] + (answered * (c * sp(-z) + (1 - c) * sp(z))).sum(1)
+    ref = torch.where(valid, ref, 0.0)
+    (ref * weights).sum().backward()
+    np.testing.assert_allclose(per.detach().double().numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(u.grad.double().numpy(), ref_u.grad.numpy(), rtol=1e-4, atol=1e-6)
+    assert u.grad.is_contiguous()  # written back in the logits' layout whichever layout computed it
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_asm_column_layout_finite_for_extreme_and_half_precision_logits(dtype, monkeypatch):
+    """The column layout (forced on a small batch) keeps the loss and gradient finite where the gaps between logits
+    reach 2e4 and in half precision, and gives the row layout's values."""
+    from hf_defer.modeling import surrogate_kernels
+
+    rows = [[1e4, -1e4, 0.0, 1e4, -1e4], [-1e4, -1e4, -1e4, 1e4, 1e4], [0.5, -0.25, 2.0, 1.0, -3.0],
+            [-1e4, 1e4, 1e4, -1e4, 0.0]]
+    y, m = torch.tensor([1, 0, 2, 1]), torch.tensor([[1, 0], [0, 0], [1, 2], [2, -100]])
+    s = get_surrogate("asm", num_classes=3, num_experts=2)
+    results = []
+    for narrow_width in (0, 64):  # rows, then columns
+        monkeypatch.setattr(surrogate_kernels, "_NARROW_WIDTH", narrow_width)
+        monkeypatch.setattr(surrogate_kernels, "_NARROW_MIN_BATCH", 1)
+        u = torch.tensor(rows, dtype=dtype, requires_grad=True)
+        loss = s(u, y, m, check=False)
+        loss.backward()
+        assert torch.isfinite(loss) and u.grad.dtype == dtype and torch.isfinite(u.grad).all()
+        results.append((loss.detach(), u.grad))
+    torch.testing.assert_close(results[0], results[1])
