@@ -851,7 +851,7 @@ def test_asm_both_layouts_match_float64_autograd(K, M, narrow_width, monkeypatch
     layout (the threshold at 0: always rows; at 64: always columns), loss and gradient match the float64 autograd of the
     textbook formula, with a tie for the top class, missing answers on counted rows, a row far past exp's range and
     ignored rows."""
-    from hf_defer.modeling import surrogate_kernels
+    from hf_defer.modeling import surrogates as surrogate_kernels
 
     monkeypatch.setattr(surrogate_kernels, "_NARROW_WIDTH", narrow_width)
     monkeypatch.setattr(surrogate_kernels, "_NARROW_MIN_BATCH", 1)
@@ -890,7 +890,7 @@ def test_asm_both_layouts_match_float64_autograd(K, M, narrow_width, monkeypatch
 def test_asm_column_layout_finite_for_extreme_and_half_precision_logits(dtype, monkeypatch):
     """The column layout (forced on a small batch) keeps the loss and gradient finite where the gaps between logits
     reach 2e4 and in half precision, and gives the row layout's values."""
-    from hf_defer.modeling import surrogate_kernels
+    from hf_defer.modeling import surrogates as surrogate_kernels
 
     rows = [[1e4, -1e4, 0.0, 1e4, -1e4], [-1e4, -1e4, -1e4, 1e4, 1e4], [0.5, -0.25, 2.0, 1.0, -3.0],
             [-1e4, 1e4, 1e4, -1e4, 0.0]]
