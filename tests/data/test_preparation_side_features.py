@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import TrainingArguments
 
-from hf_defer import DataCollatorForDeferral, DeferralConfig, DeferralTrainer, EncoderForDeferral
+from hf_defer import DataCollatorForDeferral, DeferralConfig, DeferralTrainer, EncoderForDeferral, EncoderForRouting
 from hf_defer import prepare_deferral_dataset
 
 ROUTES = {"prompt": ["a", "b", "c", "d"], "small": [True, False, True, None], "large": [1, 1, 0, 1],
@@ -44,7 +44,7 @@ def test_side_features_become_ids_and_numbers_with_the_training_split_statistics
     assert validation["side_numeric"][:] == [[30.0], [-1.0]]  # -1 is a number here, not a missing value
     assert prepared.model_kwargs()["side_features"] == prepared.side_features
     # a model built from them takes the batch as the collator makes it
-    model = EncoderForDeferral(DeferralConfig(feature_size=2, **prepared.model_kwargs()))
+    model = EncoderForRouting(DeferralConfig(feature_size=2, **prepared.model_kwargs()))
     rows = [{**row, "features": [0.5, -0.5]} for row in validation.select_columns(
         ["expert_correct", "side_categorical", "side_numeric"])]
     batch = DataCollatorForDeferral()(rows)
