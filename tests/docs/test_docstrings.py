@@ -25,7 +25,9 @@ OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 ALREADY_RUN = {
     # module: the test that runs `doctest.testmod` on it
     "hf_defer.evaluation.guarantees": "tests/evaluation/test_guarantees.py",
-    "hf_defer.evaluation.calibration": "tests/evaluation/test_guarantees.py",
+    "hf_defer.evaluation.thresholds": "tests/evaluation/test_guarantees.py",
+    "hf_defer.inspection.adapters": "tests/inspection/test_inspection_docstrings.py",
+    "hf_defer.inspection.model_checks": "tests/inspection/test_inspection_docstrings.py",
     "hf_defer.hub.model_card": "tests/evaluation/test_guarantees.py",
     "hf_defer.evaluation.evaluate_metric": "tests/evaluation/test_evaluate_metric.py",
     "hf_defer.evaluation.reliability": "tests/evaluation/test_reliability.py",
