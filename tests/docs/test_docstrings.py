@@ -97,6 +97,19 @@ def test_every_public_name_has_a_docstring_with_an_example():
     assert not without, f"{len(without)} public names have no docstring with a >>> example: {', '.join(without)}"
 
 
+def test_each_already_run_module_exists_and_its_test_runs_testmod_on_it():
+    """A module renamed or a test moved must not leave `ALREADY_RUN` pointing at nothing (its examples would then be
+    run by neither test)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for module_name, test in ALREADY_RUN.items():
+        importlib.import_module(module_name)  # ModuleNotFoundError: renamed, update the entry
+        path = os.path.join(root, test)
+        assert os.path.isfile(path), f"{module_name}: {test} does not exist"
+        with open(path, encoding="utf-8") as file:
+            source = file.read()
+        assert "testmod" in source and module_name.rsplit(".", 1)[1] in source, f"{test} does not testmod {module_name}"
+
+
 def _to_run() -> list[tuple[str, object]]:
     seen, chosen = set(), []
     for name, obj in public_objects():
