@@ -250,7 +250,20 @@ def _one_line(error: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `hf-defer` and `python -m hf_defer`; returns the exit status (0 after `--help`, 2 after a
-    mistake)."""
+    mistake).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.commands import main
+    >>> main(["--version"])
+    hf-defer ...
+    0
+    >>> main(["no-such-command"])  # argparse writes the usage and the error to stderr
+    2
+
+    ```
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _main(argv)

@@ -185,8 +185,10 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     that fails leaves the saved folder and ends in a `ConnectionError` that names it.
 
     Args:
-        model_args ([`ModelArguments`]), data_args ([`DataTrainingArguments`]), training_args
-            (`transformers.TrainingArguments`): see [`parse_run_arguments`].
+        model_args ([`ModelArguments`]): the model, tokenizer and surrogate flags, as [`parse_run_arguments`] returns
+            them.
+        data_args ([`DataTrainingArguments`]): the data flags (files, columns, `--max_deferral_rate`, ...).
+        training_args (`transformers.TrainingArguments`): the Trainer's flags (`--output_dir`, the stages, ...).
 
     Returns:
         `dict[str, float]`: the metrics of every stage with their prefixes (`train_`, `eval_`, `calibrated_eval_`,

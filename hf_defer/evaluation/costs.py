@@ -181,7 +181,7 @@ class ErrorCostCurve:
     Example:
 
     ```python
-    >>> from hf_defer import ErrorCostCurve
+    >>> from hf_defer.evaluation import ErrorCostCurve
     >>> curve = ErrorCostCurve.from_points(cost=[1.0, 2.0, 2.0, 3.0, 0.5], error=[0.3, 0.2, 0.25, 0.2, 0.4],
     ...                                    settings=[[0.1], [0.2], [0.3], [0.4], [0.5]])
     >>> curve.pareto.tolist()  # (2.0, 0.25) and (3.0, 0.2) cost more for no less error

@@ -42,7 +42,24 @@ from typing import Any
 
 
 def is_peft_model(model: Any) -> bool:
-    """Whether `model` is a `peft.PeftModel` (`False` when peft is not installed)."""
+    """Whether `model` is a `peft.PeftModel` (`False` when peft is not installed).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.inspection import is_peft_model
+    >>> from peft import LoraConfig, get_peft_model
+    >>> from transformers import LlamaConfig
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> llama = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+    ...                     vocab_size=64)
+    >>> lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["head"])
+    >>> model = EncoderForDeferral(DeferralConfig(encoder=llama, num_labels=3))
+    >>> is_peft_model(model), is_peft_model(get_peft_model(model, lora))
+    (False, True)
+
+    ```
+    """
     try:
         from peft import PeftModel
     except ImportError:
@@ -52,13 +69,50 @@ def is_peft_model(model: Any) -> bool:
 
 def has_adapters(model: Any) -> bool:
     """Whether `model` carries PEFT adapters: a `PeftModel`, or a model given one with `add_adapter`/`load_adapter`.
-    Such a model saves only its adapters and the modules in `modules_to_save`, in peft's format."""
+    Such a model saves only its adapters and the modules in `modules_to_save`, in peft's format.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.inspection import has_adapters
+    >>> from peft import LoraConfig, get_peft_model
+    >>> from transformers import LlamaConfig
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> llama = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+    ...                     vocab_size=64)
+    >>> lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["head"])
+    >>> model = EncoderForDeferral(DeferralConfig(encoder=llama, num_labels=3))
+    >>> has_adapters(model)
+    False
+    >>> has_adapters(get_peft_model(model, lora))  # as has a model given one by model.add_adapter(lora)
+    True
+
+    ```
+    """
     return is_peft_model(model) or bool(getattr(model, "_hf_peft_config_loaded", False))
 
 
 def active_adapter(model: Any) -> str:
     """The name of the active adapter of a model with adapters (a `PeftModel`, or a model given one by
-    `add_adapter`)."""
+    `add_adapter`).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.inspection import active_adapter
+    >>> from peft import LoraConfig, get_peft_model
+    >>> from transformers import LlamaConfig
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> llama = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+    ...                     vocab_size=64)
+    >>> lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["head"])
+    >>> model = get_peft_model(EncoderForDeferral(DeferralConfig(encoder=llama, num_labels=3)), lora,
+    ...                        adapter_name="toxicity")
+    >>> active_adapter(model)
+    'toxicity'
+
+    ```
+    """
     active = model.active_adapters  # a property of PeftModel, a method of transformers' PeftAdapterMixin
     return (active() if callable(active) else active)[0]
 
@@ -69,7 +123,30 @@ def _active_peft_config(model: Any) -> Any:
 
 def adapter_base_model(model: Any) -> str | None:
     """The folder or Hub id of the base model the active adapter was added to (its `base_model_name_or_path`), or
-    `None` for a model without adapters or an adapter whose base was built in memory."""
+    `None` for a model without adapters or an adapter whose base was built in memory.
+
+    Example:
+
+    ```python
+    >>> import tempfile
+    >>> from hf_defer import AutoModelForDeferral
+    >>> from hf_defer.inspection import adapter_base_model
+    >>> from peft import LoraConfig, get_peft_model
+    >>> from transformers import LlamaConfig
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> llama = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+    ...                     vocab_size=64)
+    >>> lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["head"])
+    >>> base = tempfile.mkdtemp()
+    >>> EncoderForDeferral(DeferralConfig(encoder=llama, num_labels=3)).save_pretrained(base)
+    >>> adapter_base_model(get_peft_model(AutoModelForDeferral.from_pretrained(base), lora)) == base
+    True
+    >>> in_memory = EncoderForDeferral(DeferralConfig(encoder=llama, num_labels=3))  # never saved: no folder to name
+    >>> print(adapter_base_model(get_peft_model(in_memory, LoraConfig(r=4, target_modules=["q_proj"]))))
+    None
+
+    ```
+    """
     if not has_adapters(model):
         return None
     config = _active_peft_config(model)
@@ -87,6 +164,24 @@ def check_adapter_loadable(model: Any) -> None:
 
     Raises:
         `ValueError`: the base model of the active adapter was built in memory; the message says what to do.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.inspection import check_adapter_loadable
+    >>> from peft import LoraConfig, get_peft_model
+    >>> from transformers import LlamaConfig
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> llama = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+    ...                     vocab_size=64)
+    >>> lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["head"])
+    >>> model = get_peft_model(EncoderForDeferral(DeferralConfig(encoder=llama, num_labels=3)), lora)
+    >>> check_adapter_loadable(model)
+    Traceback (most recent call last):
+        ...
+    ValueError: this model's adapter was added to a deferral model built in memory ...
+
+    ```
     """
     if not has_adapters(model) or adapter_base_model(model) is not None:
         return
@@ -108,6 +203,25 @@ def check_head_trainable(model: Any) -> None:
     Raises:
         `ValueError`: the head's parameters are frozen, as adapters leave every module they do not target unless it
             is listed in `modules_to_save`.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.inspection import check_head_trainable
+    >>> from peft import LoraConfig, get_peft_model
+    >>> from transformers import LlamaConfig
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> llama = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+    ...                     vocab_size=64)
+    >>> lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["head"])
+    >>> check_head_trainable(get_peft_model(EncoderForDeferral(DeferralConfig(encoder=llama, num_labels=3)), lora))
+    >>> frozen = LoraConfig(r=4, target_modules=["q_proj", "v_proj"])  # no modules_to_save=["head"]
+    >>> check_head_trainable(get_peft_model(EncoderForDeferral(DeferralConfig(encoder=llama, num_labels=3)), frozen))
+    Traceback (most recent call last):
+        ...
+    ValueError: the deferral head of this adapter model is frozen, ...
+
+    ```
     """
     if not has_adapters(model):
         return

@@ -21,7 +21,22 @@ _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.
 
 
 def check_deferral_model(model: Any) -> None:
-    """Refuses anything but a deferral model (`config.model_type == "deferral"`): for the Trainer and the Hub helpers."""
+    """Refuses anything but a deferral model (`config.model_type == "deferral"`): for the Trainer and the Hub helpers.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> from hf_defer.inspection import check_deferral_model
+    >>> check_deferral_model(EncoderForDeferral(DeferralConfig(feature_size=4, num_labels=2)))
+    >>> check_deferral_model(torch.nn.Linear(4, 2))
+    Traceback (most recent call last):
+        ...
+    ValueError: model must be a deferral model (config.model_type == 'deferral'), got Linear.
+
+    ```
+    """
     if getattr(getattr(model, "config", None), "model_type", None) != "deferral":
         raise ValueError(
             f"model must be a deferral model (config.model_type == 'deferral'), got {type(model).__name__}."
@@ -63,6 +78,24 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
 
     Raises:
         `ValueError`: every checkpoint folder is incomplete.
+
+    Example:
+
+    ```python
+    >>> import json, os, tempfile
+    >>> from hf_defer.inspection import last_complete_checkpoint
+    >>> output_dir = tempfile.mkdtemp()
+    >>> for step in (10, 20):
+    ...     os.makedirs(os.path.join(output_dir, f"checkpoint-{step}"))
+    >>> with open(os.path.join(output_dir, "checkpoint-10", "trainer_state.json"), "w") as file:
+    ...     json.dump({"global_step": 10}, file)
+    >>> open(os.path.join(output_dir, "checkpoint-10", "pytorch_model.bin"), "wb").close()
+    >>> os.path.basename(last_complete_checkpoint(output_dir))  # checkpoint-20 was never finished: skipped
+    'checkpoint-10'
+    >>> print(last_complete_checkpoint(tempfile.mkdtemp()))  # no checkpoint at all
+    None
+
+    ```
     """
     if not os.path.isdir(output_dir):
         return None

@@ -101,6 +101,20 @@ class DeferralPreTrainedModel(DeferralSavingMixin, PreTrainedModel):
         config ([`DeferralConfig`]): the model configuration.
         encoder ([`PreTrainedModel`], *optional*): an already built encoder to use instead of building one from
             `config.encoder`; its config replaces `config.encoder`.
+
+    Example:
+
+    ```python
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral, EncoderForRouting
+    >>> from hf_defer.modeling import DeferralPreTrainedModel
+    >>> model = EncoderForDeferral(DeferralConfig(feature_size=4, num_labels=3, num_experts=2))
+    >>> isinstance(model, DeferralPreTrainedModel), model.head[-1].out_features  # 3 classes + 2 experts
+    (True, 5)
+    >>> router = DeferralPreTrainedModel.class_for_config(DeferralConfig(feature_size=4, route_only=True, num_experts=2))
+    >>> router is EncoderForRouting
+    True
+
+    ```
     """
 
     config_class = DeferralConfig

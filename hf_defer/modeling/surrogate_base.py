@@ -106,7 +106,7 @@ class DeferralSurrogate:
 
     ```python
     >>> import torch
-    >>> from hf_defer import DeferralSurrogate, get_surrogate
+    >>> from hf_defer.modeling import DeferralSurrogate, get_surrogate
     >>> surrogate = get_surrogate("asm", num_classes=3, num_experts=1)
     >>> isinstance(surrogate, DeferralSurrogate), surrogate.display_name
     (True, 'A-SM')

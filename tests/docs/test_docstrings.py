@@ -25,7 +25,9 @@ OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 ALREADY_RUN = {
     # module: the test that runs `doctest.testmod` on it
     "hf_defer.evaluation.guarantees": "tests/evaluation/test_guarantees.py",
-    "hf_defer.evaluation.calibration": "tests/evaluation/test_guarantees.py",
+    "hf_defer.evaluation.thresholds": "tests/evaluation/test_guarantees.py",
+    "hf_defer.inspection.adapters": "tests/inspection/test_inspection_docstrings.py",
+    "hf_defer.inspection.model_checks": "tests/inspection/test_inspection_docstrings.py",
     "hf_defer.hub.model_card": "tests/evaluation/test_guarantees.py",
     "hf_defer.evaluation.evaluate_metric": "tests/evaluation/test_evaluate_metric.py",
     "hf_defer.evaluation.reliability": "tests/evaluation/test_reliability.py",
@@ -93,6 +95,19 @@ def test_every_public_name_has_a_docstring_with_an_example():
     assert len(objects) > 50, f"only {len(objects)} public classes and functions found"
     without = sorted({name for name, obj in objects if ">>>" not in (inspect.getdoc(obj) or "")})
     assert not without, f"{len(without)} public names have no docstring with a >>> example: {', '.join(without)}"
+
+
+def test_each_already_run_module_exists_and_its_test_runs_testmod_on_it():
+    """A module renamed or a test moved must not leave `ALREADY_RUN` pointing at nothing (its examples would then be
+    run by neither test)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for module_name, test in ALREADY_RUN.items():
+        importlib.import_module(module_name)  # ModuleNotFoundError: renamed, update the entry
+        path = os.path.join(root, test)
+        assert os.path.isfile(path), f"{module_name}: {test} does not exist"
+        with open(path, encoding="utf-8") as file:
+            source = file.read()
+        assert "testmod" in source and module_name.rsplit(".", 1)[1] in source, f"{test} does not testmod {module_name}"
 
 
 def _to_run() -> list[tuple[str, object]]:
