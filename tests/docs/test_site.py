@@ -10,15 +10,14 @@ import functools
 import html
 import importlib
 import inspect
-import os
 import re
-import shutil
-import tempfile
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from headless_chromium import chromium_driver
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,12 +162,6 @@ def test_the_cli_page_holds_every_flag_of_every_parser(site):
     assert "--json" in text  # the flag `hf-defer train` adds to the script's
 
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1000"]
-
-
 @pytest.fixture
 def served(site):
     """The built site on a free port of 127.0.0.1, as `mkdocs serve` or any static host would serve it."""
@@ -190,27 +183,8 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 @pytest.fixture
 def browser(tmp_path):
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.fail("the browser test needs Debian's chromium and chromium-driver: apt-get install chromium "
-                    "chromium-driver (make test-docs does)")
-    os.environ.setdefault("SE_AVOID_STATS", "true")  # Selenium Manager: no statistics, no downloads
-    os.environ.setdefault("SE_OFFLINE", "true")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="hf_defer_docs_chromium_")
-    for flag in [*FLAGS, f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(60)
-    try:
+    with chromium_driver(tmp_path / "last_page.png", " (make test-docs does)") as driver:
         yield driver
-    finally:
-        driver.save_screenshot(str(tmp_path / "last_page.png"))
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.mark.browser

@@ -4,46 +4,21 @@ submits; `pull` then returns that answer under that reviewer's email."""
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
-import tempfile
 
 import pytest
 
 import hf_defer.review as review
+from headless_chromium import chromium_driver
 
 pytestmark = [pytest.mark.review, pytest.mark.browser]
 CLASSES = ["hate_speech", "offensive_language", "neither"]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1000"]
 
 
 @pytest.fixture
 def browser(tmp_path):
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.fail("the browser test needs Debian's chromium and chromium-driver: apt-get install chromium "
-                    "chromium-driver")
-    os.environ.setdefault("SE_AVOID_STATS", "true")  # Selenium Manager: no statistics, no downloads
-    os.environ.setdefault("SE_OFFLINE", "true")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="hf_defer_chromium_")
-    for flag in [*FLAGS, f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(60)
-    try:
+    with chromium_driver(tmp_path / "last_page.png", "") as driver:
         yield driver
-    finally:
-        driver.save_screenshot(str(tmp_path / "last_page.png"))
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def test_a_reviewer_answers_in_the_browser_and_pull_returns_the_answer_under_their_identity(label_studio, project_title,
