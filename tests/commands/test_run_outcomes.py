@@ -9,7 +9,6 @@ import json
 import time
 from pathlib import Path
 
-import huggingface_hub.constants
 import numpy as np
 import pandas as pd
 import pytest
@@ -20,13 +19,13 @@ from hf_defer.commands.cli import main as hf_defer_main
 from hf_defer.commands.run_checks import check_stages, default_stages
 from test_cli import one_error_line
 from tiny_bert import save_tiny_bert
+from unreachable_hub import CLOSED_PORT, here, offline, online_but_unreachable  # noqa: F401 (fixtures)
 
 WORDS = "good bad great awful fine movie plot actor boring fun".split()
 CLASSES = ["negative", "neutral", "positive"]
 QUICK = ["--report_to", "none", "--use_cpu", "--save_strategy", "no", "--disable_tqdm", "true", "--seed", "0",
          "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "16", "--max_seq_length", "8",
          "--num_train_epochs", "1"]
-CLOSED_PORT = "http://127.0.0.1:9"  # the discard port: nothing listens there, so connecting fails at once
 
 
 @pytest.fixture(scope="module")
@@ -105,26 +104,6 @@ def test_a_run_that_would_train_nothing_stops_before_writing(data, tmp_path, cap
 
 
 # 2. A mistyped model folder
-
-
-@pytest.fixture
-def online_but_unreachable(monkeypatch):
-    """The Hub at a closed local port, offline mode off: a lookup fails with a connection error at once."""
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", CLOSED_PORT)
-
-
-@pytest.fixture
-def offline(monkeypatch):
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch) -> Path:
-    (tmp_path / "ann-model").mkdir()
-    (tmp_path / "input.csv").write_text("text\ngood movie\n")
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 @pytest.mark.parametrize("command", ["predict", "evaluate"])

@@ -3,32 +3,12 @@ Hub; offline, an uncached id fails naming the cache. Offline; the Hub, where ask
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import huggingface_hub
-import huggingface_hub.constants
 import pytest
 
 from hf_defer.hub.model_source import check_model_source
-
-
-@pytest.fixture
-def online_but_unreachable(monkeypatch):
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
-
-
-@pytest.fixture
-def offline(monkeypatch):
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch) -> Path:
-    (tmp_path / "ann-model").mkdir()
-    (tmp_path / "input.csv").write_text("text\ngood movie\n")
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+from unreachable_hub import here, offline, online_but_unreachable  # noqa: F401 (fixtures)
 
 
 @pytest.mark.parametrize("name", ["./ann-modle", "models/v1/ann-modle", "~/ann-modle", "../ann-modle"])
