@@ -22,6 +22,15 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def import_from_target(node: ast.ImportFrom, package: str) -> str | None:
+    """The hf_defer module a `from ... import` in `package` reads from (relative levels resolved), or None for another
+    library's."""
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - node.level + 1]
+        return ".".join(base + ([node.module] if node.module else []))
+    return node.module if node.module and node.module.startswith("hf_defer") else None
+
+
 def imported_modules(path: Path) -> set[str]:
     """The hf_defer modules `path` imports, resolved to dotted names (a package for `from pkg import name`, unless
     `name` is itself a module of it)."""
@@ -31,14 +40,7 @@ def imported_modules(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith("hf_defer")}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            elif node.module and node.module.startswith("hf_defer"):
-                target = node.module
-            else:
-                continue
+        elif isinstance(node, ast.ImportFrom) and (target := import_from_target(node, package)):
             for alias in node.names:
                 candidate = f"{target}.{alias.name}"
                 as_path = PACKAGE.parent / candidate.replace(".", "/")
@@ -169,12 +171,7 @@ def private_imports(source: str, own: str, is_package: bool = False) -> list[str
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            elif node.module and node.module.startswith("hf_defer"):
-                target = node.module
-            else:
+            if not (target := import_from_target(node, package)):
                 continue
             for alias in node.names:
                 if _is_module(f"{target}.{alias.name}"):
