@@ -19,6 +19,7 @@ from transformers import AutoModel, AutoTokenizer, pipeline
 
 import hf_defer
 from hf_defer.modeling.side_features import side_feature_tensors
+from without_hf_defer import BLOCK_HF_DEFER
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 RECORDED = json.loads((FIXTURES / "saved_route_only_flag.json").read_text())
@@ -96,15 +97,7 @@ def test_saving_an_old_router_again_names_encoder_for_routing_and_keeps_its_outp
     np.testing.assert_allclose(logits.logits.numpy(), RECORDED["features"]["logits"], atol=1e-5)
 
 
-REMOTE = r"""
-import json, sys
-
-class BlockHfDefer:
-    def find_spec(self, name, path=None, target=None):
-        if name == "hf_defer" or name.startswith("hf_defer."):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked for this test)")
-
-sys.meta_path.insert(0, BlockHfDefer())
+REMOTE = BLOCK_HF_DEFER + r"""
 import torch
 from transformers import AutoModel, pipeline
 

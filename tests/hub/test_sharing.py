@@ -23,6 +23,7 @@ from transformers import AutoTokenizer, BertConfig, BertTokenizer, TrainingArgum
 import hf_defer
 from hf_defer import DeferralConfig, DeferralTrainer, EncoderForDeferral
 from hf_defer.hub import push_to_hub, save_for_hub
+from without_hf_defer import BLOCK_HF_DEFER
 from hf_defer.modeling.pipeline_deferral import REMOTE_TASK
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat is good bad very".split()]
@@ -134,15 +135,7 @@ def test_library_mode_loads_the_folder_without_unpickling(saved, monkeypatch):
     assert {o["label"] for o in outputs} <= {"hate", "offensive", "neither", "defer"}
 
 
-REMOTE = r"""
-import json, sys
-
-class BlockHfDefer:
-    def find_spec(self, name, path=None, target=None):
-        if name == "hf_defer" or name.startswith("hf_defer."):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked for this test)")
-
-sys.meta_path.insert(0, BlockHfDefer())
+REMOTE = BLOCK_HF_DEFER + r"""
 import torch
 from transformers import AutoModel, AutoTokenizer, pipeline
 
