@@ -25,6 +25,28 @@ logger = logging.getLogger(__name__)
 _BUILDERS = {"csv": "csv", "json": "json", "jsonl": "json", "parquet": "parquet"}
 
 
+def _checked_extension(path: str, flag: str) -> str:
+    """The extension of a readable input file, after the checks both readers make: a known format, an existing file,
+    not empty (each an error naming `flag` and the file)."""
+    extension = str(path).rsplit(".", 1)[-1].lower()
+    if extension != "txt" and extension not in _BUILDERS:
+        raise ValueError(f"{flag} must be a csv, json, jsonl, parquet or txt file, got {path!r}.")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{flag} {path!r} does not exist" + (" (it is a folder)." if os.path.isdir(path)
+                                                                       else "."))
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{flag} {path!r} is empty; give a file with a header and data rows.")
+    return extension
+
+
+def _unreadable(flag: str, path: str, extension: str, error: Exception) -> ValueError:
+    """The error for a file `datasets` could not read: the reader's own reason (pandas, pyarrow), which `datasets`
+    wraps in its own error."""
+    cause = error.__cause__ or error
+    reason = " ".join(str(cause).split())[:300] or type(cause).__name__
+    return ValueError(f"{flag} {path!r} cannot be read as {extension}: {reason}")
+
+
 def read_table(path: str, flag: str = "--input") -> datasets.Dataset:
     """A csv, json, jsonl or parquet file as a `datasets.Dataset`; a `.txt` file holds one text per line (column
     `text`). A missing, empty, unreadable or header-only file is an error naming `flag` and the file.
@@ -41,14 +63,7 @@ def read_table(path: str, flag: str = "--input") -> datasets.Dataset:
 
     ```
     """
-    extension = str(path).rsplit(".", 1)[-1].lower()
-    if extension != "txt" and extension not in _BUILDERS:
-        raise ValueError(f"{flag} must be a csv, json, jsonl, parquet or txt file, got {path!r}.")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{flag} {path!r} does not exist" + (" (it is a folder)." if os.path.isdir(path)
-                                                                       else "."))
-    if os.path.getsize(path) == 0:
-        raise ValueError(f"{flag} {path!r} is empty; give a file with a header and data rows.")
+    extension = _checked_extension(path, flag)
     if extension == "txt":
         with open(path, encoding="utf-8") as handle:
             table = datasets.Dataset.from_dict({"text": [line.rstrip("\n") for line in handle if line.strip()]})
@@ -59,9 +74,7 @@ def read_table(path: str, flag: str = "--input") -> datasets.Dataset:
             if "corresponds to no data" in str(error):  # a header and no row
                 raise ValueError(f"{flag} {path!r} holds no data rows (only a header?); give a file with data "
                                  "rows.") from None
-            cause = error.__cause__ or error
-            reason = " ".join(str(cause).split())[:300] or type(cause).__name__
-            raise ValueError(f"{flag} {path!r} cannot be read as {extension}: {reason}") from error
+            raise _unreadable(flag, path, extension, error) from error
     if len(table) == 0:
         raise ValueError(f"{flag} {path!r} holds no data rows (only a header?); give a file with data rows.")
     return table
@@ -89,15 +102,7 @@ class TableStream:
 
     def __init__(self, path: str, flag: str = "--input", chunk_size: int = 1000) -> None:
         self.path, self.flag, self.chunk_size = str(path), flag, chunk_size
-        extension = self.path.rsplit(".", 1)[-1].lower()
-        if extension != "txt" and extension not in _BUILDERS:
-            raise ValueError(f"{flag} must be a csv, json, jsonl, parquet or txt file, got {path!r}.")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{flag} {path!r} does not exist" + (" (it is a folder)." if os.path.isdir(path)
-                                                                           else "."))
-        if os.path.getsize(path) == 0:
-            raise ValueError(f"{flag} {path!r} is empty; give a file with a header and data rows.")
-        self.extension = extension
+        self.extension = extension = _checked_extension(path, flag)
         options: dict[str, Any] = {}
         if extension == "csv":
             import csv
@@ -134,9 +139,7 @@ class TableStream:
                         continue
                 yield chunk
         except Exception as error:  # datasets wraps the reader's error (pandas, pyarrow) in its own
-            cause = error.__cause__ or error
-            reason = " ".join(str(cause).split())[:300] or type(cause).__name__
-            raise ValueError(f"{self.flag} {self.path!r} cannot be read as {self.extension}: {reason}") from error
+            raise _unreadable(self.flag, self.path, self.extension, error) from error
 
     def __iter__(self) -> Iterator[dict[str, list[Any]]]:
         """The chunks in order, each `{column: values}` of at most `chunk_size` rows."""
