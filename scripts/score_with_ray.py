@@ -36,6 +36,7 @@ import numpy as np
 
 from hf_defer.commands.outputs import prediction_header, prediction_values
 from hf_defer.commands.predict import input_length_limit, load_pipeline
+from hf_defer.modeling import is_route_only
 
 
 class DeferralScorer:
@@ -63,7 +64,7 @@ class DeferralScorer:
         self.id_column, self.copy_columns, self.batch_size = id_column, list(copy_columns), batch_size
         self.text_columns, self.features_column, self.delimiter = list(text_columns or ()), features_column, delimiter
         config = self.pipe.model.config
-        self.route_only = getattr(config, "route_only", False) is True
+        self.route_only = is_route_only(config)
         self.header = prediction_header(config.expert_names, id_column, self.copy_columns, self.route_only, margin=True)
         self.kwargs: dict[str, Any] = {"return_margin": True}
         if self.kind == "text":  # truncated where the saved tokenizer says, as `hf-defer predict` does
