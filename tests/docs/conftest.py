@@ -1,6 +1,6 @@
 """Fixtures of the documentation tests: the site built once per session with `mkdocs build --strict` (what `make docs`
 runs), into a temporary folder. The test marked `browser` (headless Chromium) runs only when the marker expression
-names it (`make test-docs`); the default suite deselects it, as tests/review/ does its own."""
+names it (`make test-docs`; tests/conftest.py deselects it otherwise)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,6 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(config, items):
-    expression = config.getoption("markexpr") or ""
-    if "browser" in expression:
-        return
-    browser = [item for item in items if item.get_closest_marker("browser") and HERE in Path(item.path).parents]
-    if browser:
-        config.hook.pytest_deselected(items=browser)
-        items[:] = [item for item in items if item not in browser]
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Fixtures of the review tests. The tests marked `review` (a live Label Studio server) and `browser` (headless
-Chromium) run only when the marker expression asks for them (`make test-review`); the rest of tests/review/ is the
-default suite: offline, on recorded server responses."""
+Chromium) run only when the marker expression asks for them (`make test-review`; tests/conftest.py deselects them
+otherwise); the rest of tests/review/ is the default suite: offline, on recorded server responses."""
 
 from __future__ import annotations
 
@@ -12,17 +12,6 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def pytest_collection_modifyitems(config, items):
-    """Deselect (not skip) the live-server and browser tests unless the marker expression names them: the default
-    suite reports them as deselected, and `make test-review` (`-m "review or browser"`) runs them."""
-    expression = config.getoption("markexpr") or ""
-    live = [item for item in items
-            if any(item.get_closest_marker(marker) and marker not in expression for marker in ("browser", "review"))]
-    if live:
-        config.hook.pytest_deselected(items=live)
-        items[:] = [item for item in items if item not in live]
 
 
 @pytest.fixture(scope="session")
