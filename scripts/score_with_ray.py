@@ -6,7 +6,7 @@ for data that does not fit one machine.
 the pipeline once (`concurrency` actors; one GPU each with `--num_gpus 1`), and `write_parquet` writes the decisions,
 one file per block, as they are made. The columns are those of `hf-defer predict` (`prediction_header`: the id, the
 copied columns, `label, defer, expert, class_label, class_score, margin` and one `expert_accuracy_<name>` per expert),
-with the same values (tests/scripts/test_score_with_ray.py compares the two on the same rows).
+with the same values (tests/test_score_with_ray.py compares the two on the same rows).
 
 Without `--address` the script starts a local Ray instance (`ray.init()`): a real engine on one machine's cores; on a
 cluster, pass `--address auto` from a node of it (or `ray://head:10001`) and put the model folder where every node can
@@ -20,8 +20,9 @@ python scripts/score_with_ray.py --model my-deferral-model --input items.parquet
 python scripts/score_with_ray.py --model head-only-model --input vectors.parquet --output scored/ --features_column_name features
 ```
 
-Read the result with `pandas.read_parquet("scored/")` (the blocks' files, in no particular order: sort by the id
-column, or pass `--preserve_order` to keep the input's).
+Read the result with `pandas.read_parquet("scored/")` and sort it by the id column: the blocks' files come in no
+particular order (`--preserve_order` keeps the input's order through Ray's execution, but the names Ray gives the
+files do not follow it).
 """
 
 from __future__ import annotations
@@ -133,7 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "of the cluster stall the write)")
     parser.add_argument("--num_cpus", type=int, default=None, help="CPUs of a local Ray instance (default: all)")
     parser.add_argument("--address", default=None, help="a running Ray cluster ('auto', 'ray://head:10001')")
-    parser.add_argument("--preserve_order", action="store_true", help="write the blocks in the input's order")
+    parser.add_argument("--preserve_order", action="store_true",
+                        help="keep the input's order through Ray's execution (the written files' names do not follow "
+                             "it: sort the result by the id)")
     args = parser.parse_args(argv)
     if args.batch_size < 1 or args.concurrency < 1:
         parser.error("--batch_size and --concurrency must be positive numbers.")

@@ -80,7 +80,6 @@ def test_ray_scores_equal_predict_for_a_text_and_a_feature_model(local_ray, tmp_
                   str(tmp_path / "vec-ray"), "--id_column_name", "key", "--features_column_name", "features",
                   "--copy_columns", "note", "--batch_size", "4", "--preserve_order"]) == 0
     scored = pd.read_parquet(tmp_path / "vec-ray")
-    assert list(scored["key"]) == list(range(100, 130))  # --preserve_order: the input's order
     _compare(scored, pd.read_parquet(tmp_path / "vec.parquet"), "key")
     with pytest.raises(ValueError, match="exists"):
         score(["--model", str(features_model), "--input", str(vectors_table), "--output", str(tmp_path / "vec-ray"),
