@@ -28,6 +28,24 @@ HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_finetune_overhead.py --config
 HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_finetune_overhead.py --worker defer-M1 \
     --data-dir /tmp/overhead-data --profile /tmp/defer.prof                              # cProfile one configuration
 ```
+
+Side by side in one process, on a GPU (issue 32, item 4; `--device` selects this mode): `Trainer` +
+`AutoModelForSequenceClassification` (`anchor`) and `DeferralTrainer` + `EncoderForDeferral` (one expert, A-SM;
+`deferral`) train the same backbone on the same random-token batches (same batch size, sequence length, steps,
+AdamW, learning rate, seed, `TrainingArguments`), one after the other, models freed in between. Reported per arm:
+samples/s over the steps after `--warmup` (the GPU synchronized at both ends), peak GPU memory
+(`torch.cuda.max_memory_allocated`, reset before each arm is built); then the ratio deferral / anchor. The
+backbone is a local folder (MiniLM; loaded in float32, `--bf16` is the Trainer's mixed precision) or
+`qwen2-0.5b-random`: a random-weight Qwen2 with the dimensions of Qwen2-0.5B (494M parameters) built from a config
+(`qwen2-tiny-random`: the same code on a 2-layer, 64-wide Qwen2, for a CPU check), tokenizer from `--tokenizer`.
+The JSON `--output` is rewritten after each arm.
+
+```
+python benchmarks/bench_finetune_overhead.py --device cuda --backbone /models/minilm --bf16 --batch-size 32 \
+    --max-length 128 --steps 60 --warmup 10 --output out/finetune_minilm.json
+python benchmarks/bench_finetune_overhead.py --device cuda --backbone qwen2-0.5b-random --tokenizer /models/minilm \
+    --bf16 --batch-size 16 --max-length 128 --steps 35 --warmup 5 --output out/finetune_qwen2.json
+```
 """
 
 from __future__ import annotations
@@ -132,6 +150,161 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# The dimensions of Qwen2-0.5B, as scripts/finetune_decoder_lora.py builds it (config.json of Qwen/Qwen2-0.5B).
+QWEN2_0_5B: dict[str, Any] = dict(
+    hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+    max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6, vocab_size=151_936,
+    tie_word_embeddings=True)
+QWEN2_TINY: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=32_000)
+RANDOM_BACKBONES = {"qwen2-0.5b-random": QWEN2_0_5B, "qwen2-tiny-random": QWEN2_TINY}
+
+
+def build_arm(arm: str, backbone: str, tokenizer: Any, device: str) -> Any:
+    """The model of one arm: `anchor` (`AutoModelForSequenceClassification`) or `deferral` (`EncoderForDeferral`,
+    one expert, A-SM), 3 classes, over `backbone` (a local folder, loaded in float32, or a `RANDOM_BACKBONES` name,
+    built on `device` from the seed set just before)."""
+    import torch
+    import transformers
+
+    from hf_defer import DeferralConfig, EncoderForDeferral
+
+    if backbone in RANDOM_BACKBONES:
+        encoder = transformers.Qwen2Config(**RANDOM_BACKBONES[backbone], pad_token_id=tokenizer.pad_token_id,
+                                           eos_token_id=tokenizer.sep_token_id or tokenizer.eos_token_id)
+        with torch.device(device):
+            if arm == "anchor":
+                encoder.num_labels = 3
+                return transformers.AutoModelForSequenceClassification.from_config(encoder, dtype=torch.float32)
+            return EncoderForDeferral(DeferralConfig(encoder=encoder, num_labels=3, num_experts=1, surrogate="asm",
+                                                     pooling="last"))
+    if arm == "anchor":
+        return transformers.AutoModelForSequenceClassification.from_pretrained(backbone, num_labels=3,
+                                                                               dtype=torch.float32)
+    return EncoderForDeferral.from_encoder_pretrained(backbone, num_labels=3, num_experts=1, surrogate="asm",
+                                                      pooling="mean", dtype=torch.float32)
+
+
+def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
+    """Both arms in this process on `args.device`, one after the other (order alternating over `--repeats`); the
+    JSON `args.output` is rewritten after each arm. Returns what it wrote."""
+    import gc
+    import statistics
+
+    import datasets
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import AutoTokenizer, TrainerCallback, TrainingArguments
+
+    if str(ROOT) not in sys.path:  # research/ is not installed: import it from this checkout
+        sys.path.insert(0, str(ROOT))
+    from hf_defer import DeferralTrainer
+    from research.device_report import environment, resolve_device, write_json
+
+    device = resolve_device(args.device)
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(torch.device(device))
+    transformers.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    random_backbone = args.backbone in RANDOM_BACKBONES
+    if random_backbone and not args.tokenizer:
+        raise SystemExit(f"--backbone {args.backbone} is built from a config and has no tokenizer: pass --tokenizer "
+                         "DIR (a local tokenizer folder, e.g. the MiniLM one; only its padding and special tokens "
+                         "are used, the data are random token ids).")
+    if not random_backbone and not Path(args.backbone).is_dir():
+        raise SystemExit(f"--backbone must be a local model folder or one of {sorted(RANDOM_BACKBONES)}, "
+                         f"got {args.backbone!r}.")
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.backbone)
+    if tokenizer.pad_token_id is None:
+        raise SystemExit(f"the tokenizer of {args.tokenizer or args.backbone} has no padding token.")
+
+    # The same random-token rows for both arms: every row max_length long, no padding (so that pooling the last token
+    # and Qwen2's own last-non-padding lookup read the same position), labels and one expert's labels in 0..2.
+    rng = np.random.default_rng(args.seed)
+    rows = args.batch_size * args.steps
+    ids = rng.integers(1000, min(tokenizer.vocab_size, 30_000), size=(rows, args.max_length))
+    if tokenizer.cls_token_id is not None and tokenizer.sep_token_id is not None:
+        ids[:, 0], ids[:, -1] = tokenizer.cls_token_id, tokenizer.sep_token_id
+    table = {"input_ids": ids.tolist(), "attention_mask": np.ones_like(ids).tolist(),
+             "labels": rng.integers(0, 3, rows).tolist()}
+    anchor_data = datasets.Dataset.from_dict(table)
+    deferral_data = anchor_data.add_column("expert_labels", rng.integers(0, 3, rows).tolist())
+
+    step_marks: dict[int, float] = {}
+
+    class StepTimer(TrainerCallback):
+        """Times steps warmup+1..steps: the GPU's queued work is waited for at both ends."""
+
+        def on_step_end(self, _args: Any, state: Any, *_: Any, **__: Any) -> None:
+            if state.global_step in (args.warmup, args.steps):
+                if cuda:
+                    torch.cuda.synchronize()
+                step_marks[state.global_step] = time.perf_counter()
+
+    result: dict[str, Any] = {
+        "benchmark": "fine-tuning samples/s: DeferralTrainer + EncoderForDeferral vs Trainer + "
+                     "AutoModelForSequenceClassification",
+        "environment": environment(device),
+        "backbone": args.backbone, "tokenizer": args.tokenizer or args.backbone, "bf16": args.bf16,
+        "batch_size": args.batch_size, "max_length": args.max_length, "steps": args.steps, "warmup": args.warmup,
+        "timed_samples": args.batch_size * (args.steps - args.warmup), "repeats": args.repeats,
+        "optimizer": "adamw_torch, learning rate 5e-5", "data": "random token ids, no padding",
+        "runs": [],
+    }
+    timed_samples = args.batch_size * (args.steps - args.warmup)
+    for repeat in range(args.repeats):
+        for arm in (("anchor", "deferral") if repeat % 2 == 0 else ("deferral", "anchor")):
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            transformers.set_seed(args.seed)
+            model = build_arm(arm, args.backbone, tokenizer, device)
+            parameters = sum(p.numel() for p in model.parameters())
+            trainer_class = transformers.Trainer if arm == "anchor" else DeferralTrainer
+            step_marks.clear()
+            with tempfile.TemporaryDirectory() as output_dir:
+                training_args = TrainingArguments(
+                    output_dir, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
+                    learning_rate=5e-5, optim="adamw_torch", seed=args.seed, bf16=args.bf16,
+                    use_cpu=not cuda, report_to=[], save_strategy="no", eval_strategy="no", logging_strategy="no",
+                    disable_tqdm=True, dataloader_num_workers=0)
+                trainer = trainer_class(model=model, args=training_args,
+                                        train_dataset=anchor_data if arm == "anchor" else deferral_data,
+                                        processing_class=tokenizer, callbacks=[StepTimer()])
+                start = time.perf_counter()
+                loss = trainer.train().training_loss
+                total_seconds = time.perf_counter() - start
+            if set(step_marks) != {args.warmup, args.steps}:
+                raise RuntimeError(f"{arm}: expected steps {args.warmup} and {args.steps} to end, got "
+                                   f"{sorted(step_marks)}.")
+            seconds = step_marks[args.steps] - step_marks[args.warmup]
+            result["runs"].append({
+                "repeat": repeat, "arm": arm, "trainer": trainer_class.__name__, "model": type(model).__name__,
+                "parameters": parameters, "samples_per_s": timed_samples / seconds,
+                "ms_per_step": 1000 * seconds / (args.steps - args.warmup), "train_seconds_all_steps": total_seconds,
+                "train_loss": loss,
+                "peak_gpu_memory_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+            })
+            del trainer, model
+            runs = result["runs"]
+            pairs = [(a, d) for a in runs for d in runs
+                     if a["arm"] == "anchor" and d["arm"] == "deferral" and a["repeat"] == d["repeat"]]
+            if pairs:
+                result["deferral_over_anchor_samples_per_s"] = statistics.median(
+                    d["samples_per_s"] / a["samples_per_s"] for a, d in pairs)
+                result["deferral_over_anchor_step_time"] = statistics.median(
+                    a["samples_per_s"] / d["samples_per_s"] for a, d in pairs)
+                if cuda:
+                    result["deferral_over_anchor_peak_gpu_memory"] = statistics.median(
+                        d["peak_gpu_memory_mib"] / a["peak_gpu_memory_mib"] for a, d in pairs)
+            write_json(args.output, result)
+            print(json.dumps({key: value for key, value in runs[-1].items()}), flush=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=16, help="training steps per run")
@@ -155,6 +328,13 @@ def main() -> None:
                         help="folder for the tokenized data (default: a temporary one); with --worker, read from it")
     parser.add_argument("--profile", type=Path, default=None,
                         help="with --worker: write cProfile stats of that run to this file")
+    parser.add_argument("--device", default=None,
+                        help="run both arms side by side in this process on this device ('auto': cuda when there "
+                             "is a GPU; 'cuda', 'cuda:N', 'cpu') and write JSON to --output (see the docstring)")
+    parser.add_argument("--backbone", default=None,
+                        help=f"with --device: a local model folder (MiniLM) or one of {sorted(RANDOM_BACKBONES)}")
+    parser.add_argument("--tokenizer", default=None, help="with --device: tokenizer folder (default: --backbone)")
+    parser.add_argument("--bf16", action="store_true", help="with --device: TrainingArguments(bf16=True)")
     args = parser.parse_args()
     for name in ("steps", "batch_size", "eval_batch_size", "eval_examples", "max_length", "threads", "repeats"):
         if getattr(args, name) < 1:
@@ -162,6 +342,24 @@ def main() -> None:
     if not 1 <= args.warmup < args.steps:
         parser.error(f"--warmup must be in [1, --steps), got {args.warmup} with --steps {args.steps}.")
 
+    if args.device is not None:
+        if args.worker or args.profile:
+            parser.error("--device runs the side-by-side comparison; it does not combine with --worker/--profile.")
+        if not args.backbone:
+            parser.error("--device needs --backbone (a local model folder or "
+                         f"{' or '.join(sorted(RANDOM_BACKBONES))}).")
+        if args.output == DEFAULT_OUTPUT or args.output.suffix != ".json":
+            parser.error(f"--device writes JSON: give --output FILE.json, got {args.output}.")
+        if args.output.exists() and not args.overwrite:
+            parser.error(f"{args.output} exists; pass --overwrite to replace it or choose another --output.")
+        run_side_by_side(args)
+        print(f"wrote {args.output}")
+        return
+    for name in ("backbone", "tokenizer"):
+        if getattr(args, name) is not None:
+            parser.error(f"--{name} is for the side-by-side run: give --device too.")
+    if args.bf16:
+        parser.error("--bf16 is for the side-by-side run: give --device too.")
     if args.profile and not args.worker:
         parser.error("--profile profiles one configuration: use it with --worker NAME --data-dir DIR.")
     if args.worker:
