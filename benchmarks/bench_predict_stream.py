@@ -16,6 +16,20 @@ Example:
 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python benchmarks/bench_predict_stream.py --features-rows 10000 100000 1000000 \
     --text-rows 10000 100000 --speed 5000 --workdir /tmp/bench_predict
 ```
+
+Rows/s on a GPU (issue 32, item 4; `--device` selects this mode): the MiniLM of `--backbone` (a local folder) with a
+random deferral head (3 classes, 2 experts, mean pooling), saved with `save_for_hub`, over a generated CSV of
+`--text-rows` short texts, and the head-only model over a Parquet file of `--features-rows` 32-float vectors. Each
+is decided by `predict_file` (what `hf-defer predict` runs: load the pipeline, stream the file in chunks, write a
+CSV) twice in this process (the first run also warms the GPU up), the text model also by `pipeline("deferral")` on
+a list of the same texts (what streaming adds), and once by `python -m hf_defer predict` in a fresh process (start-up
+included). The pipeline takes the first GPU, as `hf-defer predict` does; `--device cpu` hides the GPUs. The JSON
+`--output` is rewritten after each measurement.
+
+```
+python benchmarks/bench_predict_stream.py --device cuda --backbone /models/minilm --text-rows 20000 \
+    --features-rows 200000 --batch-size 256 --workdir /tmp/bench_predict_gpu --output out/predict_stream.json
+```
 """
 
 from __future__ import annotations
@@ -30,6 +44,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 WORDS = "good bad great awful fine movie plot actor boring fun slow fast story ending music cast".split()
 
@@ -158,6 +173,96 @@ def speed(text_model: Path, classifier: Path, workdir: Path, rows: int) -> None:
             print(f"  {wanted[function]:45s} {row[3]:6.2f} s ({function} in {Path(filename).name})")
 
 
+def make_minilm_model(workdir: Path, backbone: str) -> Path:
+    """A deferral model over the encoder in `backbone` (float32, random head: 3 classes, experts alice and bob, mean
+    pooling), saved with its tokenizer under `workdir`."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from hf_defer import EncoderForDeferral, save_for_hub
+
+    folder = workdir / "minilm-deferral"
+    if not folder.exists():
+        torch.manual_seed(0)
+        model = EncoderForDeferral.from_encoder_pretrained(
+            backbone, num_labels=3, num_experts=2, expert_names=["alice", "bob"], pooling="mean", dtype=torch.float32,
+            id2label={0: "neg", 1: "neu", 2: "pos"}, label2id={"neg": 0, "neu": 1, "pos": 2})
+        save_for_hub(model, folder, processing_class=AutoTokenizer.from_pretrained(backbone))
+    return folder
+
+
+def rates(args: argparse.Namespace) -> dict[str, Any]:
+    """Rows/s of `predict_file` (twice, in this process), of `pipeline("deferral")` on a list (text model) and of
+    `python -m hf_defer predict` in a fresh process, for the MiniLM text model and the head-only model; the JSON
+    `args.output` is rewritten after each measurement. Returns what it wrote."""
+    root = Path(__file__).resolve().parents[1]
+    if str(root) not in sys.path:  # research/ is not installed: import it from this checkout
+        sys.path.insert(0, str(root))
+    from research.device_report import environment, resolve_device, write_json
+
+    device = resolve_device(args.device)
+    import hf_defer  # noqa: F401  (registers the "deferral" task)
+    from hf_defer.commands.predict import load_pipeline, predict_file
+
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    features, _, _ = make_models(workdir)
+    text = make_minilm_model(workdir, args.backbone)
+    result: dict[str, Any] = {
+        "benchmark": "hf-defer predict rows/s, streamed from a file to a CSV",
+        "environment": environment(device), "backbone": args.backbone, "batch_size": args.batch_size, "runs": []}
+    plans = [("MiniLM text model", text, "text", args.text_rows), ("head-only, 32 features", features, "features",
+                                                                      args.features_rows)]
+    for name, model, kind, rows in plans:
+        if not rows:
+            continue
+        source = make_inputs(workdir, kind, rows)
+        pipe = load_pipeline(str(model))
+        if str(pipe.device).split(":")[0] != device.split(":")[0]:
+            raise RuntimeError(f"the deferral pipeline went to {pipe.device}, not --device {device}.")
+        extra = {"text_column_names": "text"} if kind == "text" else {}
+        measured = []
+        if kind == "text":
+            texts = [line.split(",", 1)[1].rstrip("\n") for line in open(source, encoding="utf-8").readlines()[1:]]
+            list(pipe(texts[: args.batch_size], batch_size=args.batch_size, truncation=True))  # warm-up
+            start = time.perf_counter()
+            outputs = list(pipe(texts, batch_size=args.batch_size, truncation=True))
+            seconds = time.perf_counter() - start
+            assert len(outputs) == rows
+            measured.append(("pipeline('deferral') on a list (model loaded)", seconds))
+        del pipe
+        for attempt in ("first", "second"):
+            start = time.perf_counter()
+            written = predict_file(str(model), str(source), str(workdir / "out.csv"), batch_size=args.batch_size,
+                                   overwrite=True, disable_progress_bar=True, **extra)
+            seconds = time.perf_counter() - start
+            if written != rows:
+                raise RuntimeError(f"predict_file wrote {written} rows for {rows}.")
+            measured.append((f"predict_file, {attempt} run in the process (loads the model)", seconds))
+        for what, seconds in measured:
+            result["runs"].append({"model": name, "input": source.suffix[1:], "rows": rows, "run": what,
+                                   "seconds": seconds, "rows_per_s": rows / seconds, "device": str(device)})
+            write_json(args.output, result)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        command = [sys.executable, "-m", "hf_defer", "predict", "--model", str(model), "--input", str(source),
+                   "--output", str(workdir / "out.csv"), "--batch_size", str(args.batch_size), "--overwrite"]
+        if kind == "text":
+            command += ["--text_column_names", "text"]
+        start = time.perf_counter()
+        done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            raise RuntimeError(f"{command} failed: {done.stderr[-2000:]}")
+        result["runs"].append({"model": name, "input": source.suffix[1:], "rows": rows,
+                               "run": "python -m hf_defer predict, fresh process (start-up included)",
+                               "seconds": seconds, "rows_per_s": rows / seconds, "device": str(device)})
+        write_json(args.output, result)
+        for run in result["runs"][-len(measured) - 1:]:
+            print(f"| {run['model']} | {run['rows']:,} | {run['run']} | {run['seconds']:.2f} | "
+                  f"{run['rows_per_s']:.0f} |", flush=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--features-rows", type=int, nargs="*", default=[10_000, 100_000, 1_000_000])
@@ -165,7 +270,32 @@ def main() -> None:
     parser.add_argument("--old-checkout", default=None, help="a checkout whose hf_defer to run as well (text model)")
     parser.add_argument("--speed", type=int, default=0, help="texts for the rows/s comparison (0: skip)")
     parser.add_argument("--workdir", default="bench_predict_stream")
+    parser.add_argument("--device", default=None, choices=["auto", "cuda", "cpu"],
+                        help="measure rows/s on this device ('auto': the first GPU when there is one; 'cpu' hides "
+                             "the GPUs) instead of the memory table; needs --backbone and --output")
+    parser.add_argument("--backbone", default=None, help="with --device: local folder of the MiniLM encoder")
+    parser.add_argument("--batch-size", type=int, default=64, help="with --device: --batch_size of predict")
+    parser.add_argument("--output", type=Path, default=None, help="with --device: JSON file of the rates")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = parser.parse_args()
+    if args.device is not None:
+        if not args.backbone or not Path(args.backbone).is_dir():
+            parser.error(f"--device needs --backbone, a local model folder; got {args.backbone!r}.")
+        if args.output is None or args.output.suffix != ".json":
+            parser.error(f"--device writes JSON: give --output FILE.json, got {args.output}.")
+        if args.output.exists() and not args.overwrite:
+            parser.error(f"{args.output} exists; pass --overwrite to replace it or choose another --output.")
+        if args.batch_size < 1 or any(rows < 0 for rows in args.text_rows + args.features_rows):
+            parser.error("--batch-size must be >= 1 and the row counts >= 0.")
+        if len(args.text_rows) > 1 or len(args.features_rows) > 1:
+            parser.error("with --device give at most one --text-rows and one --features-rows count.")
+        args.text_rows = args.text_rows[0] if args.text_rows else 0
+        args.features_rows = args.features_rows[0] if args.features_rows else 0
+        if args.device == "cpu":  # before torch is imported: the pipeline takes the first GPU it sees
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        rates(args)
+        print(f"wrote {args.output}")
+        return
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     features, text, classifier = make_models(workdir)
