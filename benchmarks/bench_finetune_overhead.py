@@ -204,8 +204,8 @@ def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
 
     device = resolve_device(args.device)
     cuda = device.startswith("cuda")
-    if cuda:
-        torch.cuda.set_device(torch.device(device))
+    if cuda and torch.device(device).index is not None:  # "cuda:N"; plain "cuda" is the current device
+        torch.cuda.set_device(torch.device(device).index)
     transformers.logging.set_verbosity_error()
     datasets.disable_progress_bars()
     random_backbone = args.backbone in RANDOM_BACKBONES
@@ -260,6 +260,7 @@ def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
             if cuda:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated() / 2**20 if cuda else None  # what an earlier arm left (ought: ~0)
             transformers.set_seed(args.seed)
             model = build_arm(arm, args.backbone, tokenizer, device)
             parameters = sum(p.numel() for p in model.parameters())
@@ -287,6 +288,7 @@ def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
                 "ms_per_step": 1000 * seconds / (args.steps - args.warmup), "train_seconds_all_steps": total_seconds,
                 "train_loss": loss,
                 "peak_gpu_memory_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+                "gpu_memory_allocated_before_mib": before,
             })
             del trainer, model
             runs = result["runs"]
