@@ -30,7 +30,7 @@ else
   FT_MINILM="--batch-size 32 --max-length 128 --steps 60 --warmup 10 --repeats 3"
   FT_QWEN="--backbone qwen2-0.5b-random --batch-size 16 --max-length 128 --steps 30 --warmup 5 --repeats 2"
   PIPE="--texts 1024 --repeats 3 --batch-sizes 32 256 1"  # batch 1, the slowest, last
-  PRED="--text-rows 8000 --features-rows 30000 --batch-size 256"
+  PRED="--text-rows 8000 --features-rows 20000 --batch-size 256"
 fi
 bench() {  # name, seconds, arguments: one bench, capped, its log beside its JSON
   local name=$1 limit=$(($2 * SCALE)); shift 2

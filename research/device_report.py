@@ -13,6 +13,17 @@ from pathlib import Path
 from typing import Any
 
 
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo (or `platform.processor()` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def resolve_device(name: str) -> str:
     """`"auto"` becomes `"cuda"` when a GPU is visible, else `"cpu"`; any other name is checked and returned.
 
@@ -45,8 +56,6 @@ def environment(device: str) -> dict[str, Any]:
     import datasets
     import torch
     import transformers
-
-    from .finetune_overhead import cpu_model
 
     facts: dict[str, Any] = {
         "device": device,

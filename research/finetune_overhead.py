@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .device_report import cpu_model
 from .reporting import markdown_table, render_template
 
 TEXT_COLUMNS = ["input_ids", "attention_mask", "token_type_ids"]
@@ -76,17 +77,6 @@ def prepare_data(directory: Path, settings: OverheadSettings) -> dict[str, int]:
     data = data.select_columns([*TEXT_COLUMNS, "labels", "expert_labels", "expert_1", "expert_2"])
     data.save_to_disk(str(directory))
     return {"train": data["train"].num_rows, "eval": data["eval"].num_rows}
-
-
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (or `platform.processor()` elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def paired_ratio(results: dict[str, list[dict[str, Any]]], name: str, key: str) -> list[float]:

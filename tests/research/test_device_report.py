@@ -15,8 +15,7 @@ import pytest
 import torch
 from script_loader import load_script
 
-from research.device_report import environment, resolve_device, write_json
-from research.finetune_overhead import cpu_model
+from research.device_report import cpu_model, environment, resolve_device, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
