@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU figures of issue 32, item 4, in one call of 4 minutes at most (35 + 70 + 55 + 80 s) (each bench capped by `timeout`; each writes
+# GPU figures of issue 32, item 4, in one call of 4 minutes at most (30 + 80 + 50 + 80 s) (each bench capped by `timeout`; each writes
 # its JSON as soon as a measurement is done, so a bench cut short still leaves what it measured):
 #   (a) fine-tuning samples/s, DeferralTrainer vs Trainer + AutoModelForSequenceClassification, bf16: MiniLM and a
 #       random-weight Qwen2 with Qwen2-0.5B dimensions (full fine-tuning), peak GPU memory of each arm;
@@ -27,7 +27,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   PRED="--text-rows 100 --features-rows 1000 --batch-size 32"
 else
   DEVICE=${DEVICE:-cuda}; SCALE=1
-  FT_MINILM="--batch-size 32 --max-length 128 --steps 60 --warmup 10 --repeats 3"
+  FT_MINILM="--batch-size 32 --max-length 128 --steps 60 --warmup 10 --repeats 2"
   FT_QWEN="--backbone qwen2-0.5b-random --batch-size 16 --max-length 128 --steps 30 --warmup 5 --repeats 2"
   PIPE="--texts 1024 --repeats 3 --batch-sizes 32 256 1"  # batch 1, the slowest, last
   PRED="--text-rows 8000 --features-rows 20000 --batch-size 256"
@@ -38,9 +38,9 @@ bench() {  # name, seconds, arguments: one bench, capped, its log beside its JSO
   timeout -k 5 "$limit" "$PY" "$@" --output "$OUT/$name.json" >"$OUT/$name.log" 2>&1
   echo "== $name exit $? $(date -u +%T)"; tail -n 4 "$OUT/$name.log"
 }
-bench finetune_minilm 35 benchmarks/bench_finetune_overhead.py --device "$DEVICE" --backbone "$MINILM" --bf16 $FT_MINILM
-bench finetune_qwen2_0_5b 70 benchmarks/bench_finetune_overhead.py --device "$DEVICE" --tokenizer "$MINILM" --bf16 $FT_QWEN
-bench pipeline 55 benchmarks/bench_pipeline.py --device "$DEVICE" --backbone "$MINILM" $PIPE
+bench finetune_minilm 30 benchmarks/bench_finetune_overhead.py --device "$DEVICE" --backbone "$MINILM" --bf16 $FT_MINILM
+bench finetune_qwen2_0_5b 80 benchmarks/bench_finetune_overhead.py --device "$DEVICE" --tokenizer "$MINILM" --bf16 $FT_QWEN
+bench pipeline 50 benchmarks/bench_pipeline.py --device "$DEVICE" --backbone "$MINILM" $PIPE
 bench predict_stream 80 benchmarks/bench_predict_stream.py --device "$DEVICE" --backbone "$MINILM" --workdir "$WORK" $PRED
 rm -rf "$WORK"
 ls -l "$OUT"
