@@ -301,6 +301,16 @@ def compare(features: np.ndarray, subjects: Sequence[str], strong_correct: Any, 
                          "rows": n, "prices": list(STRONG_CALL_PRICES), "seconds": round(time.perf_counter() - start, 1)}}
 
 
+def selected_rows(num_rows: int, max_rows: int | None = None, seed: int = 0) -> np.ndarray:
+    """The dataset rows of a run: all `num_rows`, or a seeded random subset of `max_rows` in the dataset's order (the
+    subset of `mmlu_routing_data`, and of research/mmlu_e2e_router.py with the same `max_rows` and seed)."""
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
+        raise ValueError(f"`max_rows` must be a positive integer or None, got {max_rows!r}.")
+    if max_rows is None or max_rows >= num_rows:
+        return np.arange(num_rows)
+    return np.sort(np.random.default_rng(seed).choice(num_rows, max_rows, replace=False))
+
+
 def mmlu_routing_data(max_rows: int | None = None, seed: int = 0, model: str | None = None, device: str | None = None,
                       cache_dir: str | None = None) -> tuple[Any, np.ndarray]:
     """The questions (`load_routellm_mmlu()`, or a seeded random subset of `max_rows`) and their sentence embeddings
@@ -310,7 +320,7 @@ def mmlu_routing_data(max_rows: int | None = None, seed: int = 0, model: str | N
 
     data = load_routellm_mmlu()
     if max_rows is not None and max_rows < data.num_rows:
-        data = data.select(np.sort(np.random.default_rng(seed).choice(data.num_rows, max_rows, replace=False)))
+        data = data.select(selected_rows(data.num_rows, max_rows, seed))
     features = embed_texts(data["prompt"], model or DEFAULT_SENTENCE_ENCODER, cache_dir=cache_dir, device=device,
                            show_progress_bar=False)
     return data, features
