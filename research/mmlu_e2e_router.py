@@ -7,8 +7,9 @@ estimates come from a model trained on the other folds.
 
 [`run_e2e`] (the CLI is scripts/mmlu_e2e_router.py) does it all in one process, for a GPU:
 
-1. the MiniLM sentence embeddings of the prompts (`hf_defer.experts.embed_texts`), saved as `embeddings.npy`
-   (float32, the rows in the dataset's order) and `embeddings.json` (the dataset row of each, the encoder, the
+1. the MiniLM sentence embeddings of the prompts (`hf_defer.experts.embed_texts`), saved as `embeddings_0.npy`,
+   `embeddings_1.npy`, ... (float32, 5,000 rows each, in the dataset's order: a device run returns files of up to
+   16 MiB) and `embeddings.json` (the dataset row of each, the encoder, the
    device), so that scripts/mmlu_routing.py `--embeddings` reuses them instead of embedding on a CPU;
 2. the cross-fitted end-to-end router, its estimates written to `e2e_predictions.json` after every fold (a run cut
    short keeps the finished folds), read by scripts/mmlu_routing.py `--route-only-e2e`.
@@ -36,11 +37,13 @@ import numpy as np
 from .mmlu_routing import selected_rows, subject_folds
 
 __all__ = ["COLUMNS", "E2ESettings", "check_predictions", "cross_fit_e2e", "fit_e2e_router", "load_embeddings",
-           "load_predictions", "run_e2e"]
+           "load_predictions", "run_e2e", "save_embeddings"]
 
 COLUMNS = ("mixtral-8x7b-instruct", "gpt-4-1106-preview")
 """The dataset's correctness columns in the order of the estimates: (weak, strong), as `compare` expects."""
 EXPERT_NAMES = ("mixtral", "gpt4")
+EMBEDDING_PART_ROWS = 5000
+"""Rows per embeddings file: 5,000 x 384 float32 is 7.3 MiB."""
 
 
 @dataclasses.dataclass
@@ -278,8 +281,9 @@ def run_e2e(output: Path, model_path: str, device: str = "cpu", max_rows: int | 
 
     settings = settings or E2ESettings()
     output = Path(output)
-    names = ["embeddings.npy", "embeddings.json"] + ([] if embeddings_only else ["e2e_predictions.json"])
-    existing = [name for name in names if (output / name).exists()]
+    names = ["embeddings.json"] + ([] if embeddings_only else ["e2e_predictions.json"])
+    existing = [name for name in names if (output / name).exists()] + sorted(
+        path.name for path in output.glob("embeddings_*.npy"))
     if existing and not overwrite:
         raise FileExistsError(f"{output} already holds {existing}; pass --overwrite to replace them.")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -298,14 +302,20 @@ def run_e2e(output: Path, model_path: str, device: str = "cpu", max_rows: int | 
     log(f"{stamp()} {len(rows)} questions, {len(set(subjects))} subjects; device {common['device_name']}")
 
     start = time.perf_counter()
-    embeddings = np.asarray(embed_texts(prompts, model_path, device=device, show_progress_bar=False,
-                                        cache_dir=output / "embedding_cache", max_seq_length=settings.max_length),
-                            dtype=np.float32)
-    np.save(output / "embeddings.npy", embeddings)
-    embedding_record = {**common, "encoder": str(model_path), "shape": list(embeddings.shape),
-                        "seconds": round(time.perf_counter() - start, 2)}
-    _write_json(output / "embeddings.json", embedding_record)
-    log(f"{stamp()} embeddings {embeddings.shape} in {embedding_record['seconds']} s -> {output / 'embeddings.npy'}")
+    try:
+        with tempfile.TemporaryDirectory() as cache:
+            embeddings = np.asarray(embed_texts(prompts, model_path, device=device, show_progress_bar=False,
+                                                cache_dir=cache, max_seq_length=settings.max_length), dtype=np.float32)
+        parts = save_embeddings(output, embeddings)
+        embedding_record = {**common, "encoder": str(model_path), "shape": list(embeddings.shape), "parts": parts,
+                            "seconds": round(time.perf_counter() - start, 2)}
+        _write_json(output / "embeddings.json", embedding_record)
+        log(f"{stamp()} embeddings {embeddings.shape} in {embedding_record['seconds']} s -> {parts}")
+    except Exception as error:  # the router below does not need them: a failure here must not cost the GPU run
+        if embeddings_only:
+            raise
+        embedding_record = {"error": f"{type(error).__name__}: {error}"}
+        log(f"{stamp()} the embeddings FAILED ({embedding_record['error']}); going on with the router")
     if embeddings_only:
         return embedding_record
 
@@ -344,6 +354,16 @@ def run_e2e(output: Path, model_path: str, device: str = "cpu", max_rows: int | 
     return record
 
 
+def save_embeddings(output: Path, embeddings: np.ndarray, rows_per_part: int = EMBEDDING_PART_ROWS) -> list[str]:
+    """`embeddings` saved as `embeddings_0.npy`, `embeddings_1.npy`, ... of `rows_per_part` rows each, in order (each
+    file under the 16 MiB that a device run returns per file); returns the file names. [`load_embeddings`] joins them."""
+    names = []
+    for part, start in enumerate(range(0, max(len(embeddings), 1), rows_per_part)):
+        names.append(f"embeddings_{part}.npy")
+        np.save(Path(output) / names[-1], embeddings[start:start + rows_per_part])
+    return names
+
+
 def check_predictions(record: dict[str, Any], rows: np.ndarray, fold: np.ndarray, where: str) -> np.ndarray:
     """The `[n, 2]` estimates of an `e2e_predictions.json` record, after checking that they are for exactly `rows`
     (the dataset rows of the report), on the report's folds, complete and in [0, 1]; a `ValueError` says what is off."""
@@ -370,21 +390,31 @@ def load_predictions(path: Path, rows: np.ndarray, fold: np.ndarray) -> np.ndarr
     return check_predictions(json.loads(Path(path).read_text()), rows, fold, f"--route-only-e2e {path}")
 
 
-def load_embeddings(path: Path, rows: np.ndarray) -> np.ndarray:
-    """The `embeddings.npy` at `path`, checked against the report's `rows` (dataset row indices): the row count, and,
-    when `embeddings.json` lies beside it, the rows themselves."""
-    path = Path(path)
-    embeddings = np.load(path)
-    if embeddings.ndim != 2 or embeddings.shape[0] != len(rows):
-        raise ValueError(f"--embeddings {path}: {embeddings.shape[0] if embeddings.ndim else 0} rows (shape "
-                         f"{embeddings.shape}), but the report has {len(rows)} questions; embed the same selection "
-                         "(same --max-rows and --fold-seed).")
-    meta = path.with_suffix(".json")
+def load_embeddings(paths: Path | Sequence[Path], rows: np.ndarray) -> np.ndarray:
+    """The embeddings of the report's `rows` (dataset row indices) from one `.npy` file or several joined in the order
+    given (`embeddings_0.npy embeddings_1.npy ...` as [`run_e2e`] writes them), checked: the row count, and, when
+    `embeddings.json` lies beside them, that they are its parts in its order and of the same dataset rows."""
+    paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    where = "--embeddings " + " ".join(str(p) for p in paths)
+    if not paths:
+        raise ValueError("--embeddings: give at least one .npy file.")
+    parts = [np.load(path) for path in paths]
+    if any(part.ndim != 2 or part.shape[1] != parts[0].shape[1] for part in parts):
+        raise ValueError(f"{where}: each file must hold a [rows, dim] array of one width, got shapes "
+                         f"{[part.shape for part in parts]}.")
+    embeddings = np.concatenate(parts)
+    if embeddings.shape[0] != len(rows):
+        raise ValueError(f"{where}: {embeddings.shape[0]} rows (shape {embeddings.shape}), but the report has "
+                         f"{len(rows)} questions; embed the same selection (same --max-rows and --fold-seed), and "
+                         "give every part.")
+    meta = paths[0].parent / "embeddings.json"
     if meta.exists():
-        saved = json.loads(meta.read_text()).get("rows")
-        if saved is not None and list(saved) != np.asarray(rows).tolist():
-            raise ValueError(f"--embeddings {path}: {meta.name} says they are of other dataset rows than the report's "
+        saved = json.loads(meta.read_text())
+        if saved.get("parts") is not None and [p.name for p in paths] != saved["parts"] and len(paths) > 1:
+            raise ValueError(f"{where}: {meta} lists the parts {saved['parts']}, in that order.")
+        if saved.get("rows") is not None and list(saved["rows"]) != np.asarray(rows).tolist():
+            raise ValueError(f"{where}: {meta.name} says they are of other dataset rows than the report's "
                              "(same count, other selection); use the same --max-rows and --fold-seed.")
     if not np.isfinite(embeddings).all():
-        raise ValueError(f"--embeddings {path}: holds NaN or infinite values.")
+        raise ValueError(f"{where}: holds NaN or infinite values.")
     return embeddings.astype(np.float32)

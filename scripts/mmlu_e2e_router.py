@@ -5,7 +5,7 @@ the report's folds, in one process on a GPU; also saves the MiniLM embeddings of
     python scripts/mmlu_e2e_router.py --model "$MINILM" --device cuda --output "$OUT" --embeddings-only
     python scripts/mmlu_e2e_router.py --model "$MINILM" --device cpu --output /tmp/e2e --max-rows 100 --max-steps 1
 
-Then: python scripts/mmlu_routing.py --embeddings "$OUT/embeddings.npy" --route-only-e2e "$OUT/e2e_predictions.json"
+Then: python scripts/mmlu_routing.py --embeddings "$OUT"/embeddings_*.npy --route-only-e2e "$OUT/e2e_predictions.json"
 The logic lives in `research.mmlu_e2e_router`.
 """
 
@@ -23,7 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="local folder of the encoder (all-MiniLM-L6-v2)")
     parser.add_argument("--output", type=Path, required=True,
-                        help="folder for embeddings.npy, embeddings.json, e2e_predictions.json")
+                        help="folder for embeddings_*.npy, embeddings.json, e2e_predictions.json")
     parser.add_argument("--device", default="cuda", help="cuda (bf16 autocast) or cpu")
     parser.add_argument("--max-rows", type=int, default=None, help="a seeded random subset (as scripts/mmlu_routing.py)")
     parser.add_argument("--folds", type=int, default=5)

@@ -91,9 +91,10 @@ def test_the_script_writes_embeddings_and_complete_predictions_that_the_report_r
             "--batch-size", "8", "--max-length", "32", "--side-feature-dim", "2"]
     record = script.main(argv)
     rows = selected_rows(14037, 30, 0)
-    embeddings = np.load(out / "embeddings.npy")
+    embeddings = np.load(out / "embeddings_0.npy")
     assert embeddings.shape == (30, 16) and embeddings.dtype == np.float32
-    assert json.loads((out / "embeddings.json").read_text())["rows"] == rows.tolist()
+    meta = json.loads((out / "embeddings.json").read_text())
+    assert meta["rows"] == rows.tolist() and meta["parts"] == ["embeddings_0.npy"]
     saved = json.loads((out / "e2e_predictions.json").read_text())
     assert saved["complete"] and sorted(saved["folds_done"]) == [0, 1, 2, 3, 4]
     assert saved["columns"] == ["mixtral-8x7b-instruct", "gpt-4-1106-preview"] == list(e2e.COLUMNS)
@@ -104,7 +105,7 @@ def test_the_script_writes_embeddings_and_complete_predictions_that_the_report_r
     fold = subject_folds(load_routellm_mmlu().select(rows)["subject"], 5, 0)
     estimates = e2e.check_predictions(saved, rows, fold, "test")
     assert estimates.shape == (30, 2) and np.all((estimates > 0) & (estimates < 1))
-    np.testing.assert_array_equal(e2e.load_embeddings(out / "embeddings.npy", rows), embeddings)
+    np.testing.assert_array_equal(e2e.load_embeddings(out / "embeddings_0.npy", rows), embeddings)
     with pytest.raises(FileExistsError, match="--overwrite"):  # nothing saved is replaced without asking
         script.main(argv)
     # what the report refuses: another selection, other folds, an unfinished run
@@ -116,9 +117,19 @@ def test_the_script_writes_embeddings_and_complete_predictions_that_the_report_r
     with pytest.raises(ValueError, match="1 rows have no estimate"):
         e2e.check_predictions(saved, rows, fold, "f")
     with pytest.raises(ValueError, match="but the report has 31 questions"):
-        e2e.load_embeddings(out / "embeddings.npy", np.arange(31))
+        e2e.load_embeddings(out / "embeddings_0.npy", np.arange(31))
     with pytest.raises(ValueError, match="other dataset rows"):
-        e2e.load_embeddings(out / "embeddings.npy", rows + 1)
+        e2e.load_embeddings(out / "embeddings_0.npy", rows + 1)
+
+
+def test_embeddings_in_parts_join_in_order_and_a_missing_part_is_named(tmp_path):
+    embeddings = np.arange(11 * 3, dtype=np.float32).reshape(11, 3)
+    names = e2e.save_embeddings(tmp_path, embeddings, rows_per_part=4)
+    assert names == ["embeddings_0.npy", "embeddings_1.npy", "embeddings_2.npy"]
+    assert [len(np.load(tmp_path / n)) for n in names] == [4, 4, 3]
+    np.testing.assert_array_equal(e2e.load_embeddings([tmp_path / n for n in names], np.arange(11)), embeddings)
+    with pytest.raises(ValueError, match="7 rows .* the report has 11 questions"):
+        e2e.load_embeddings([tmp_path / n for n in names[1:]], np.arange(11))
 
 
 def test_docstring_examples():
