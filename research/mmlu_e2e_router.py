@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from transformers import TrainerCallback
 
 from .mmlu_routing import selected_rows, subject_folds
 
@@ -83,6 +84,19 @@ class E2ESettings:
         self.head_hidden_sizes = tuple(self.head_hidden_sizes)
 
 
+class _Progress(TrainerCallback):
+    """A Trainer callback: the step, the seconds since the start and the steps per second, every 100 steps."""
+
+    def __init__(self, log: Callable[[str], None], start: float, every: int = 100) -> None:
+        self.log, self.start, self.every = log, start, every
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step % self.every == 0:
+            seconds = time.perf_counter() - self.start
+            self.log(f"[{time.strftime('%H:%M:%S')}]   step {state.global_step}/{state.max_steps}, {seconds:.1f} s "
+                     f"({state.global_step / seconds:.1f} steps/s)")
+
+
 def _autocast(device: str) -> Any:
     import torch
 
@@ -91,8 +105,8 @@ def _autocast(device: str) -> Any:
 
 
 def fit_e2e_router(prompts: Sequence[str], subjects: Sequence[str], correct: np.ndarray, model_path: str,
-                   settings: E2ESettings, device: str = "cpu",
-                   work_dir: str | None = None) -> Callable[[Sequence[str], Sequence[str]], np.ndarray]:
+                   settings: E2ESettings, device: str = "cpu", work_dir: str | None = None,
+                   log: Callable[[str], None] | None = None) -> Callable[[Sequence[str], Sequence[str]], np.ndarray]:
     """Fine-tunes the route-only model end to end on the given (training) rows.
 
     Args:
@@ -102,6 +116,7 @@ def fit_e2e_router(prompts: Sequence[str], subjects: Sequence[str], correct: np.
         settings ([`E2ESettings`]): the fixed settings.
         device (`str`): `"cpu"` or `"cuda"` (bf16 autocast on cuda).
         work_dir (`str`, *optional*): the Trainer's output folder (nothing is saved there); a temporary one by default.
+        log (`Callable[[str], None]`, *optional*): told the step and the mean loss every 100 optimizer steps.
 
     Returns:
         `(prompts, subjects) -> [m, 2]` expert-accuracy estimates (Mixtral, GPT-4); its `.model` is the trained
@@ -168,6 +183,8 @@ def fit_e2e_router(prompts: Sequence[str], subjects: Sequence[str], correct: np.
             train_sampling_strategy="group_by_length" if settings.group_by_length else "random")
         trainer = DeferralTrainer(model=model, args=args, processing_class=tokenizer,
                                   train_dataset=prepared.dataset["train"], optimizers=(optimizer, None))
+        if log is not None:
+            trainer.add_callback(_Progress(log, time.perf_counter()))
         trained = trainer.train()
     model = trainer.model.eval()
     specs = model.config.side_features
@@ -320,7 +337,7 @@ def run_e2e(output: Path, model_path: str, device: str = "cpu", max_rows: int | 
         return embedding_record
 
     if device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")  # TF32 for what runs outside bf16 autocast
     fold = subject_folds(subjects, folds, fold_seed)
     record = {**common, "columns": list(COLUMNS), "encoder": str(model_path), "folds": folds, "fold_seed": fold_seed,
               "fold": fold.tolist(), "settings": dataclasses.asdict(settings), "estimates": [None] * len(rows),
@@ -330,7 +347,7 @@ def run_e2e(output: Path, model_path: str, device: str = "cpu", max_rows: int | 
     def fit(train: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
         log(f"{stamp()} training on {len(train)} rows")
         estimate = fit_e2e_router([prompts[i] for i in train], [subjects[i] for i in train], correct[train],
-                                  model_path, settings, device)
+                                  model_path, settings, device, log=log)
 
         def predict(held: np.ndarray) -> np.ndarray:
             return estimate([prompts[i] for i in held], [subjects[i] for i in held])
