@@ -135,3 +135,103 @@ def test_embeddings_in_parts_join_in_order_and_a_missing_part_is_named(tmp_path)
 def test_docstring_examples():
     result = doctest.testmod(e2e, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+def _routing_data(n: int = 240, seed: int = 0):
+    """Features that say nothing, three subjects; GPT-4 right more often on 'math'."""
+    rng = np.random.default_rng(seed)
+    subjects = rng.choice(["art", "law", "math"], size=n).tolist()
+    weak = rng.random(n) < 0.6
+    strong = rng.random(n) < np.where(np.array(subjects) == "math", 0.95, 0.7)
+    return rng.normal(size=(n, 4)).astype(np.float32), subjects, strong, weak
+
+
+def test_compare_adds_the_end_to_end_row_paired_with_the_subject_and_classifier_routers():
+    import research.mmlu_routing as mr
+
+    features, subjects, strong, weak = _routing_data()
+    # estimates that know the outcome: a router that beats every fitted one
+    knowing = np.column_stack([weak, strong]).astype(np.float64) * 0.8 + 0.1
+    record = mr.compare(features, subjects, strong, weak, folds=3, bootstrap=10, epochs=2, log=lambda _: None,
+                        route_only_e2e=knowing)
+    routers = record["routers"]
+    row = routers["route_only_e2e"]
+    assert set(row["paired"]) == {"subject", "correctness_subject"}
+    for other in ("subject", "correctness_subject"):
+        for measure in ("apgr", "cpt_50"):
+            expected = np.asarray(row[f"bootstrap_{measure}"]) - np.asarray(routers[other][f"bootstrap_{measure}"])
+            np.testing.assert_allclose(row["paired"][other][measure], expected)
+    assert row["apgr"] > routers["subject"]["apgr"] + 0.3 and row["apgr"] > 1  # keeps Mixtral where GPT-4 is wrong
+    # the same estimates by the oracle's rule: call GPT-4 only where it alone is right
+    assert row["cpt_50"] < routers["subject"]["cpt_50"]
+    record["settings"] |= {"date": "2025-01-01", "machine": "test", "command": "test", "encoder": "random features",
+                           "embedding_seconds": 0, "max_rows": None, "subjects": 3}
+    text = mr.report_markdown(record)
+    label = "Route-only deferral model fine-tuned end to end (MiniLM + subject side feature)"
+    assert f"| {label} |" in text
+    assert f"{label} against Subject only" in text and "ahead, the interval excludes 0" in text
+    for bad, message in ((knowing[:-1], r"must be \[240, 2\]"), (knowing * 2, "values outside")):
+        with pytest.raises(ValueError, match=message):
+            mr.compare(features, subjects, strong, weak, folds=3, bootstrap=2, epochs=1, log=lambda _: None,
+                       route_only_e2e=bad)
+
+
+def test_an_old_record_without_the_row_renders_it_pending():
+    import research.mmlu_routing as mr
+
+    features, subjects, strong, weak = _routing_data(90)
+    record = mr.compare(features, subjects, strong, weak, folds=3, bootstrap=2, epochs=1, log=lambda _: None)
+    assert record["routers"]["route_only_e2e"] == {"pending": True}
+    del record["routers"]["route_only_e2e"]  # a JSON written before the row existed
+    record["settings"] |= {"date": "2025-01-01", "machine": "test", "command": "test", "encoder": "random features",
+                           "embedding_seconds": 0, "max_rows": None, "subjects": 3}
+    text = mr.report_markdown(record)
+    assert "| Route-only deferral model fine-tuned end to end (MiniLM + subject side feature) | pending |" in text
+
+
+def test_the_report_script_reads_the_gpu_embeddings_and_end_to_end_estimates(tmp_path):
+    from hf_defer.data import load_routellm_mmlu
+
+    script = load_script("mmlu_routing.py")
+    n, folds = 150, 3
+    rows = selected_rows(14037, n, 0)
+    data = load_routellm_mmlu().select(rows)
+    fold = subject_folds([str(s) for s in data["subject"]], folds, 0)
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    rng = np.random.default_rng(0)
+    embeddings = rng.normal(size=(n, 8)).astype(np.float32)
+    parts = e2e.save_embeddings(gpu, embeddings, rows_per_part=60)
+    (gpu / "embeddings.json").write_text(json.dumps({"rows": rows.tolist(), "parts": parts, "encoder": "MiniLM",
+                                                     "device_name": "NVIDIA H200"}))
+    correct = np.stack([np.asarray(data[c], dtype=float) for c in e2e.COLUMNS], axis=1)
+    estimates = np.clip(0.5 * correct + 0.25 + rng.normal(0, 0.05, size=correct.shape), 0, 1)
+    settings = {"epochs": 2, "batch_size": 32, "lr": 3e-5, "head_lr": 1e-3, "side_feature_dim": 16,
+                "weight_decay": 0.01, "warmup": 0.1, "max_length": 256}
+    predictions = {"rows": rows.tolist(), "fold": fold.tolist(), "folds": folds, "fold_seed": 0,
+                   "columns": list(e2e.COLUMNS), "estimates": estimates.round(6).tolist(), "settings": settings,
+                   "device_name": "NVIDIA H200", "encoder": "MiniLM",
+                   "fold_info": [{"train_seconds": 10.0, "predict_seconds": 1.0}] * folds}
+    (gpu / "e2e_predictions.json").write_text(json.dumps(predictions))
+    common = ["--output", str(tmp_path / "report"), "--max-rows", str(n), "--folds", str(folds), "--bootstrap", "5",
+              "--epochs", "2", "--embeddings", *[str(gpu / p) for p in parts]]
+    script.main([*common, "--route-only-e2e", str(gpu / "e2e_predictions.json")])
+    record = json.loads((tmp_path / "report" / "mmlu_routing.json").read_text())
+    row = record["routers"]["route_only_e2e"]
+    assert record["settings"]["rows"] == n and "NVIDIA H200" in record["settings"]["encoder"]
+    # the row is exactly these estimates, evaluated: its exact-curve APGR from the same score computed here
+    from hf_defer.evaluation.routellm_metrics import apgr, call_performance_curve
+
+    score = estimates.round(6)[:, 1] - estimates.round(6)[:, 0]
+    strong, weak = correct[:, 1].astype(bool), correct[:, 0].astype(bool)
+    assert row["apgr_exact"] == pytest.approx(apgr(call_performance_curve(score, strong, weak, None)), abs=1e-9)
+    text = (tmp_path / "report" / "mmlu_routing.md").read_text()
+    assert "**Fine-tuned end to end.**" in text and "on NVIDIA H200" in text and "33 s for the 3 folds" in text
+    # another selection, other folds, a missing part: refused, naming the file
+    with pytest.raises(ValueError, match="but the report has 149"):
+        script.main([*common[:2], "--max-rows", str(n - 1), "--route-only-e2e", str(gpu / "e2e_predictions.json")])
+    with pytest.raises(ValueError, match="not the report's"):
+        script.main([*common, "--fold-seed", "0", "--folds", "4", "--route-only-e2e",
+                     str(gpu / "e2e_predictions.json")])
+    with pytest.raises(ValueError, match="90 rows .* the report has 150 questions"):
+        script.main([*common[:-3], str(gpu / parts[1]), str(gpu / parts[2])])
