@@ -50,7 +50,7 @@ ROUTERS = {
     "correctness_subject": "Two correctness classifiers on MiniLM + the subject (one-hot)",
     "route_only": "Route-only deferral model (DeferralConfig(route_only=True)) on MiniLM",
     "route_only_subject": "Route-only deferral model on MiniLM + the subject as a side feature embedded in the model "
-                          "(head chosen by inner cross-validation)",
+                          "(head and weight decay chosen by inner cross-validation)",
     "route_only_e2e": "Route-only deferral model fine-tuned end to end (MiniLM + subject side feature)",
     "oracle": "Oracle (RouteLLM's optimum)",
 }
