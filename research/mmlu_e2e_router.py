@@ -116,7 +116,7 @@ def fit_e2e_router(prompts: Sequence[str], subjects: Sequence[str], correct: np.
         settings ([`E2ESettings`]): the fixed settings.
         device (`str`): `"cpu"` or `"cuda"` (bf16 autocast on cuda).
         work_dir (`str`, *optional*): the Trainer's output folder (nothing is saved there); a temporary one by default.
-        log (`Callable[[str], None]`, *optional*): told the step and the mean loss every 100 optimizer steps.
+        log (`Callable[[str], None]`, *optional*): told the step, the seconds and the steps per second every 100 steps.
 
     Returns:
         `(prompts, subjects) -> [m, 2]` expert-accuracy estimates (Mixtral, GPT-4); its `.model` is the trained
