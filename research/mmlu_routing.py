@@ -50,7 +50,8 @@ ROUTERS = {
     "correctness_subject": "Two correctness classifiers on MiniLM + the subject (one-hot)",
     "route_only": "Route-only deferral model (DeferralConfig(route_only=True)) on MiniLM",
     "route_only_subject": "Route-only deferral model on MiniLM + the subject as a side feature embedded in the model "
-                          "(head chosen by inner cross-validation)",
+                          "(head and weight decay chosen by inner cross-validation)",
+    "route_only_e2e": "Route-only deferral model fine-tuned end to end (MiniLM + subject side feature)",
     "oracle": "Oracle (RouteLLM's optimum)",
 }
 """Row names of the report, in its order."""
@@ -212,9 +213,19 @@ def _evaluate_estimates(estimates: np.ndarray, strong: np.ndarray, weak: np.ndar
     return record
 
 
+def _pair(routers: dict[str, Any], name: str) -> None:
+    """`routers[name]["paired"]`: its bootstrap APGR and CPT(50 %) minus those of the subject-only router and of the
+    two correctness classifiers on MiniLM + the subject, resample by resample."""
+    result = routers[name]
+    result["paired"] = {other: {measure: (np.asarray(result[f"bootstrap_{measure}"]) - np.asarray(
+        routers[other][f"bootstrap_{measure}"])).tolist() for measure in ("apgr", "cpt_50")}
+        for other in ("subject", "correctness_subject") if "bootstrap_apgr" in routers.get(other, {})}
+
+
 def compare(features: np.ndarray, subjects: Sequence[str], strong_correct: Any, weak_correct: Any, folds: int = 5,
             fold_seed: int = 0, bootstrap: int = 200, epochs: int = 30, route_only: RouteOnlyFit | None = None,
-            log: Callable[[str], None] = print, route_only_subject: Callable[..., Any] | None = None) -> dict[str, Any]:
+            log: Callable[[str], None] = print, route_only_subject: Callable[..., Any] | None = None,
+            route_only_e2e: np.ndarray | None = None) -> dict[str, Any]:
     """Every router of [`ROUTERS`], cross-fitted on the same folds, measured as RouteLLM measures (APGR, CPT).
 
     Args:
@@ -229,6 +240,10 @@ def compare(features: np.ndarray, subjects: Sequence[str], strong_correct: Any, 
             the route-only model with the subject as a side feature (`mmlu_side_features.fit_route_only_side_features`); its row is
             pending without it. Its APGR and CPT(50 %) are compared, paired, with the subject-only router and the two
             correctness classifiers on MiniLM + the subject.
+        route_only_e2e (`np.ndarray` `[N, 2]`, *optional*): out-of-fold estimates (Mixtral, GPT-4) of the route-only
+            model fine-tuned end to end (research/mmlu_e2e_router.py, on a GPU), made on exactly these folds (the
+            caller checks that: `mmlu_e2e_router.check_predictions`); its row is pending without them. Compared,
+            paired, as `route_only_subject`.
         log (`Callable[[str], None]`): progress messages.
 
     Returns:
@@ -284,11 +299,20 @@ def compare(features: np.ndarray, subjects: Sequence[str], strong_correct: Any, 
         estimates = cross_fit(fit_with_subject, fold)
         routers["route_only_subject"] = _evaluate_estimates(estimates, strong, weak, samples)
         scored["route_only_subject"] = estimates[:, 1] - estimates[:, 0]
-        result = routers["route_only_subject"]
-        result["paired"] = {other: {measure: (np.asarray(result[f"bootstrap_{measure}"]) - np.asarray(
-            routers[other][f"bootstrap_{measure}"])).tolist() for measure in ("apgr", "cpt_50")}
-            for other in ("subject", "correctness_subject") if "bootstrap_apgr" in routers.get(other, {})}
-        log(f"route_only_subject: APGR {result['apgr']:.3f}, {time.perf_counter() - start:.0f} s")
+        _pair(routers, "route_only_subject")
+        log(f"route_only_subject: APGR {routers['route_only_subject']['apgr']:.3f}, {time.perf_counter() - start:.0f} s")
+    if route_only_e2e is None:
+        routers["route_only_e2e"] = {"pending": True}
+    else:
+        estimates = np.asarray(route_only_e2e, dtype=np.float64)
+        if estimates.shape != (n, 2) or not np.all((estimates >= 0) & (estimates <= 1)):
+            raise ValueError(f"`route_only_e2e` must be [{n}, 2] accuracy estimates in [0, 1] (Mixtral, GPT-4), got "
+                             f"shape {estimates.shape}" + ("" if estimates.shape != (n, 2) else " with values outside")
+                             + ".")
+        routers["route_only_e2e"] = _evaluate_estimates(estimates, strong, weak, samples)
+        scored["route_only_e2e"] = estimates[:, 1] - estimates[:, 0]
+        _pair(routers, "route_only_e2e")
+        log(f"route_only_e2e: APGR {routers['route_only_e2e']['apgr']:.3f}")
     routers["oracle"] = routing_summary(oracle_curve(strong, weak), LEVELS) | {
         "apgr_exact": apgr(oracle_curve(strong, weak, np.arange(n + 1) / n)), "curve": _curve_record(oracle_curve(strong, weak))}
     for name in scored:  # paired bootstrap: the same resamples for every router
@@ -301,6 +325,16 @@ def compare(features: np.ndarray, subjects: Sequence[str], strong_correct: Any, 
                          "rows": n, "prices": list(STRONG_CALL_PRICES), "seconds": round(time.perf_counter() - start, 1)}}
 
 
+def selected_rows(num_rows: int, max_rows: int | None = None, seed: int = 0) -> np.ndarray:
+    """The dataset rows of a run: all `num_rows`, or a seeded random subset of `max_rows` in the dataset's order (the
+    subset of `mmlu_routing_data`, and of research/mmlu_e2e_router.py with the same `max_rows` and seed)."""
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
+        raise ValueError(f"`max_rows` must be a positive integer or None, got {max_rows!r}.")
+    if max_rows is None or max_rows >= num_rows:
+        return np.arange(num_rows)
+    return np.sort(np.random.default_rng(seed).choice(num_rows, max_rows, replace=False))
+
+
 def mmlu_routing_data(max_rows: int | None = None, seed: int = 0, model: str | None = None, device: str | None = None,
                       cache_dir: str | None = None) -> tuple[Any, np.ndarray]:
     """The questions (`load_routellm_mmlu()`, or a seeded random subset of `max_rows`) and their sentence embeddings
@@ -310,7 +344,7 @@ def mmlu_routing_data(max_rows: int | None = None, seed: int = 0, model: str | N
 
     data = load_routellm_mmlu()
     if max_rows is not None and max_rows < data.num_rows:
-        data = data.select(np.sort(np.random.default_rng(seed).choice(data.num_rows, max_rows, replace=False)))
+        data = data.select(selected_rows(data.num_rows, max_rows, seed))
     features = embed_texts(data["prompt"], model or DEFAULT_SENTENCE_ENCODER, cache_dir=cache_dir, device=device,
                            show_progress_bar=False)
     return data, features
@@ -340,12 +374,13 @@ def _findings(record: dict[str, Any]) -> list[str]:
         verdict = ("below" if high < 0 else "above" if low > 0 else "not distinguishable from")
         findings.append(f"{ROUTERS[name]}: APGR {result['apgr'] - routers['subject']['apgr']:+.3f} against the "
                         f"subject-only router, {verdict} it (paired 95 % interval [{low:.3f}, {high:.3f}]).")
-    for other, paired in fitted.get("route_only_subject", {}).get("paired", {}).items():
+    for name, other, paired in [(name, other, paired) for name in ("route_only_subject", "route_only_e2e")
+                                for other, paired in fitted.get(name, {}).get("paired", {}).items()]:
         for measure, better, label in (("apgr", "above", "APGR"), ("cpt_50", "below", "CPT(50 %)")):
             low, high = np.percentile(paired[measure], [2.5, 97.5])
             mean = float(np.mean(paired[measure]))
             wins = (low > 0) if better == "above" else (high < 0)
-            findings.append(f"{ROUTERS['route_only_subject']} against {ROUTERS[other]}: {label} difference "
+            findings.append(f"{ROUTERS[name]} against {ROUTERS[other]}: {label} difference "
                             f"{mean:+.3f} (paired 95 % interval [{low:.3f}, {high:.3f}]): "
                             + ("ahead, the interval excludes 0." if wins else "**not ahead**: the interval does not "
                                f"exclude 0 on the side that would make it better (lower CPT, higher APGR is better)."))

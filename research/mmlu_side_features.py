@@ -11,17 +11,25 @@ import numpy as np
 
 from .mmlu_routing import subject_folds
 
-__all__ = ["fit_route_only_side_features"]
+__all__ = ["WEIGHT_DECAYS", "fit_route_only_side_features"]
+
+WEIGHT_DECAYS = (0.0, 1e-3, 1e-2, 1e-1, 1.0)
+"""The L2 penalties the inner cross-validation chooses from (with the head)."""
 
 
 def fit_route_only_side_features(features: np.ndarray, subjects: Sequence[str], correct: np.ndarray, seed: int,
                                  epochs: int = 30, hidden: Sequence[Sequence[int]] = ((), (64,)), inner_folds: int = 3,
-                                 dim: int = 16) -> Callable[[np.ndarray, Sequence[str]], np.ndarray]:
+                                 dim: int = 16, weight_decays: Sequence[float] = WEIGHT_DECAYS,
+                                 ) -> Callable[[np.ndarray, Sequence[str]], np.ndarray]:
     """The route-only deferral model with the subject as a side feature *inside* the model (an embedding of width
     `dim` joined to the features before the head: `DeferralConfig(side_features=...)`), trained as
-    [`fit_route_only_deferral`] (full-batch L-BFGS, `epochs` iterations). The head (`hidden`: a linear head, or one
-    hidden layer of 64) is chosen by `inner_folds`-fold cross-validation on the given (training) rows only, by the
-    held-out loss; returns `(features, subjects) -> expert_accuracy` (`[m, 2]`)."""
+    [`fit_route_only_deferral`] (full-batch L-BFGS, `epochs` iterations) on its loss plus an L2 penalty
+    `weight_decay / 2 * ||W_text||^2` on the head's first-layer weights that read the features (the text), not on
+    those of the subject, so that shrinking what the text says leaves the subject's effect free. The head
+    (`hidden`: a linear head, or one hidden layer of 64) and the `weight_decay` (`weight_decays`) are chosen together,
+    on the grid of both, by `inner_folds`-fold cross-validation on the given (training) rows only, by the held-out loss
+    (without the penalty); returns `(features, subjects) -> expert_accuracy` (`[m, 2]`), with `.model.chosen_head`,
+    `.model.chosen_weight_decay` and `.model.inner_losses` (`{(head, weight_decay): loss}` as a list of dicts)."""
     import torch
 
     from hf_defer.modeling.configuration_deferral import DeferralConfig
@@ -35,7 +43,7 @@ def fit_route_only_side_features(features: np.ndarray, subjects: Sequence[str], 
         ids, _ = side_feature_tensors(specs, [{"subject": str(name)} for name in names])
         return torch.as_tensor(f, dtype=torch.float32), ids
 
-    def train(rows: np.ndarray, sizes: Sequence[int]) -> Any:
+    def train(rows: np.ndarray, sizes: Sequence[int], weight_decay: float) -> Any:
         torch.manual_seed(seed)
         model = EncoderForRouting(DeferralConfig(feature_size=features.shape[1], route_only=True, num_experts=2,
                                                  expert_names=["mixtral", "gpt4"], side_features=specs,
@@ -43,29 +51,38 @@ def fit_route_only_side_features(features: np.ndarray, subjects: Sequence[str], 
         x, ids = tensors(features[rows], [subjects[i] for i in rows])
         c = torch.as_tensor(correct[rows], dtype=torch.float32)
         optimizer = torch.optim.LBFGS(model.parameters(), max_iter=epochs, line_search_fn="strong_wolfe")
+        first = next(module for module in model.head.modules() if isinstance(module, torch.nn.Linear))
+        width = features.shape[1]  # the head reads [features, subject embedding]: the text's columns come first
 
         def closure() -> torch.Tensor:
             optimizer.zero_grad()
             loss = model(features=x, side_categorical=ids, expert_correct=c).loss
+            if weight_decay:
+                loss = loss + weight_decay / 2 * (first.weight[:, :width] ** 2).sum()
             loss.backward()
             return loss
 
         optimizer.step(closure)
         return model.eval()
 
+    if not weight_decays or any(not np.isfinite(w) or w < 0 for w in weight_decays):
+        raise ValueError(f"`weight_decays` must be a non-empty sequence of finite numbers >= 0, got {weight_decays!r}.")
     inner = subject_folds(subjects, inner_folds, seed)
+    grid = [(tuple(sizes), float(weight_decay)) for sizes in hidden for weight_decay in weight_decays]
     losses = []
-    for sizes in hidden:
+    for sizes, weight_decay in grid:
         total = 0.0
         for k in range(inner_folds):
-            model, held = train(np.flatnonzero(inner != k), sizes), np.flatnonzero(inner == k)
+            model, held = train(np.flatnonzero(inner != k), sizes, weight_decay), np.flatnonzero(inner == k)
             x, ids = tensors(features[held], [subjects[i] for i in held])
             with torch.no_grad():
                 total += float(model(features=x, side_categorical=ids, expert_correct=torch.as_tensor(
                     correct[held], dtype=torch.float32)).loss) * len(held)
         losses.append(total / len(subjects))
-    model = train(np.arange(len(subjects)), hidden[int(np.argmin(losses))])
-    model.chosen_head, model.inner_losses = list(hidden[int(np.argmin(losses))]), losses
+    sizes, weight_decay = grid[int(np.argmin(losses))]
+    model = train(np.arange(len(subjects)), sizes, weight_decay)
+    model.chosen_head, model.chosen_weight_decay = list(sizes), weight_decay
+    model.inner_losses = [{"head": list(h), "weight_decay": w, "loss": loss} for (h, w), loss in zip(grid, losses)]
 
     def estimate(rows: np.ndarray, names: Sequence[str]) -> np.ndarray:
         x, ids = tensors(rows, names)

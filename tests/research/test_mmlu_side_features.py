@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import research.mmlu_routing as mr
-from research.mmlu_side_features import fit_route_only_side_features
+from research.mmlu_side_features import WEIGHT_DECAYS, fit_route_only_side_features
 
 ACCURACY = {"law": (0.9, 0.5), "math": (0.3, 0.9), "art": (0.6, 0.7)}  # (weak, strong) right, by subject
 
@@ -25,13 +25,39 @@ def test_the_subject_inside_the_model_recovers_each_subjects_accuracies():
     features, subjects, strong, weak = synthetic()
     correct = np.stack([weak, strong], axis=1).astype(np.float32)
     estimate = fit_route_only_side_features(features, subjects, correct, seed=0, epochs=40)
-    assert estimate.model.chosen_head in ([], [64]) and len(estimate.model.inner_losses) == 2
+    assert estimate.model.chosen_head in ([], [64]) and estimate.model.chosen_weight_decay in WEIGHT_DECAYS
+    assert len(estimate.model.inner_losses) == 2 * len(WEIGHT_DECAYS)
     probe = np.zeros((3, 6), dtype=np.float32)  # the features at their mean
     got = estimate(probe, sorted(ACCURACY))
     subjects = np.asarray(subjects)
     for row, name in enumerate(sorted(ACCURACY)):
         observed = correct[subjects == name].mean(0)  # the subject's accuracies in this sample
         np.testing.assert_allclose(got[row], observed, atol=0.06)
+
+
+def test_inner_cross_validation_shrinks_what_the_text_says_when_it_is_noise_and_keeps_the_subject():
+    # 60 noise features for 150 rows: without a penalty the head fits the noise (held-out loss far above the
+    # constant predictor's); the inner CV must pick a penalty, and the subject's accuracies must survive it
+    rng = np.random.default_rng(0)
+    features, subjects, strong, weak = synthetic(150, seed=0)
+    features = rng.normal(size=(150, 60)).astype(np.float32)
+    correct = np.stack([weak, strong], axis=1).astype(np.float32)
+    estimate = fit_route_only_side_features(features, subjects, correct, seed=0, epochs=40, hidden=((),))
+    losses = {row["weight_decay"]: row["loss"] for row in estimate.model.inner_losses}
+    assert estimate.model.chosen_weight_decay == min(losses, key=losses.get) > 0
+    assert losses[0.0] > 2 * min(losses.values())
+    # the constant predictor's loss (each model's overall accuracy), worked out here: the choice is no worse
+    p = correct.mean(0)
+    constant = float(-(correct * np.log(p) + (1 - correct) * np.log(1 - p)).sum(1).mean())
+    assert min(losses.values()) < constant + 0.05
+    got = estimate(np.zeros((3, 60), dtype=np.float32), sorted(ACCURACY))
+    for row, name in enumerate(sorted(ACCURACY)):
+        np.testing.assert_allclose(got[row], correct[np.asarray(subjects) == name].mean(0), atol=0.08)
+    # the penalty reads the text's weights only: a larger one gives them a smaller norm
+    norms = [np.linalg.norm(fit_route_only_side_features(features, subjects, correct, seed=0, epochs=40, hidden=((),),
+                                                         weight_decays=(w,)).model.head[1].weight[:, :60].detach())
+             for w in (0.0, 0.1)]
+    assert norms[1] < norms[0] / 3
 
 
 def test_compare_fills_the_side_feature_row_with_paired_intervals():
