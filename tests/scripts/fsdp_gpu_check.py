@@ -91,9 +91,11 @@ def tiny_dataset(tokenizer, n: int):
     return data.map(lambda batch: tokenizer(batch["text"]), batched=True, remove_columns=["text"])
 
 
-def train(output: Path, device: str, bf16: bool | None, resume: bool, allow_no_fsdp: bool) -> dict[str, Any]:
+def train(output: Path, device: str, bf16: bool | None, resume: bool, allow_no_fsdp: bool,
+          emulate_on_cpu: bool = False) -> dict[str, Any]:
     """Trains STEPS steps (checkpoints every SAVE_EVERY) into `output`, saves `output/final`; returns the report.
-    `bf16=None`: the precision the launcher set (ACCELERATE_MIXED_PRECISION)."""
+    `bf16=None`: the precision the launcher set (ACCELERATE_MIXED_PRECISION). `emulate_on_cpu` (smoke test only):
+    the launcher's CPU processes pass for GPU ones, so that accelerate applies the FSDP plugin on gloo."""
     import torch
     from transformers import TrainerCallback, TrainingArguments
 
@@ -116,12 +118,21 @@ def train(output: Path, device: str, bf16: bool | None, resume: bool, allow_no_f
                              learning_rate=LR, lr_scheduler_type="constant", report_to=[], save_strategy="steps",
                              save_steps=SAVE_EVERY, logging_steps=1, disable_tqdm=True, seed=0, data_seed=0,
                              use_cpu=device == "cpu", **precision)
+    if emulate_on_cpu:
+        from accelerate.state import PartialState
+        from accelerate.utils import DistributedType
+
+        if args.device.type != "cpu" or PartialState().distributed_type != DistributedType.MULTI_CPU:
+            raise SystemExit(f"--emulate-fsdp-on-cpu is for CPU processes under the launcher; got {args.device}, "
+                             f"{PartialState().distributed_type}")
+        # AcceleratorState turns the launcher's FSDP settings into an fsdp_plugin only from a multi-GPU type
+        PartialState().distributed_type = DistributedType.MULTI_GPU
     trainer = DeferralTrainer(model=model, args=args, train_dataset=tiny_dataset(tokenizer, BATCH * STEPS),
                               processing_class=tokenizer, callbacks=[losses := Losses()])
     state = trainer.accelerator.state
     plugin = getattr(state, "fsdp_plugin", None)
     report: dict[str, Any] = {
-        "world_size": trainer.accelerator.num_processes, "device": str(trainer.accelerator.device),
+        "emulated_on_cpu": emulate_on_cpu, "world_size": trainer.accelerator.num_processes, "device": str(trainer.accelerator.device),
         "distributed_type": str(state.distributed_type), "is_fsdp_enabled": trainer.is_fsdp_enabled,
         "mixed_precision": trainer.accelerator.mixed_precision,
         "fsdp_version": getattr(plugin, "fsdp_version", None),
@@ -163,8 +174,10 @@ def worker(argv: list[str]) -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--allow-no-fsdp", action="store_true")
+    parser.add_argument("--emulate-fsdp-on-cpu", action="store_true")
     options = parser.parse_args(argv)
-    report = train(options.output, options.device, None, options.resume, options.allow_no_fsdp)
+    report = train(options.output, options.device, None, options.resume, options.allow_no_fsdp,
+                   options.emulate_fsdp_on_cpu)
     if int(os.environ.get("RANK", "0")) == 0:
         options.report.write_text(json.dumps(report, indent=1))
 
@@ -313,6 +326,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--work", type=Path, default=None, help="folder for the runs (default: a temporary one)")
     parser.add_argument("--allow-no-fsdp", action="store_true",
                         help="go on when accelerate does not engage FSDP (CPU smoke test); the verdict still fails")
+    parser.add_argument("--emulate-fsdp-on-cpu", action="store_true",
+                        help="CPU smoke test of the FSDP code path: the CPU processes pass for GPU ones so that "
+                             "accelerate shards on gloo (not what accelerate does; the verdict says EMULATED)")
     parser.add_argument("--skip-two-process", action="store_true", help="leave out part (B)")
     parser.add_argument("--timeout", type=int, default=150, help="seconds per launch")
     options = parser.parse_args(argv)
@@ -347,7 +363,10 @@ def main(argv: list[str]) -> int:
         runs[name]["seconds"] = round(time.perf_counter() - begun, 1)
         print(f"  ran {name} in process: {runs[name]['seconds']} s", flush=True)
 
-    worker_flags = ["--device", options.device] + (["--allow-no-fsdp"] if options.allow_no_fsdp else [])
+    if options.emulate_fsdp_on_cpu and options.device != "cpu":
+        parser.error("--emulate-fsdp-on-cpu goes with --device cpu")
+    worker_flags = ["--device", options.device] + (["--allow-no-fsdp"] if options.allow_no_fsdp else []) + (
+        ["--emulate-fsdp-on-cpu"] if options.emulate_fsdp_on_cpu else [])
     fp32_flags = ["--mixed_precision", "no", "--fsdp_state_dict_type", "SHARDED_STATE_DICT"]
     runs["fsdp_bf16"] = launch("fsdp_bf16", work, logs, 1, [], worker_flags, options.timeout)
     runs["fsdp_fp32_sharded"] = launch("fsdp_fp32_sharded", work, logs, 1, fp32_flags, worker_flags, options.timeout)
@@ -443,7 +462,7 @@ def main(argv: list[str]) -> int:
         print(f"INFO two_processes: {detail}", flush=True)
 
     passed = bool(checks) and all(check["passed"] for check in checks)
-    summary["verdict"] = "PASS" if passed else "FAIL"
+    summary["verdict"] = ("EMULATED" if options.emulate_fsdp_on_cpu else "PASS") if passed else "FAIL"
     summary["seconds"] = round(time.perf_counter() - started, 1)
     summary_file.write_text(json.dumps(summary, indent=1, default=str))
     print(f"VERDICT {summary['verdict']}: {sum(c['passed'] for c in checks)}/{len(checks)} checks passed in "
