@@ -16,7 +16,8 @@ the script compares it with `DeferralTrainer` in one process without FSDP, same 
 - resume: a fresh launch given only the step-3 checkpoint of each run (FULL and SHARDED) trains steps 4-6 to the
   losses and weights of the uninterrupted run;
 - the saved folders load with `AutoModelForDeferral` (no missing or unexpected keys, no FSDP or checkpoint-wrapper
-  names) and `pipeline("deferral")` gives the reference's labels and scores.
+  names, the reference folder's code files and auto_map) and `pipeline("deferral")` gives the reference's labels and
+  scores.
 
 (B) then tries 2 processes with the committed config on the same machine (with one GPU, expected to fail) and
 records how it failed; that result does not decide the verdict.
@@ -290,6 +291,12 @@ def check_loading(name: str, folder: Path, reference: Path, device: str, score_a
     problems = [f"{kind}: {sorted(keys)[:5]}" for kind, keys in info.items() if kind != "error_msgs" and keys]
     problems += [f"error_msgs: {info['error_msgs'][:3]}"] if info.get("error_msgs") else []
     problems += [f"wrapper names in the saved keys: {wrapped[:5]}"] if wrapped else []
+    # remote code: the same files and auto_map as the reference folder's (not those of FSDP2's run-time class)
+    code, expected_code = (sorted(p.name for p in path.glob("*.py")) for path in (folder, reference))
+    auto_map, expected_map = (json.loads((path / "config.json").read_text()).get("auto_map") for path in (folder,
+                                                                                                       reference))
+    problems += [f"code files {code} != the reference's {expected_code}"] if code != expected_code else []
+    problems += [f"auto_map {auto_map} != the reference's {expected_map}"] if auto_map != expected_map else []
     got = pipeline("deferral", model=str(folder), device=torch.device(device))(TEXTS)
     expected = pipeline("deferral", model=str(reference), device=torch.device(device))(TEXTS)
     labels = [out["label"] for out in got], [out["label"] for out in expected]
@@ -301,7 +308,8 @@ def check_loading(name: str, folder: Path, reference: Path, device: str, score_a
     return {"name": name, "passed": not problems, "model_class": type(model).__name__, "dtypes": dtypes,
             "labels": labels[0], "max_score_diff": max(scores),
             "detail": "; ".join(problems) or (f"{type(model).__name__}, {len(saved)} tensors {dtypes}, no missing or "
-                                              f"unexpected keys; pipeline labels {labels[0]} as the reference, "
+                                              f"unexpected keys, the reference's code files and auto_map "
+                                              f"{auto_map.get('AutoModel')}; pipeline labels {labels[0]} as the reference, "
                                               f"class_score within {max(scores):.3g} (tolerance {score_atol:g})")}
 
 
