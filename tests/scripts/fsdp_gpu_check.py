@@ -133,7 +133,8 @@ def train(output: Path, device: str, bf16: bool | None, resume: bool, allow_no_f
     state = trainer.accelerator.state
     plugin = getattr(state, "fsdp_plugin", None)
     report: dict[str, Any] = {
-        "emulated_on_cpu": emulate_on_cpu, "world_size": trainer.accelerator.num_processes, "device": str(trainer.accelerator.device),
+        "emulated_on_cpu": emulate_on_cpu, "world_size": trainer.accelerator.num_processes,
+        "device": str(trainer.accelerator.device),
         "distributed_type": str(state.distributed_type), "is_fsdp_enabled": trainer.is_fsdp_enabled,
         "mixed_precision": trainer.accelerator.mixed_precision,
         "fsdp_version": getattr(plugin, "fsdp_version", None),
@@ -157,7 +158,8 @@ def train(output: Path, device: str, bf16: bool | None, resume: bool, allow_no_f
                              f"{type(trainer.model).__name__}, not an FSDPModule")
         report["fsdp_modules"] = fsdp_modules
         report["dtensor_parameters"] = sum(type(p).__name__ == "DTensor" for p in trainer.model.parameters())
-        report["checkpoint_wrapped"] = sum(type(m).__name__ == "CheckpointWrapper" for m in trainer.model.modules())
+        report["checkpoint_wrapped"] = sum(type(m).__name__.endswith("CheckpointWrapper")
+                                           for m in trainer.model.modules())
         if "SHARDED_STATE_DICT" in str(plugin.state_dict_type):
             # save_model writes nothing under SHARDED_STATE_DICT; the full state dict is gathered for the final folder
             plugin.set_state_dict_type("FULL_STATE_DICT")
@@ -305,12 +307,11 @@ def check_loading(name: str, folder: Path, reference: Path, device: str, score_a
         problems.append(f"pipeline labels {labels[0]} != reference {labels[1]}")
     if max(scores) > score_atol:
         problems.append(f"pipeline class_score differs by {max(scores):.3g} > {score_atol:g}")
+    fine = (f"{type(model).__name__}, {len(saved)} tensors {dtypes}, no missing or unexpected keys, the reference's "
+            f"code files and auto_map {auto_map.get('AutoModel')}; pipeline labels {labels[0]} as the reference, "
+            f"class_score within {max(scores):.3g} (tolerance {score_atol:g})")
     return {"name": name, "passed": not problems, "model_class": type(model).__name__, "dtypes": dtypes,
-            "labels": labels[0], "max_score_diff": max(scores),
-            "detail": "; ".join(problems) or (f"{type(model).__name__}, {len(saved)} tensors {dtypes}, no missing or "
-                                              f"unexpected keys, the reference's code files and auto_map "
-                                              f"{auto_map.get('AutoModel')}; pipeline labels {labels[0]} as the reference, "
-                                              f"class_score within {max(scores):.3g} (tolerance {score_atol:g})")}
+            "labels": labels[0], "max_score_diff": max(scores), "detail": "; ".join(problems) or fine}
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -323,7 +324,11 @@ def environment(device: str) -> dict[str, Any]:
             "gpus": torch.cuda.device_count()}
     if torch.cuda.is_available():
         info["gpu_name"] = torch.cuda.get_device_name(0)
-        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        try:
+            version = torch.cuda.nccl.version()
+            info["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+        except Exception as error:  # informative only
+            info["nccl"] = f"unknown ({type(error).__name__})"
     return info
 
 
@@ -462,8 +467,12 @@ def main(argv: list[str]) -> int:
         runs["two_processes"] = two
         if two.get("report"):
             got = two["report"]
+            one = report("fsdp_bf16") or {}
+            apart = max((abs(loss - one["losses"][step]) for step, loss in got["losses"].items()
+                         if step in one.get("losses", {})), default=None)
             detail = (f"ran: {got['distributed_type']}, is_fsdp_enabled={got['is_fsdp_enabled']}, "
-                      f"{got['world_size']} processes; losses {got['losses']}")
+                      f"{got['world_size']} processes on {got['device']}; losses {got['losses']}, at most {apart} "
+                      f"from those of fsdp_bf16")
         else:
             detail = f"failed (rc={two['rc']}): " + " | ".join(two.get("error_lines", [])[-4:])
         summary["two_processes"] = detail
