@@ -45,7 +45,8 @@ def check_deferral_model(model: Any) -> None:
 
 def _is_complete(folder: str) -> bool:
     """Whether the Trainer finished writing the checkpoint ``folder``: ``trainer_state.json``, which it writes last,
-    parses, and a weights file is there whole (a safetensors file as long as its header says)."""
+    parses, and a weights file is there whole (a safetensors file as long as its header says; an FSDP checkpoint's
+    weights as torch.distributed.checkpoint or FULL_STATE_DICT write them)."""
     try:
         with open(os.path.join(folder, "trainer_state.json")) as file:
             json.load(file)
@@ -65,7 +66,10 @@ def _is_complete(folder: str) -> bool:
             return os.path.getsize(path) == 8 + size + end
         except (OSError, ValueError, KeyError, TypeError, struct.error):
             return False
-    return False
+    # An FSDP checkpoint (accelerate's save_fsdp_model) under SHARDED_STATE_DICT has no file above: its weights are a
+    # torch.distributed.checkpoint folder whose .metadata is written last, once every process wrote its shard.
+    return (os.path.isfile(os.path.join(folder, "pytorch_model_fsdp.bin"))
+            or os.path.isfile(os.path.join(folder, "pytorch_model_fsdp_0", ".metadata")))
 
 
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:

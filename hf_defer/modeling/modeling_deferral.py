@@ -168,6 +168,19 @@ class DeferralPreTrainedModel(DeferralSavingMixin, PreTrainedModel):
         if config.freeze_encoder:
             self.freeze_encoder()
 
+    def get_input_embeddings(self) -> nn.Module | None:
+        """The encoder's input embeddings; `None` for a head-only model (no encoder). transformers finds no embeddings
+        under `self.encoder` by itself, and accelerate's FSDP2 wrapping asks every model for them (to shard them as
+        a unit of their own)."""
+        return None if self.encoder is None else self.encoder.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        """Replaces the encoder's input embeddings (a head-only model has none)."""
+        if self.encoder is None:
+            raise ValueError("set_input_embeddings: a head-only model (config.feature_size, no encoder) has no input "
+                             "embeddings.")
+        self.encoder.set_input_embeddings(value)
+
     @property
     def input_vocab_size(self) -> int | None:
         """How many token ids the text encoder's embedding takes (`input_ids` must lie in `[0, input_vocab_size)`);

@@ -11,12 +11,15 @@ import filecmp
 import inspect
 import os
 import re
+import sys
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from transformers import PreTrainedModel
+from transformers.dynamic_module_utils import custom_object_save
 
 from .pipeline_deferral import CUSTOM_PIPELINES, REMOTE_TASK
 
@@ -51,6 +54,33 @@ def move_saved_files(stage: str | os.PathLike, folder: str | os.PathLike, overwr
     for name in staged:
         os.replace(stage / name, folder / name)
     return staged
+
+
+@contextmanager
+def _code_of_the_deferral_class(model: PreTrainedModel, stage: str, is_main_process: bool) -> Iterator[None]:
+    """FSDP2 (`fully_shard`) swaps a model's class for a subclass it makes at run time (`FSDPEncoderForDeferral`, in
+    a module of torch); `save_pretrained` would copy that module's files and name that class in `auto_map`. Within
+    this context the folder gets the code of the deferral class the model was built as, and its `auto_map` entry."""
+    wrapper = type(model)
+    saved = next(cls for cls in wrapper.__mro__ if issubclass(cls, DeferralSavingMixin)
+                 and getattr(sys.modules.get(cls.__module__), cls.__name__, None) is cls)
+    if saved is wrapper or not model.is_remote_code():
+        yield
+        return
+    if is_main_process:  # before transformers writes config.json, as it does itself
+        custom_object_save(object.__new__(saved), stage, config=model.config)
+    own = wrapper.__dict__.get("_auto_class", _MISSING)
+    wrapper._auto_class = None  # transformers copies no code for this class
+    try:
+        yield
+    finally:
+        if own is _MISSING:
+            del wrapper._auto_class
+        else:
+            wrapper._auto_class = own
+
+
+_MISSING = object()
 
 
 class DeferralSavingMixin:
@@ -90,7 +120,8 @@ class DeferralSavingMixin:
                   if spec.get("impl") != CUSTOM_PIPELINES[REMOTE_TASK]["impl"]}
         config.custom_pipelines = {**others, **CUSTOM_PIPELINES}
         try:
-            with tempfile.TemporaryDirectory(prefix=".hf_defer_save_", dir=folder) as stage:
+            with tempfile.TemporaryDirectory(prefix=".hf_defer_save_", dir=folder) as stage, \
+                    _code_of_the_deferral_class(self, stage, is_main_process):
                 super().save_pretrained(stage, *args, **kwargs)
                 if is_main_process:
                     move_saved_files(stage, folder, overwrite, replace_standard=True)

@@ -66,3 +66,19 @@ def test_no_checkpoint_or_only_incomplete_ones(tmp_path):
     (tmp_path / "checkpoint-5" / "trainer_state.json").unlink()
     with pytest.raises(ValueError, match=r"found no complete checkpoint .*checkpoint-5"):
         last_complete_checkpoint(tmp_path)
+
+
+def test_a_sharded_fsdp_checkpoint_is_complete_once_its_metadata_is_written(tmp_path):
+    """Under FSDP's SHARDED_STATE_DICT the Trainer writes no model file: accelerate saves the weights with
+    torch.distributed.checkpoint into pytorch_model_fsdp_0/, whose .metadata comes last (here one process, no group)."""
+    import torch.distributed.checkpoint as dcp
+
+    for step in (3, 6):
+        path = tmp_path / f"checkpoint-{step}"
+        dcp.save({"model": {"head.weight": torch.randn(4, 3)}}, checkpoint_id=str(path / "pytorch_model_fsdp_0"))
+        (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-6")
+    (tmp_path / "checkpoint-6" / "pytorch_model_fsdp_0" / ".metadata").unlink()  # killed before the shards were all in
+    with CaptureLogger(logger) as captured:
+        assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-3")
+    assert "checkpoint-6" in captured.out

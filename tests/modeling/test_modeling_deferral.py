@@ -178,6 +178,19 @@ def test_head_only_model_over_features():
     torch.testing.assert_close(out.loss.double(), expected.mean(), rtol=1e-5, atol=1e-6)
 
 
+def test_input_embeddings_are_the_encoders():
+    """transformers does not look under `self.encoder` for them; accelerate's FSDP2 wrapping asks every model."""
+    model = make_model("bert")
+    assert model.get_input_embeddings() is model.encoder.embeddings.word_embeddings
+    replacement = torch.nn.Embedding(99, 32)
+    model.set_input_embeddings(replacement)
+    assert model.encoder.embeddings.word_embeddings is replacement and model.get_input_embeddings() is replacement
+    head_only = EncoderForDeferral(DeferralConfig(feature_size=6, num_labels=K))
+    assert head_only.get_input_embeddings() is None
+    with pytest.raises(ValueError, match="set_input_embeddings: a head-only model"):
+        head_only.set_input_embeddings(replacement)
+
+
 def test_mlp_head_recomputed_by_hand():
     torch.manual_seed(0)
     config = DeferralConfig(feature_size=6, num_labels=2, head_hidden_sizes=[5, 4], head_dropout=0.3)

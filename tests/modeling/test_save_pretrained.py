@@ -180,3 +180,29 @@ def test_a_folder_saved_with_the_old_task_name_is_rewritten_for_library_mode(tmp
     written = json.loads((tmp_path / "config.json").read_text())["custom_pipelines"]
     assert set(written) == {"other", hf_defer.modeling.pipeline_deferral.REMOTE_TASK}
     assert set(model.config.custom_pipelines) == {"deferral", "other"}  # the in-memory config is left as it was
+
+
+def test_a_model_sharded_with_fsdp2_saves_the_code_of_its_deferral_class(tmp_path):
+    """`fully_shard` turns the model into an `FSDPEncoderForDeferral`, a class torch makes at run time in a module of
+    its own; the folder still holds hf_defer's code files (not torch's) and names `EncoderForDeferral` in auto_map,
+    like the unsharded model's (here one gloo process; the weights are gathered as the Trainer does)."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    head_only_model().save_pretrained(tmp_path / "plain")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = fully_shard(head_only_model())
+        assert type(model).__name__ == "FSDPEncoderForDeferral"
+        model.save_pretrained(tmp_path / "sharded",
+                              state_dict=get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
+        assert "_auto_class" not in type(model).__dict__  # the class torch made is left as it was
+    finally:
+        dist.destroy_process_group()
+    plain, sharded = (json.loads((tmp_path / name / "config.json").read_text()) for name in ("plain", "sharded"))
+    assert sharded["auto_map"] == plain["auto_map"] and plain["auto_map"]["AutoModel"].endswith(".EncoderForDeferral")
+    assert sharded["architectures"] == ["EncoderForDeferral"]
+    assert sorted(os.listdir(tmp_path / "sharded")) == sorted(os.listdir(tmp_path / "plain"))
+    loaded = EncoderForDeferral.from_pretrained(tmp_path / "sharded")
+    torch.testing.assert_close(loaded.state_dict(), head_only_model().state_dict())

@@ -65,3 +65,20 @@ def test_fsdp2_on_two_cpu_processes_trains_and_resumes_as_one_process(tmp_path):
         assert [out["label"] for out in outputs] == [out["label"] for out in reference]
         assert [out["class_score"] for out in outputs] == pytest.approx([out["class_score"] for out in reference],
                                                                         abs=1e-4)
+
+
+@pytest.mark.slow  # six launches of fresh interpreters: about 80 s on 2 cores
+def test_the_committed_fsdp_config_trains_resumes_and_saves_through_accelerate_on_cpu(tmp_path):
+    """tests/scripts/fsdp_gpu_check.py --emulate-fsdp-on-cpu: accelerate's own FSDP2 preparation, checkpoints (full and
+    sharded) and resume under DeferralTrainer, on one gloo process; every check of the GPU run passes."""
+    script = ROOT / "tests" / "scripts" / "fsdp_gpu_check.py"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script), "--device", "cpu", "--emulate-fsdp-on-cpu", "--skip-two-process",
+                           "--out", str(tmp_path)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    summary = json.loads((tmp_path / "fsdp_gpu.json").read_text())
+    failed = [check["name"] + ": " + check["detail"] for check in summary["checks"] if not check["passed"]]
+    assert done.returncode == 0 and summary["verdict"] == "EMULATED" and not failed, (failed, done.stdout[-2000:])
+    names = {check["name"] for check in summary["checks"]}
+    assert {"fsdp_engaged[fsdp_bf16]", "resume_weights[resume_fp32_sharded]", "loads[fsdp_bf16]"} <= names
+    assert summary["runs"]["fsdp_bf16"]["report"]["dtensor_parameters"] > 0
