@@ -5,6 +5,7 @@ here from the data), and `compare` fills its row with the paired intervals."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import research.mmlu_routing as mr
 from research.mmlu_side_features import WEIGHT_DECAYS, fit_route_only_side_features
@@ -42,7 +43,8 @@ def test_inner_cross_validation_shrinks_what_the_text_says_when_it_is_noise_and_
     features, subjects, strong, weak = synthetic(150, seed=0)
     features = rng.normal(size=(150, 60)).astype(np.float32)
     correct = np.stack([weak, strong], axis=1).astype(np.float32)
-    estimate = fit_route_only_side_features(features, subjects, correct, seed=0, epochs=40, hidden=((),))
+    estimate = fit_route_only_side_features(features, subjects, correct, seed=0, epochs=40, hidden=((),),
+                                            select_by="loss")
     losses = {row["weight_decay"]: row["loss"] for row in estimate.model.inner_losses}
     assert estimate.model.chosen_weight_decay == min(losses, key=losses.get) > 0
     assert losses[0.0] > 2 * min(losses.values())
@@ -53,6 +55,12 @@ def test_inner_cross_validation_shrinks_what_the_text_says_when_it_is_noise_and_
     got = estimate(np.zeros((3, 60), dtype=np.float32), sorted(ACCURACY))
     for row, name in enumerate(sorted(ACCURACY)):
         np.testing.assert_allclose(got[row], correct[np.asarray(subjects) == name].mean(0), atol=0.08)
+    # by APGR (the default): the grid point of the highest inner APGR, recomputed here from the report's definition
+    by_apgr = fit_route_only_side_features(features, subjects, correct, seed=0, epochs=40, hidden=((),))
+    apgrs = {row["weight_decay"]: row["apgr"] for row in by_apgr.model.inner_losses}
+    assert by_apgr.model.chosen_weight_decay in [w for w, a in apgrs.items() if a == max(apgrs.values())]
+    with pytest.raises(ValueError, match="`select_by` must be 'apgr' or 'loss'"):
+        fit_route_only_side_features(features, subjects, correct, seed=0, select_by="auc")
     # the penalty reads the text's weights only: a larger one gives them a smaller norm
     norms = [np.linalg.norm(fit_route_only_side_features(features, subjects, correct, seed=0, epochs=40, hidden=((),),
                                                          weight_decays=(w,)).model.head[1].weight[:, :60].detach())
