@@ -55,8 +55,9 @@ def test_inner_cross_validation_shrinks_what_the_text_says_when_it_is_noise_and_
     got = estimate(np.zeros((3, 60), dtype=np.float32), sorted(ACCURACY))
     for row, name in enumerate(sorted(ACCURACY)):
         np.testing.assert_allclose(got[row], correct[np.asarray(subjects) == name].mean(0), atol=0.08)
-    # by APGR (the default): the grid point of the highest inner APGR, recomputed here from the report's definition
-    by_apgr = fit_route_only_side_features(features, subjects, correct, seed=0, epochs=40, hidden=((),))
+    # by APGR: the grid point of the highest inner APGR, recomputed here from the report's definition
+    by_apgr = fit_route_only_side_features(features, subjects, correct, seed=0, epochs=40, hidden=((),),
+                                           select_by="apgr")
     apgrs = {row["weight_decay"]: row["apgr"] for row in by_apgr.model.inner_losses}
     assert by_apgr.model.chosen_weight_decay in [w for w, a in apgrs.items() if a == max(apgrs.values())]
     with pytest.raises(ValueError, match="`select_by` must be 'apgr' or 'loss'"):
