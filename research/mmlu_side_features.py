@@ -1,6 +1,6 @@
 """The route-only deferral model of the MMLU report with what a router knows beside the question: the subject, as a
 side feature embedded inside the model (`DeferralConfig(side_features=...)`), its head and the L2 penalty on what it
-reads of the text chosen by cross-validation on the training folds only (by APGR, the report's measure). It plugs into [`~research.mmlu_routing.compare`] as `route_only_subject`."""
+reads of the text chosen by cross-validation on the training folds only. It plugs into [`~research.mmlu_routing.compare`] as `route_only_subject`."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from .mmlu_routing import subject_folds
 
 __all__ = ["WEIGHT_DECAYS", "fit_route_only_side_features"]
 
-WEIGHT_DECAYS = (0.0, 1e-3, 1e-2, 1e-1, 1.0)
+WEIGHT_DECAYS = (0.0, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 """The L2 penalties the inner cross-validation chooses from (with the head)."""
 
 
 def fit_route_only_side_features(features: np.ndarray, subjects: Sequence[str], correct: np.ndarray, seed: int,
                                  epochs: int = 30, hidden: Sequence[Sequence[int]] = ((), (64,)), inner_folds: int = 3,
                                  dim: int = 16, weight_decays: Sequence[float] = WEIGHT_DECAYS,
-                                 select_by: str = "apgr") -> Callable[[np.ndarray, Sequence[str]], np.ndarray]:
+                                 select_by: str = "loss") -> Callable[[np.ndarray, Sequence[str]], np.ndarray]:
     """The route-only deferral model with the subject as a side feature *inside* the model (an embedding of width
     `dim` joined to the features before the head: `DeferralConfig(side_features=...)`), trained as
     [`fit_route_only_deferral`] (full-batch L-BFGS, `epochs` iterations) on its loss plus an L2 penalty
@@ -29,9 +29,11 @@ def fit_route_only_side_features(features: np.ndarray, subjects: Sequence[str], 
     those of the subject, so that shrinking what the text says leaves the subject's effect free. The head
     (`hidden`: a linear head, or one hidden layer of 64) and the `weight_decay` (`weight_decays`) are chosen together,
     on the grid of both, by `inner_folds`-fold cross-validation on the given (training) rows only: by `select_by`,
-    `"apgr"` (the report's measure: RouteLLM's APGR of the out-of-fold score `a_GPT-4 - a_Mixtral` of the inner folds
-    pooled; ties broken by the loss; the columns of `correct` must be (Mixtral, GPT-4)) or `"loss"` (the held-out
-    loss, without the penalty); returns `(features, subjects) -> expert_accuracy` (`[m, 2]`), with
+    `"loss"` (the held-out loss, without the penalty: a proper score, less noisy than a ranking measure on a few
+    hundred rows) or `"apgr"` (the report's measure: RouteLLM's APGR of the out-of-fold score `a_GPT-4 - a_Mixtral`
+    of the inner folds pooled; ties broken by the loss; the columns of `correct` must be (Mixtral, GPT-4)). The grid
+    of penalties reaches 10, where the text is all but switched off (the subject alone), so that the choice can fall
+    back on the subject when the text does not help. Returns `(features, subjects) -> expert_accuracy` (`[m, 2]`), with
     `.model.chosen_head`, `.model.chosen_weight_decay` and `.model.inner_losses` (per grid point: head, weight decay,
     held-out loss and APGR)."""
     import torch
