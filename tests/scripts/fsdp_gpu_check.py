@@ -345,6 +345,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--skip-two-process", action="store_true", help="leave out part (B)")
     parser.add_argument("--timeout", type=int, default=150, help="seconds per launch")
     options = parser.parse_args(argv)
+    if options.emulate_fsdp_on_cpu and options.device != "cpu":
+        parser.error("--emulate-fsdp-on-cpu goes with --device cpu")
     started = time.perf_counter()
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, for the launches too
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -376,8 +378,6 @@ def main(argv: list[str]) -> int:
         runs[name]["seconds"] = round(time.perf_counter() - begun, 1)
         print(f"  ran {name} in process: {runs[name]['seconds']} s", flush=True)
 
-    if options.emulate_fsdp_on_cpu and options.device != "cpu":
-        parser.error("--emulate-fsdp-on-cpu goes with --device cpu")
     worker_flags = ["--device", options.device] + (["--allow-no-fsdp"] if options.allow_no_fsdp else []) + (
         ["--emulate-fsdp-on-cpu"] if options.emulate_fsdp_on_cpu else [])
     fp32_flags = ["--mixed_precision", "no", "--fsdp_state_dict_type", "SHARDED_STATE_DICT"]
