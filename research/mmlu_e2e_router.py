@@ -158,7 +158,10 @@ def fit_e2e_router(prompts: Sequence[str], subjects: Sequence[str], correct: np.
         categorical_side_features=["subject"], side_feature_dim=settings.side_feature_dim)
     names = prepared.model_kwargs()
     torch.manual_seed(settings.seed)
-    model = EncoderForRouting.from_encoder_pretrained(model_path, pooling=settings.pooling,
+    # float32 weights whatever the checkpoint's dtype: transformers 5 loads a float16 checkpoint (the copy carried to
+    # the GPU is one) as float16, and AdamW on float16 weights turned every weight NaN on the first GPU run; bf16
+    # autocast then does the matrix products in bf16 as usual.
+    model = EncoderForRouting.from_encoder_pretrained(model_path, pooling=settings.pooling, dtype=torch.float32,
                                                       head_hidden_sizes=list(settings.head_hidden_sizes), **names)
     if list(model.config.expert_names) != list(EXPERT_NAMES):  # the estimates' columns are (weak, strong)
         raise RuntimeError(f"expected experts {list(EXPERT_NAMES)}, the model has {model.config.expert_names}.")
@@ -187,6 +190,9 @@ def fit_e2e_router(prompts: Sequence[str], subjects: Sequence[str], correct: np.
             trainer.add_callback(_Progress(log, time.perf_counter()))
         trained = trainer.train()
     model = trainer.model.eval()
+    bad = [name for name, parameter in model.named_parameters() if not torch.isfinite(parameter).all()]
+    if bad:  # the Trainer's logged loss filters NaN steps out (logging_nan_inf_filter), so say it here
+        raise FloatingPointError(f"training left {len(bad)} non-finite weight tensors, e.g. {bad[:3]}")
     specs = model.config.side_features
 
     def estimate(texts: Sequence[str], groups_: Sequence[str]) -> np.ndarray:
@@ -277,6 +283,10 @@ def _write_json(path: Path, record: dict[str, Any]) -> None:
     partial.replace(path)  # a reader never sees half a file
 
 
+class _Skipped(Exception):
+    """The embedding step was not asked for."""
+
+
 def _prompts_digest(prompts: Sequence[str]) -> str:
     digest = hashlib.sha256()
     for prompt in prompts:
@@ -286,8 +296,9 @@ def _prompts_digest(prompts: Sequence[str]) -> str:
 
 def run_e2e(output: Path, model_path: str, device: str = "cpu", max_rows: int | None = None, folds: int = 5,
             fold_seed: int = 0, settings: E2ESettings | None = None, embeddings_only: bool = False,
-            overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Embeddings, then the cross-fitted end-to-end router, of `load_routellm_mmlu()` (or its seeded subset of
+            skip_embeddings: bool = False, overwrite: bool = False,
+            log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Embeddings (unless `skip_embeddings`), then the cross-fitted end-to-end router, of `load_routellm_mmlu()` (or its seeded subset of
     `max_rows`, the rows scripts/mmlu_routing.py selects), written to `output` (see the module's docstring).
 
     Returns the predictions record (`embeddings_only`: the embeddings' record)."""
@@ -298,7 +309,9 @@ def run_e2e(output: Path, model_path: str, device: str = "cpu", max_rows: int | 
 
     settings = settings or E2ESettings()
     output = Path(output)
-    names = ["embeddings.json"] + ([] if embeddings_only else ["e2e_predictions.json"])
+    if embeddings_only and skip_embeddings:
+        raise ValueError("embeddings_only and skip_embeddings exclude each other.")
+    names = ([] if skip_embeddings else ["embeddings.json"]) + ([] if embeddings_only else ["e2e_predictions.json"])
     existing = [name for name in names if (output / name).exists()] + sorted(
         path.name for path in output.glob("embeddings_*.npy"))
     if existing and not overwrite:
@@ -320,6 +333,8 @@ def run_e2e(output: Path, model_path: str, device: str = "cpu", max_rows: int | 
 
     start = time.perf_counter()
     try:
+        if skip_embeddings:
+            raise _Skipped("skipped (skip_embeddings)")
         with tempfile.TemporaryDirectory() as cache:
             embeddings = np.asarray(embed_texts(prompts, model_path, device=device, show_progress_bar=False,
                                                 cache_dir=cache, max_seq_length=settings.max_length), dtype=np.float32)
@@ -328,6 +343,8 @@ def run_e2e(output: Path, model_path: str, device: str = "cpu", max_rows: int | 
                             "seconds": round(time.perf_counter() - start, 2)}
         _write_json(output / "embeddings.json", embedding_record)
         log(f"{stamp()} embeddings {embeddings.shape} in {embedding_record['seconds']} s -> {parts}")
+    except _Skipped:
+        log(f"{stamp()} embeddings skipped")
     except Exception as error:  # the router below does not need them: a failure here must not cost the GPU run
         if embeddings_only:
             raise

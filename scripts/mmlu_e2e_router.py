@@ -29,6 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--fold-seed", type=int, default=0, help="seed of the folds and of the --max-rows subset")
     parser.add_argument("--embeddings-only", action="store_true", help="stop after writing the embeddings")
+    parser.add_argument("--skip-embeddings", action="store_true",
+                        help="only the router (the embeddings came from an earlier run)")
     parser.add_argument("--overwrite", action="store_true", help="replace files already in --output")
     parser.add_argument("--lr", type=float, default=DEFAULTS.lr, help="encoder learning rate")
     parser.add_argument("--head-lr", type=float, default=DEFAULTS.head_lr,
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
                            group_by_length=not args.no_group_by_length, max_steps=args.max_steps)
     return run_e2e(args.output, args.model, device=args.device, max_rows=args.max_rows, folds=args.folds,
                    fold_seed=args.fold_seed, settings=settings, embeddings_only=args.embeddings_only,
+                   skip_embeddings=args.skip_embeddings,
                    overwrite=args.overwrite, log=lambda message: print(message, flush=True))
 
 
