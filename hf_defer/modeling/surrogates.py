@@ -145,7 +145,7 @@ class _ASMLoss(torch.autograd.Function):
             # y*, the first class at the top (max's index), as a one-hot row; where a column has a tie for the top (a
             # sum past one per column: no device sync on a CPU), only the first one is y*, the others stay in the rest
             top_index = torch.eq(classes, top, out=torch.empty_like(classes))
-            if top_index.sum() > B + 0.5:
+            if float(top_index.sum()) > B + 0.5:
                 before = top_index.cumsum(dim=0).sub_(top_index)  # how many classes before k are at the top
                 top_index = torch.gt(top_index, before, out=before)
             rest = classes.add(top_index, alpha=-_FAR)
