@@ -23,6 +23,8 @@ MAX_ABS_LOGIT = 1e30
 def as_target_tensor(name: str, values: object, device: torch.device | None) -> torch.Tensor:
     """``torch.as_tensor(values)``, with an error naming ``name`` for ragged lists, strings and other non-numbers: how
     every surrogate (the route-only one too) reads ``labels``, ``expert_labels`` and ``expert_correct``."""
+    if isinstance(values, torch.Tensor) and (device is None or values.device == device):
+        return values  # what as_tensor returns, without its call: a training step's loss counts its PyTorch calls
     try:
         return torch.as_tensor(values, device=device)
     except (TypeError, ValueError, RuntimeError) as err:
@@ -172,7 +174,7 @@ class DeferralSurrogate:
                 f"logits must lie within +-{MAX_ABS_LOGIT:g} (larger ones overflow float32 in the loss), got "
                 f"{float(logits.abs().max()):.3g} in {bad} of {logits.shape[0]} rows."
             )
-        return logits.float()
+        return logits if logits.dtype == torch.float32 else logits.float()
 
     def _check_labels(self, labels: Any, batch_size: int, device: torch.device | None,
                       check_values: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,7 +186,8 @@ class DeferralSurrogate:
             raise ValueError(f"labels must have shape [batch] = [{batch_size}], got {tuple(labels.shape)}.")
         if labels.is_floating_point() or labels.dtype == torch.bool:
             raise ValueError(f"labels must be integers, got dtype {labels.dtype}.")
-        labels = labels.long()
+        if labels.dtype != torch.long:
+            labels = labels.long()
         valid = labels != IGNORE_INDEX
         if check_values:
             bad = valid & ((labels < 0) | (labels >= self.num_classes))
@@ -231,7 +234,8 @@ class DeferralSurrogate:
         if expert_labels.is_floating_point() or expert_labels.dtype == torch.bool:
             raise ValueError(f"expert_labels must be integers (class ids, {IGNORE_INDEX} where an expert did not "
                              f"answer), got dtype {expert_labels.dtype}; correctness or scores go in expert_correct.")
-        expert_labels = expert_labels.long()
+        if expert_labels.dtype != torch.long:
+            expert_labels = expert_labels.long()
         if check_values:
             bad = valid[:, None] & (expert_labels != IGNORE_INDEX) & ((expert_labels < 0) | (expert_labels >= self.num_classes))
             if bad.any():
@@ -342,14 +346,13 @@ class DeferralSurrogate:
         u = self.check_logits(logits, check_values=check)
         labels, correct, observed, valid = self.check_expert_targets(labels, expert_labels, u.shape[0], u.device,
                                                                      check, expert_correct=expert_correct)
-        weight = valid.float()  # 0 on ignored rows; the kernel weights each row, so a reduction is one sum
-        if reduction == "mean":
-            weight = weight.div_(weight.sum().clamp_(min=1.0))
+        # 0 on ignored rows; the kernel weights each row, and sums them when asked (a reduction is one dot product)
+        weight = valid / valid.sum().clamp_(min=1) if reduction == "mean" else valid.float()
         # a batch with every answer pays nothing for the mask (one cheap pass to know it; skipped, with the mask kept,
         # where it would cost a device sync or break a compiled graph)
         unmasked = (check or u.device.type == "cpu") and not torch.compiler.is_compiling() and bool(observed.all())
-        per_example = self._per_example_loss(u, labels, correct, None if unmasked else observed.float(), weight)
-        return per_example if reduction == "none" else per_example.sum()
+        return self._per_example_loss(u, labels, correct, None if unmasked else observed.float(), weight,
+                                      reduction != "none")
 
     __call__ = loss
 
@@ -453,10 +456,11 @@ class DeferralSurrogate:
 
     # ------------------------------------------------------------------ to implement
     def _per_example_loss(self, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor,
-                          observed: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+                          observed: torch.Tensor | None, weight: torch.Tensor, reduce: bool = False) -> torch.Tensor:
+        """``weight * loss`` per example ``[B]``, or its sum with ``reduce`` (one autograd node less than ``.sum()``)."""
         if self.kernel is None:
             raise NotImplementedError(f"{type(self).__name__} sets no `kernel` (a torch.autograd.Function).")
-        return self.kernel.apply(u, labels, correct, observed, weight, self.num_classes)
+        return self.kernel.apply(u, labels, correct, observed, weight, self.num_classes, reduce)
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError

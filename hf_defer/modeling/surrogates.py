@@ -61,10 +61,11 @@ __all__ = [
 # way for the composed formulas. Inputs: ``u`` float32 [B, K + M], ``labels`` long [B] in range (ignored rows set
 # to 0 by `check_targets`), ``correct`` float [B, M] (expert ``j``'s target ``c_j`` in [0, 1]: ``[[m_j = y]]``, a
 # correctness or a score; 0 where the expert did not answer), ``observed`` float [B, M] (``o_j``: 1 where expert ``j``
-# answered, 0 where not; None when every expert answered in every row: no mask to apply), ``weight`` float [B] (0 on ignored rows, ``1 / n`` for a mean); output: the weighted
-# per-example loss ``weight * loss`` [B], whose ``sum()`` is the reduced loss. Weighting inside the kernel spares the
-# masking and the division their own autograd nodes: at small batches the cost of a loss is the number of PyTorch
-# calls, not the passes over the logits.
+# answered, 0 where not; None when every expert answered in every row: no mask to apply), ``weight`` float [B] (0 on ignored rows, ``1 / n`` for a mean), ``reduce``
+# bool; output: the weighted per-example loss ``weight * loss`` [B], or with ``reduce`` its sum (a dot product with
+# ``weight``), the reduced loss. Weighting and summing inside the kernel spare the masking, the division and the sum
+# their own autograd nodes: at small batches the cost of a loss is the number of PyTorch calls, not the passes over
+# the logits.
 #
 # A missing answer removes that expert's terms from the row and nothing else: every expert term carries the factor
 # ``o_j``. In the symmetric losses (S-SM, S-OvA) expert ``j`` enters only through ``c_j`` (a weight of the target
@@ -93,75 +94,100 @@ _NARROW_WIDTH = 8
 """Up to this many outputs (``K + M``), A-SM computes on CPU with one example per column (the logits transposed, ``[K + M,
 B]``). PyTorch's CPU reductions, broadcasts and transcendental functions along a last dimension of a few elements take
 the slow, unvectorised paths (``max`` over 3 classes costs as much as ``log_softmax`` over the whole batch); along
-``B`` contiguous elements they are single vector passes. The transpose costs one copy each way, which wide logits
-would not repay, nor would a small batch (below `_NARROW_MIN_BATCH` rows the two copies cost more than they save)."""
+``B`` contiguous elements they are single vector passes. The columns also find ``y*`` with comparisons (a one-hot row)
+where ``max``'s index and ``scatter`` are slow along a short dimension. The transpose costs one copy each way
+(`_transposed`), which wide logits would not repay, nor would a small batch (below `_NARROW_MIN_BATCH` rows the two
+copies cost more than they save)."""
 
 _NARROW_MIN_BATCH = 1024
 
+_FAR = 3e38
+"""Subtracted from ``y*``'s logit to leave it out of the rest's maximum and sum: below any other accepted logit (within
+`MAX_ABS_LOGIT`) and finite, unlike ``-inf``, so that the one-hot's zeros times it stay 0."""
+
+
+def _transposed(x: torch.Tensor) -> torch.Tensor:
+    """``x.t().contiguous()`` of a contiguous 2-D ``x``, copied as ``[W, B, 1]``: PyTorch's CPU copy of a 2-D transpose
+    with a short side takes a path about twice as slow as the same copy with a trailing dimension of 1."""
+    if not x.is_contiguous():
+        return x.t().contiguous()
+    rows, cols = x.shape
+    return x.as_strided((cols, rows, 1), (1, cols, 1)).contiguous().view(cols, rows)
+
 
 class _ASMLoss(torch.autograd.Function):
-    """A-SM: ``(top - u_y) + softplus(r - top) + sum_j o_j BCE(u_{K+j} - r, c_j)`` with ``r = LSE(u_{[K] minus y*})``:
-    ``top + softplus(r - top) = LSE(u_{[K]})``, so the class part is ``LSE(u_{[K]}) - u_y`` with no cancellation, and
-    ``BCE(u_{K+j} - r, c_j)`` is expert ``j``'s term (``a = (top, u_{K+1..K+M}) - r``, targets ``t = (1, c)``).
+    """A-SM: ``(top - u_y) + softplus(r - top) + sum_j o_j BCE(a_j, c_j)`` with ``r = LSE(u_{[K] minus y*})`` and
+    ``a_j = u_{K+j} - r``: ``top + softplus(r - top) = LSE(u_{[K]})``, so the class part is ``LSE(u_{[K]}) - u_y`` with
+    no cancellation, and ``BCE(a_j, c_j) = softplus(a_j) - c_j a_j`` is expert ``j``'s term (as accurate as PyTorch's
+    ``binary_cross_entropy_with_logits``: an absolute error of a few ulp of ``a_j``).
 
-    Gradient, with ``g = sigmoid(a) - t`` (the binary terms' own), ``q = softmax(u_{[K] minus y*})`` (0 at ``y*``):
-    ``sigmoid(a_0)`` at ``y*`` (``1 + g_0``), ``-(sum_z g_z) q`` on the other classes (through ``r``), ``-1`` at ``y``
-    (``y*`` is piecewise constant, as in the masked formula) and ``g_{1..M}`` on the experts. A missing answer
-    (``o_j = 0``) weights expert ``j``'s binary term, hence ``g_j``, by 0: its logit gets no gradient from that row and
-    ``r`` none through it.
+    Gradient, with ``g_j = o_j (sigmoid(a_j) - c_j)`` (the expert terms' own), ``p_0 = sigmoid(r - top)`` and ``q =
+    softmax(u_{[K] minus y*})`` (0 at ``y*``): ``(p_0 - sum_j g_j) q`` on the classes (through ``r``), plus
+    ``1 - p_0`` at ``y*`` and ``-1`` at ``y`` (``y*`` is piecewise constant, as in the masked formula), and ``g_j``
+    on the experts; all times the row's weight and output gradient. A missing answer (``o_j = 0``) zeroes ``g_j``: its
+    logit gets no gradient from that row and ``r`` none through it.
 
     The arithmetic runs along the class axis ``d`` of ``x``: ``x = u`` (``d = 1``), or, for narrow logits on CPU (see
-    `_NARROW_WIDTH`, `_NARROW_MIN_BATCH`; not under ``torch.compile``), ``x = u.T`` made contiguous (``d = 0``); the same operations in the
-    same order, so both layouts give the same values.
+    `_NARROW_WIDTH`, `_NARROW_MIN_BATCH`; not under ``torch.compile``), ``x = u.T`` made contiguous (``d = 0``), where
+    ``y*`` (``top_index``) is a one-hot row instead of ``max``'s index, set to ``-_FAR`` by an addition instead of to
+    ``-inf`` by ``scatter``; both give the same values. Per call the cost is mostly the number of PyTorch calls (a few
+    microseconds each on a CPU), hence no ``cat`` or slice more than needed.
     """
 
     @staticmethod
     def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, observed: torch.Tensor,
-                weight: torch.Tensor, num_classes: int) -> torch.Tensor:
-        narrow = (u.shape[1] <= _NARROW_WIDTH and u.shape[0] >= _NARROW_MIN_BATCH and u.device.type == "cpu"
-                  and not torch.compiler.is_compiling())
-        d = 0 if narrow else 1  # a compiled graph picks its own layout (and takes no strided `out=`)
-        if d == 0:  # one example per column
-            x, labels, weight, correct = u.t().contiguous(), labels[None], weight[None], correct.t()
+                weight: torch.Tensor, num_classes: int, reduce: bool = False) -> torch.Tensor:
+        (B, W), K, row_weight = u.shape, num_classes, weight
+        if (W <= _NARROW_WIDTH and B >= _NARROW_MIN_BATCH and u.device.type == "cpu"
+                and not torch.compiler.is_compiling()):  # one example per column
+            d, x, labels, weight, correct = 0, _transposed(u), labels.view(1, B), weight.view(1, B), correct.t()
             observed = None if observed is None else observed.t()
-        else:
-            x, labels, weight = u, labels[:, None], weight[:, None]
-        classes = x.narrow(d, 0, num_classes)
-        top, top_index = classes.max(dim=d, keepdim=True)
-        rest = classes.scatter(d, top_index, float("-inf"))
+            classes, experts = x[:K], x[K:]
+            top = classes.amax(dim=0, keepdim=True)
+            # y*, the first class at the top (max's index), as a one-hot row; where a column has a tie for the top (a
+            # sum past one per column: no device sync on a CPU), only the first one is y*, the others stay in the rest
+            top_index = torch.eq(classes, top, out=torch.empty_like(classes))
+            if float(top_index.sum()) > B + 0.5:
+                before = top_index.cumsum(dim=0).sub_(top_index)  # how many classes before k are at the top
+                top_index = torch.gt(top_index, before, out=before)
+            rest = classes.add(top_index, alpha=-_FAR)
+        else:  # a compiled graph picks its own layout
+            d, labels, weight = 1, labels[:, None], weight[:, None]
+            classes, experts = u[:, :K], u[:, K:]
+            top, top_index = classes.max(dim=1, keepdim=True)
+            rest = classes.scatter(1, top_index, float("-inf"))
         second = rest.amax(dim=d, keepdim=True)  # a shift: the log-sum-exp's gradient does not depend on it
         # exp(-80) ~ 2e-35 in place of exp(-inf) = 0 at y* (and under any smaller term): exp's vectorised path does not
         # take inputs that far out, and s >= 1 absorbs them (1 + 2e-35 == 1 in float32), so the loss is unchanged
         e = rest.sub_(second).clamp_(min=-80.0).exp_()
         s = e.sum(dim=d, keepdim=True)  # >= 1: cannot underflow, whatever the gap to the top class
         r = s.log().add_(second)
-        a_top = top - r
-        a = x.narrow(d, num_classes, x.shape[d] - num_classes) - r
-        experts = F.binary_cross_entropy_with_logits(a, correct, observed, reduction="none")
-        loss = experts.sum(dim=d, keepdim=True) if experts.shape[d] > 1 else experts
-        loss = loss.add(F.softplus(a_top.neg())).add_(top).sub_(x.gather(d, labels)).mul_(weight)
-        ctx.save_for_backward(a_top, a, correct, observed, e, s, top_index, labels, weight)
+        a, minus_a_top = experts - r, r - top
+        bce = F.softplus(a).addcmul_(correct, a, value=-1.0)
+        if observed is not None:
+            bce.mul_(observed)
+        loss = (top - classes.gather(d, labels)).add_(F.softplus(minus_a_top))
+        loss = loss.add_(bce if W - K == 1 else bce.sum(dim=d, keepdim=True)).view(B)
+        ctx.save_for_backward(a, minus_a_top, correct, observed, e, s, weight, top_index, labels)
         ctx.d = d
-        return loss.squeeze(d)
+        return loss.dot(row_weight) if reduce else loss.mul_(row_weight)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        a_top, a, correct, observed, e, s, top_index, labels, weight = ctx.saved_tensors
+        a, minus_a_top, correct, observed, e, s, weight, top_index, labels = ctx.saved_tensors
         d = ctx.d
-        scale = weight * grad.unsqueeze(d)
-        g = (torch.sigmoid(a) - correct).mul_(scale)
+        scale = weight * (grad if d == 0 or grad.dim() == 0 else grad[:, None])
+        g = torch.sigmoid(a).sub_(correct).mul_(scale)
         if observed is not None:
             g.mul_(observed)
-        top = torch.sigmoid(a_top).mul_(scale)  # sigmoid(a_0) scale = (1 + g_0) scale
-        g_sum = g.sum(dim=d, keepdim=True).add_(top) if g.shape[d] > 1 else g + top
-        out = e * g_sum.sub_(scale).div_(s).neg_()
-        out.scatter_add_(d, top_index, top)
-        out.scatter_add_(d, labels, scale.neg())
-        if d == 1:
-            return torch.cat([out, g], dim=1), None, None, None, None, None
-        grad_u = torch.empty(out.shape[1], out.shape[0] + g.shape[0], dtype=out.dtype, device=out.device)
-        torch.cat([out, g], dim=0, out=grad_u.t())  # written back in the logits' layout, one example per row
-        return grad_u, None, None, None, None, None
+        p_top = torch.sigmoid(minus_a_top).mul_(scale)  # (1 - sigmoid(a_0)) scale
+        out = e * (p_top - (g if g.shape[d] == 1 else g.sum(dim=d, keepdim=True))).div_(s)
+        top_term = scale - p_top  # sigmoid(a_0) scale
+        if d == 0:  # top_index: the one-hot row of y*
+            out.addcmul_(top_index, top_term).scatter_add_(0, labels, scale.neg())
+            return _transposed(torch.cat([out, g])), None, None, None, None, None, None
+        out.scatter_add_(1, top_index, top_term).scatter_add_(1, labels, scale.neg())
+        return torch.cat([out, g], dim=1), None, None, None, None, None, None
 
 
 def _minus_targets(out: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, scale: torch.Tensor,
@@ -179,19 +205,19 @@ class _SSMLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, observed: torch.Tensor,
-                weight: torch.Tensor, num_classes: int) -> torch.Tensor:
+                weight: torch.Tensor, num_classes: int, reduce: bool = False) -> torch.Tensor:
         log_p = F.log_softmax(u, dim=1)
         ctx.save_for_backward(log_p, labels, correct, weight)
         ctx.num_classes = num_classes
         loss = log_p.gather(1, labels[:, None])[:, 0].add_((correct * log_p[:, num_classes:]).sum(dim=1))
-        return loss.mul_(weight).neg_()
+        return (loss.dot(weight) if reduce else loss.mul_(weight)).neg_()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         log_p, labels, correct, weight = ctx.saved_tensors
         scale = (weight * grad)[:, None]
         out = log_p.exp().mul_(correct.sum(dim=1, keepdim=True).add_(1.0).mul_(scale))
-        return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None
+        return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None, None
 
 
 def _ova_class_rest(u: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,7 +233,7 @@ class _SOvALoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, observed: torch.Tensor,
-                weight: torch.Tensor, num_classes: int) -> torch.Tensor:
+                weight: torch.Tensor, num_classes: int, reduce: bool = False) -> torch.Tensor:
         rest, true = _ova_class_rest(u, labels, num_classes)
         experts = u[:, num_classes:]
         total = correct.sum(dim=1)
@@ -215,14 +241,15 @@ class _SOvALoss(torch.autograd.Function):
         experts = correct * F.softplus(-experts) + (total[:, None] + 1.0 - correct) * F.softplus(experts)
         ctx.save_for_backward(u, labels, correct, weight)
         ctx.num_classes = num_classes
-        return loss.add_(experts.sum(dim=1)).mul_(weight)
+        loss = loss.add_(experts.sum(dim=1))
+        return loss.dot(weight) if reduce else loss.mul_(weight)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         u, labels, correct, weight = ctx.saved_tensors
         scale = (weight * grad)[:, None]
         out = torch.sigmoid(u).mul_(correct.sum(dim=1, keepdim=True).add_(1.0).mul_(scale))
-        return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None
+        return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None, None
 
 
 class _AOvALoss(torch.autograd.Function):
@@ -232,12 +259,13 @@ class _AOvALoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, observed: torch.Tensor,
-                weight: torch.Tensor, num_classes: int) -> torch.Tensor:
+                weight: torch.Tensor, num_classes: int, reduce: bool = False) -> torch.Tensor:
         rest, true = _ova_class_rest(u, labels, num_classes)
         experts = F.binary_cross_entropy_with_logits(u[:, num_classes:], correct, observed, reduction="none")
         ctx.save_for_backward(u, labels, correct, observed, weight)
         ctx.num_classes = num_classes
-        return rest.add_(F.softplus(-true)).add_(experts.sum(dim=1)).mul_(weight)
+        loss = rest.add_(F.softplus(-true)).add_(experts.sum(dim=1))
+        return loss.dot(weight) if reduce else loss.mul_(weight)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -246,7 +274,7 @@ class _AOvALoss(torch.autograd.Function):
         out = torch.sigmoid(u).mul_(scale)
         if observed is not None:
             out[:, ctx.num_classes:].mul_(observed)
-        return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None
+        return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None, None
 
 
 class ASMSurrogate(DeferralSurrogate):

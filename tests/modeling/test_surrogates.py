@@ -906,3 +906,31 @@ def test_asm_column_layout_finite_for_extreme_and_half_precision_logits(dtype, m
         assert torch.isfinite(loss) and u.grad.dtype == dtype and torch.isfinite(u.grad).all()
         results.append((loss.detach(), u.grad))
     torch.testing.assert_close(results[0], results[1])
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("narrow_width", [0, 64])
+def test_reduced_loss_is_the_sum_of_the_weighted_per_example_losses(name, narrow_width, monkeypatch):
+    """With "mean" and "sum" the kernel sums the weighted losses itself (a dot product, no separate sum): the loss and
+    its gradient are the per-example ones summed (divided by the counted rows for "mean"), with ignored rows and a
+    missing answer, in both A-SM layouts (the threshold at 0: always rows; at 64: always columns)."""
+    from hf_defer.modeling import surrogates as surrogate_kernels
+
+    monkeypatch.setattr(surrogate_kernels, "_NARROW_WIDTH", narrow_width)
+    monkeypatch.setattr(surrogate_kernels, "_NARROW_MIN_BATCH", 1)
+    rng = np.random.default_rng(17 + NAMES.index(name))
+    K, M, B = 3, 2, 40
+    logits, labels, experts = _random_batch(rng, K, M, B, scale=6.0, n_ignored=5)
+    experts[3, 1] = IGNORE
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    counted = int((labels != IGNORE).sum())
+    for reduction, divisor in (("sum", 1.0), ("mean", counted)):
+        u = torch.tensor(logits, dtype=torch.float32, requires_grad=True)
+        reduced = s.loss(u, torch.tensor(labels), torch.tensor(experts), reduction=reduction, check=False)
+        reduced.backward()
+        v = torch.tensor(logits, dtype=torch.float64, requires_grad=True)
+        per = s.loss(v, torch.tensor(labels), torch.tensor(experts), reduction="none", check=False)
+        (per.double().sum() / divisor).backward()
+        assert reduced.dim() == 0
+        np.testing.assert_allclose(float(reduced), float(per.sum()) / divisor, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(u.grad.numpy(), v.grad.numpy(), rtol=1e-5, atol=1e-7)
