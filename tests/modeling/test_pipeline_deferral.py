@@ -117,7 +117,7 @@ def test_batches_of_feature_vectors_match_single_calls():
             assert got["label"] == want["label"]
             assert got["expert_accuracy"] == pytest.approx(want["expert_accuracy"], abs=1e-6)
     with torch.no_grad():
-        expected = model(features=torch.tensor(batch)).class_probs.max(dim=1).values
+        expected = model(features=torch.tensor(batch, device=model.device)).class_probs.max(dim=1).values.cpu()
     assert [s["class_score"] for s in singles] == pytest.approx(expected.tolist(), abs=1e-6)
     assert classify({"features": batch[0]})["class_score"] == pytest.approx(singles[0]["class_score"])
 
