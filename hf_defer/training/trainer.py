@@ -136,6 +136,14 @@ class DeferralTrainer(Trainer):
                 check_deferral_dataset(dataset, model, name, require_answers=name == "train_dataset")
                 check_label_names(dataset, config, name)  # class ids that mean the model's classes, not others
         super().__init__(**arguments)
+        half = [name for name, parameter in model.named_parameters()
+                if parameter.requires_grad and parameter.dtype == torch.float16]
+        if half:  # transformers 5 loads a float16 checkpoint as float16 (dtype="auto"); AdamW on it goes NaN
+            logger.warning(
+                f"DeferralTrainer: {len(half)} trainable parameters are float16 (e.g. {half[0]!r}); optimizer updates in "
+                "float16 overflow to inf/NaN, and the logged loss leaves non-finite steps out (logging_nan_inf_filter). "
+                "Load the encoder in float32 (from_encoder_pretrained(..., dtype=torch.float32)) and train with "
+                "bf16=True or fp16=True, which compute in half precision over float32 weights.")
         if self.args.dataloader_pin_memory and self.args.device.type == "cpu":  # torch warns: nothing to pin on CPU
             self.args.dataloader_pin_memory = False
         # The model's forward takes no `num_items_in_batch` (it returns the mean loss of its batch); this tells the

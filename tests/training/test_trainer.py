@@ -345,3 +345,26 @@ def test_resume_true_skips_a_half_written_newest_checkpoint(tmp_path):
     assert "checkpoint-6" in captured.out and "incomplete" in captured.out
     for a, b in zip(full.parameters(), resumed.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_float16_trainable_weights_are_warned_about(tmp_path):
+    """A float16 checkpoint loads as float16 in transformers 5 (dtype="auto"); AdamW on float16 weights turned a
+    MiniLM router's weights NaN on a GPU while the Trainer's logged loss stayed finite. The trainer says so up front,
+    and stays quiet for float32 weights and for frozen float16 ones (a LoRA base)."""
+    from transformers.testing_utils import CaptureLogger
+
+    from hf_defer.training.trainer import logger
+
+    data = make_data(8)
+    half = head_model()
+    half.head.half()
+    with CaptureLogger(logger) as captured:
+        DeferralTrainer(model=half, train_dataset=data, args=args(tmp_path / "a"))
+    assert "2 trainable parameters are float16" in captured.out and "dtype=torch.float32" in captured.out
+    torch.manual_seed(0)
+    frozen = EncoderForDeferral(DeferralConfig(feature_size=D, num_labels=K, num_experts=1, head_hidden_sizes=[4]))
+    frozen.head[0].half().requires_grad_(False)  # a frozen float16 part (as a LoRA base) is not trained: no warning
+    for model, name in ((head_model(), "b"), (frozen, "c")):
+        with CaptureLogger(logger) as captured:
+            DeferralTrainer(model=model, train_dataset=data, args=args(tmp_path / name))
+        assert "float16" not in captured.out
