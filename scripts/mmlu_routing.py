@@ -72,13 +72,15 @@ def main(argv: list[str] | None = None) -> None:
                         "fold_seconds": [info.get("train_seconds", 0) + info.get("predict_seconds", 0)
                                          for info in saved.get("fold_info", [])],
                         "versions": saved.get("versions")}
-    encoder = args.model
+    encoder, embeddings_source = args.model, None
     if args.embeddings:
         data, features = full.select(rows), load_embeddings(args.embeddings, rows)
         meta = args.embeddings[0].parent / "embeddings.json"
         if meta.exists():
             saved = json.loads(meta.read_text())
             encoder = f"{saved.get('encoder')} (embeddings of scripts/mmlu_e2e_router.py on {saved.get('device_name')})"
+            embeddings_source = (f"came from scripts/mmlu_e2e_router.py ({len(args.embeddings)} files, "
+                                 f"{saved.get('seconds')} s on {saved.get('device_name')})")
     else:
         data, features = mr.mmlu_routing_data(args.max_rows, args.fold_seed, args.model, args.device)
     embedding_seconds = round(time.perf_counter() - start, 1)
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
                         route_only_subject=fit_route_only_side_features if args.route_only else None,
                         route_only_e2e=e2e)
     record["settings"] |= {
-        "encoder": encoder, "embedding_seconds": embedding_seconds, "max_rows": args.max_rows,
+        "encoder": encoder, "embedding_seconds": embedding_seconds, "embeddings_source": embeddings_source,
+        "max_rows": args.max_rows,
         "route_only_e2e": e2e_settings,
         "subjects": len(set(data["subject"])), "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}",
