@@ -141,3 +141,33 @@ def test_script_end_to_end_on_a_tiny_encoder(tmp_path):
     first = (tmp_path / "mmlu_routing.md").read_text()
     subprocess.run([*common, "--render-only"], check=True, env=env, capture_output=True, text=True)
     assert (tmp_path / "mmlu_routing.md").read_text() == first
+
+
+def test_the_committed_report_rows_follow_from_the_committed_predictions():
+    """results/mmlu_routing.json's end-to-end and subject-only rows, recomputed here from the shipped data and the
+    committed out-of-fold estimates (results/mmlu_e2e_predictions.json) with a per-subject lookup written out by hand:
+    the report's headline numbers are the files', not retyped."""
+    import json
+    from pathlib import Path
+
+    from hf_defer.data.routellm_mmlu import load_routellm_mmlu
+    from hf_defer.evaluation.routellm_metrics import apgr, call_performance_curve
+
+    root = Path(__file__).resolve().parents[2] / "results"
+    report = json.loads((root / "mmlu_routing.json").read_text())["routers"]
+    saved = json.loads((root / "mmlu_e2e_predictions.json").read_text())
+    data = load_routellm_mmlu()
+    strong = np.asarray(data["gpt-4-1106-preview"], dtype=float)
+    weak = np.asarray(data["mixtral-8x7b-instruct"], dtype=float)
+    assert saved["columns"] == ["mixtral-8x7b-instruct", "gpt-4-1106-preview"] and saved["n"] == data.num_rows
+    estimates, fold = np.asarray(saved["estimates"], dtype=float), np.asarray(saved["fold"])
+    assert estimates.shape == (data.num_rows, 2) and np.isfinite(estimates).all()
+    assert apgr(call_performance_curve(estimates[:, 1] - estimates[:, 0], strong, weak)) == pytest.approx(
+        report["route_only_e2e"]["apgr"], abs=1e-9)
+    subject, gain = np.asarray(data["subject"]), np.zeros(data.num_rows)
+    for k in np.unique(fold):
+        for name in np.unique(subject):
+            train, held = (subject == name) & (fold != k), (subject == name) & (fold == k)
+            gain[held] = strong[train].mean() - weak[train].mean()
+    assert apgr(call_performance_curve(gain, strong, weak)) == pytest.approx(report["subject"]["apgr"], abs=1e-9)
+    assert report["route_only_e2e"]["apgr"] > report["subject"]["apgr"]
