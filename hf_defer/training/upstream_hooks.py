@@ -149,6 +149,14 @@ UPSTREAM_HOOKS: tuple[UpstreamHook, ...] = (
         "peft.get_peft_model as the alternative when the installed peft is older",
         referenced_by=("transformers.integrations.peft.PeftAdapterMixin.add_adapter",)),
     UpstreamHook(
+        "transformers.PreTrainedModel._auto_class", "read",
+        "hf_defer.modeling.saving_deferral (save_pretrained of a model sharded with FSDP2)",
+        "the class attribute that makes save_pretrained copy a model's code files and write its auto_map (read by "
+        "is_remote_code, which save_pretrained calls); set to None on FSDP2's wrapper class for the save, where "
+        "hf_defer writes its own code files and auto_map (otherwise transformers copies torch's _fsdp_*.py files and "
+        "names FSDPEncoderForDeferral)",
+        referenced_by=("transformers.PreTrainedModel.is_remote_code",)),
+    UpstreamHook(
         "transformers.PreTrainedModel._from_config", "call", "hf_defer.hub.auto.AutoModelForDeferral.from_config",
         "builds a freshly initialised model from a config, with dtype and attention options, as AutoModel does",
         ("config", "kwargs")),
