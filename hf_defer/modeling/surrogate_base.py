@@ -358,7 +358,7 @@ class DeferralSurrogate:
             B = u.shape[0]
             plain_labels = self._label_tensor(labels, B, u.device)
             plain_experts = self._expert_label_tensor(expert_labels, B, u.device)
-            if B > 0 and int(plain_labels.min()) >= 0 and int(plain_experts.min()) >= 0:
+            if B > 0 and int(plain_experts.min()) >= 0 and int(plain_labels.min()) >= 0:
                 correct = torch.eq(plain_experts, plain_labels[:, None],
                                    out=torch.empty(B, self.num_experts, device=u.device))
                 weight = torch.full((B,), 1.0 / B if reduction == "mean" else 1.0, device=u.device)
