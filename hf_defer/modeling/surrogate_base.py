@@ -350,6 +350,7 @@ class DeferralSurrogate:
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
         u = self.check_logits(logits, check_values=check)
+        holes = False  # known to miss an answer (or to hold some other negative id): the mask goes in unread
         if (not check and expert_correct is None and expert_labels is not None and u.device.type == "cpu"
                 and not torch.compiler.is_compiling()):
             # the common training batch: every row counted and every expert answered (no label below 0, two sync-free
@@ -358,7 +359,8 @@ class DeferralSurrogate:
             B = u.shape[0]
             plain_labels = self._label_tensor(labels, B, u.device)
             plain_experts = self._expert_label_tensor(expert_labels, B, u.device)
-            if B > 0 and int(plain_experts.min()) >= 0 and int(plain_labels.min()) >= 0:
+            holes = B > 0 and int(plain_experts.min()) < 0
+            if B > 0 and not holes and int(plain_labels.min()) >= 0:
                 correct = torch.eq(plain_experts, plain_labels[:, None],
                                    out=torch.empty(B, self.num_experts, device=u.device))
                 weight = torch.full((B,), 1.0 / B if reduction == "mean" else 1.0, device=u.device)
@@ -370,7 +372,8 @@ class DeferralSurrogate:
         weight = valid / valid.sum().clamp_(min=1) if reduction == "mean" else valid.float()
         # a batch with every answer pays nothing for the mask (one cheap pass to know it; skipped, with the mask kept,
         # where it would cost a device sync or break a compiled graph)
-        unmasked = (check or u.device.type == "cpu") and not torch.compiler.is_compiling() and bool(observed.all())
+        unmasked = ((check or u.device.type == "cpu") and not torch.compiler.is_compiling() and not holes
+                    and bool(observed.all()))
         return self._per_example_loss(u, labels, correct, None if unmasked else observed.float(), weight,
                                       reduction != "none")
 
