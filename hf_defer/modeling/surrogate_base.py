@@ -340,7 +340,8 @@ class DeferralSurrogate:
                 and targets in range); shapes and dtypes are checked either way. `False` skips the
                 passes over the data and, on an accelerator, the device syncs they cost: for a training loop over
                 data checked once beforehand (as [`DeferralTrainer`] does). The loss then also compiles with
-                `torch.compile(fullgraph=True)`.
+                `torch.compile(fullgraph=True)`. On a CPU, a batch given as `expert_labels` with every row counted
+                and every expert answered then builds its targets in one pass (same values, less time).
             expert_correct (`torch.Tensor` of shape `[B]` or `[B, M]`, *optional*): instead of `expert_labels`, each
                 expert's target itself: 1/0 (right/wrong) or a score in [0, 1], -100 where there is none.
 
