@@ -340,8 +340,8 @@ class DeferralSurrogate:
                 and targets in range); shapes and dtypes are checked either way. `False` skips the
                 passes over the data and, on an accelerator, the device syncs they cost: for a training loop over
                 data checked once beforehand (as [`DeferralTrainer`] does). The loss then also compiles with
-                `torch.compile(fullgraph=True)`. On a CPU, a batch given as `expert_labels` with every row counted
-                and every expert answered then builds its targets in one pass (same values, less time).
+                `torch.compile(fullgraph=True)`. On a CPU, a batch with every row counted and every expert answered
+                then builds its targets in one pass or none (same values, less time).
             expert_correct (`torch.Tensor` of shape `[B]` or `[B, M]`, *optional*): instead of `expert_labels`, each
                 expert's target itself: 1/0 (right/wrong) or a score in [0, 1], -100 where there is none.
 
@@ -352,21 +352,27 @@ class DeferralSurrogate:
             raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
         u = self.check_logits(logits, check_values=check)
         holes = False  # known to miss an answer (or to hold some other negative id): the mask goes in unread
-        if (not check and expert_correct is None and expert_labels is not None and u.device.type == "cpu"
+        if (not check and (expert_labels is None) != (expert_correct is None) and u.device.type == "cpu"
                 and not torch.compiler.is_compiling()):
-            # the common training batch: every row counted and every expert answered (no label below 0, two sync-free
-            # min's on a CPU). Its targets then take one comparison, where the general path below takes about eight
-            # passes (masks, ignored rows, weights), a fifth of a small-K loss's time; anything else goes that way
+            # the common training batch: every row counted and every expert answered (no label or target below 0, two
+            # sync-free min's on a CPU). Its targets then take one comparison (none for scores), where the general path
+            # below takes about eight passes (masks, ignored rows, weights), a fifth of a small-K loss's time; anything
+            # else (NaN scores too) goes that way, an answers' min below 0 telling it a mask is needed
             B = u.shape[0]
             plain_labels = self._label_tensor(labels, B, u.device)
-            plain_experts = self._expert_label_tensor(expert_labels, B, u.device)
-            holes = B > 0 and int(plain_experts.min()) < 0
-            if B > 0 and not holes and int(plain_labels.min()) >= 0:
-                correct = torch.eq(plain_experts, plain_labels[:, None],
-                                   out=torch.empty(B, self.num_experts, device=u.device))
+            if expert_labels is not None:
+                targets = expert_labels = self._expert_label_tensor(expert_labels, B, u.device)
+            else:
+                targets = expert_correct = self._expert_shape(
+                    "expert_correct", as_target_tensor("expert_correct", expert_correct, u.device), B).float()
+            lowest = float(targets.min()) if B > 0 else -1.0
+            holes = lowest < 0
+            if lowest >= 0 and int(plain_labels.min()) >= 0:
+                correct = targets if expert_labels is None else torch.eq(
+                    targets, plain_labels[:, None], out=torch.empty(B, self.num_experts, device=u.device))
                 weight = torch.full((B,), 1.0 / B if reduction == "mean" else 1.0, device=u.device)
                 return self._per_example_loss(u, plain_labels, correct, None, weight, reduction != "none")
-            labels, expert_labels = plain_labels, plain_experts
+            labels = plain_labels
         labels, correct, observed, valid = self.check_expert_targets(labels, expert_labels, u.shape[0], u.device,
                                                                      check, expert_correct=expert_correct)
         # 0 on ignored rows; the kernel weights each row, and sums them when asked (a reduction is one dot product)
