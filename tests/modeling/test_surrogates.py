@@ -934,3 +934,77 @@ def test_reduced_loss_is_the_sum_of_the_weighted_per_example_losses(name, narrow
         assert reduced.dim() == 0
         np.testing.assert_allclose(float(reduced), float(per.sum()) / divisor, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(u.grad.numpy(), v.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_unchecked_plain_batch_takes_the_short_target_path_with_the_same_values(name, monkeypatch):
+    """``check=False`` on a CPU batch with every row counted and every expert answered builds its targets in one
+    comparison (no mask, a constant weight): the loss and gradient are those of the general path (``check=True``), for
+    each reduction, int32 labels and ``[B, 1]`` labels; a batch with an ignored row or a missing answer goes the general
+    way (the mask reaches the kernel, the ignored row weighs 0); and for S-SM both match the textbook formula."""
+    K, M, B = 3, 2, 24
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(B, K + M, generator=generator) * 3
+    y = torch.randint(0, K, (B,), generator=generator)
+    m = torch.randint(0, K, (B, M), generator=generator)
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    seen = []
+    kernel = s._per_example_loss
+    monkeypatch.setattr(s, "_per_example_loss", lambda *args: seen.append(args) or kernel(*args))
+    for reduction in ("mean", "sum", "none"):
+        results = []
+        for labels, check in ((y, True), (y, False), (y.int()[:, None], False)):
+            u = logits.clone().requires_grad_()
+            loss = s.loss(u, labels, m.int(), reduction=reduction, check=check)
+            loss.sum().backward()
+            results.append((loss.detach(), u.grad))
+        assert seen[-1][3] is None and seen[-1][4].shape == (B,)  # the short path: no mask
+        torch.testing.assert_close(results[1], results[0], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(results[2], results[0], rtol=1e-6, atol=1e-7)
+    if name == "ssm":  # -log softmax(u)_y - sum_j c_j log softmax(u)_{K+j}, mean over rows, in float64
+        log_p = torch.log_softmax(logits.double(), dim=1)
+        ref = -(log_p.gather(1, y[:, None])[:, 0] + ((m == y[:, None]) * log_p[:, K:]).sum(1))
+        np.testing.assert_allclose(float(s(logits, y, m, check=False)), float(ref.mean()), rtol=1e-6)
+    ignored, missing = y.clone(), m.clone()
+    ignored[4] = IGNORE
+    missing[6, 1] = IGNORE
+    for labels, experts in ((ignored, m), (y, missing)):
+        expected = s.loss(logits, labels, experts, reduction="none", check=True)
+        got = s.loss(logits, labels, experts, reduction="none", check=False)
+        # the general path: the ignored row weighs 0, the missing answer's mask reaches the kernel
+        assert float(seen[-1][4][4]) == 0.0 if experts is m else seen[-1][3] is not None and seen[-1][3][6, 1] == 0
+        torch.testing.assert_close(got, expected)
+    assert float(s.loss(logits, ignored, m, reduction="none", check=False)[4]) == 0.0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_unchecked_plain_scores_take_the_short_target_path_with_the_same_values(name, monkeypatch):
+    """The same short path for targets given as ``expert_correct`` (scores, bools): the scores go to the kernel as
+    they are, with the general path's loss and gradient; a missing score (-100) or a NaN one goes the general way."""
+    K, M, B = 3, 2, 24
+    generator = torch.Generator().manual_seed(6)
+    logits = torch.randn(B, K + M, generator=generator) * 3
+    y = torch.randint(0, K, (B,), generator=generator)
+    scores = torch.rand(B, M, generator=generator)
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    seen = []
+    kernel = s._per_example_loss
+    monkeypatch.setattr(s, "_per_example_loss", lambda *args: seen.append(args) or kernel(*args))
+    for targets in (scores, scores > 0.5):
+        for reduction in ("mean", "sum", "none"):
+            results = []
+            for check in (True, False):
+                u = logits.clone().requires_grad_()
+                loss = s.loss(u, y, reduction=reduction, check=check, expert_correct=targets)
+                loss.sum().backward()
+                results.append((loss.detach(), u.grad))
+            assert seen[-1][3] is None and seen[-1][2].dtype == torch.float32  # the short path: no mask
+            torch.testing.assert_close(results[1], results[0], rtol=1e-6, atol=1e-7)
+    holed = scores.clone()
+    holed[3, 0] = IGNORE
+    expected = s.loss(logits, y, reduction="none", expert_correct=holed)
+    torch.testing.assert_close(s.loss(logits, y, reduction="none", check=False, expert_correct=holed), expected)
+    assert seen[-1][3] is not None and seen[-1][3][3, 0] == 0 and float(seen[-1][2][3, 0]) == 0.0
+    holed[3, 0] = float("nan")
+    per = s.loss(logits, y, reduction="none", check=False, expert_correct=holed)
+    assert torch.isnan(per[3]) and torch.isfinite(per[torch.arange(B) != 3]).all()  # unchecked: NaN goes through
