@@ -305,14 +305,18 @@ def test_training_checks_the_data_once_and_skips_per_step_probes(tmp_path, monke
     model = head_model()
     trainer = DeferralTrainer(model=model, train_dataset=data, args=args(tmp_path, per_device_train_batch_size=8,
                                                                            max_grad_norm=0.0, max_steps=20))
-    value_checks, norms = [], []
-    check_targets = model.surrogate.check_targets
+    shape_checks, value_checks, norms = [], [], []
+    check_targets, expert_label_tensor = model.surrogate.check_targets, model.surrogate._expert_label_tensor
     monkeypatch.setattr(model.surrogate, "check_targets",
                         lambda *a, **k: value_checks.append(a[4] if len(a) > 4 else k.get("check_values", True))
                         or check_targets(*a, **k))
+    monkeypatch.setattr(model.surrogate, "_expert_label_tensor",
+                        lambda *a, **k: shape_checks.append(1) or expert_label_tensor(*a, **k))
     monkeypatch.setattr(trainer.accelerator, "clip_grad_norm_", lambda *a, **k: norms.append(1))
     trainer.train()
-    assert len(value_checks) == 20 and not any(value_checks)  # shapes checked per batch, values never
+    # the answers' shape and dtype checked on every batch (on the short path of a batch with every answer, which
+    # calls no check_targets), their values never
+    assert len(shape_checks) == 20 and not any(value_checks)
     assert norms == []  # max_grad_norm=0 and no logging: no gradient norm to compute
     assert len(probes) == 1  # accelerate's per-step LOMO import probe asked once for the run
     assert accelerate.optimizer.is_lomo_available is counted_probe  # and put back afterwards
