@@ -120,6 +120,14 @@ def test_the_script_writes_embeddings_and_complete_predictions_that_the_report_r
         e2e.load_embeddings(out / "embeddings_0.npy", np.arange(31))
     with pytest.raises(ValueError, match="other dataset rows"):
         e2e.load_embeddings(out / "embeddings_0.npy", rows + 1)
+    # a rerun of the router alone (the embeddings came from an earlier run): no embedding files, the same estimates
+    again = tmp_path / "again"
+    script.main([*argv[:3], str(again), *argv[4:], "--skip-embeddings"])
+    assert sorted(path.name for path in again.iterdir()) == ["e2e_predictions.json"]
+    rerun = json.loads((again / "e2e_predictions.json").read_text())
+    np.testing.assert_allclose(e2e.check_predictions(rerun, rows, fold, "rerun"), estimates, atol=1e-5)
+    with pytest.raises(ValueError, match="exclude each other"):
+        script.main([*argv[:3], str(tmp_path / "x"), *argv[4:], "--skip-embeddings", "--embeddings-only"])
 
 
 def test_embeddings_in_parts_join_in_order_and_a_missing_part_is_named(tmp_path):
