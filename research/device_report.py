@@ -50,6 +50,13 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def device_name(device: str) -> str:
+    """The device named: `torch.cuda.get_device_name` for a GPU, the CPU model otherwise."""
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else cpu_model()
+
+
 def environment(device: str) -> dict[str, Any]:
     """The device, named (`torch.cuda.get_device_name` for a GPU, the CPU model otherwise), the core count and the
     versions of Python, torch, CUDA, transformers and datasets, with the UTC time."""
@@ -59,7 +66,7 @@ def environment(device: str) -> dict[str, Any]:
 
     facts: dict[str, Any] = {
         "device": device,
-        "device_name": torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else cpu_model(),
+        "device_name": device_name(device),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from transformers import TrainerCallback
 
+from .device_report import device_name, write_json
 from .mmlu_routing import selected_rows, subject_folds
 
 __all__ = ["COLUMNS", "E2ESettings", "check_predictions", "cross_fit_e2e", "fit_e2e_router", "load_embeddings",
@@ -269,24 +270,6 @@ def _versions() -> dict[str, str]:
             "cuda": str(torch.version.cuda)}
 
 
-def _device_name(device: str) -> str:
-    import torch
-
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.get_device_name(torch.device(device))
-    return f"CPU ({platform.machine()})"
-
-
-def _write_json(path: Path, record: dict[str, Any]) -> None:
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(record, indent=1))
-    partial.replace(path)  # a reader never sees half a file
-
-
-class _Skipped(Exception):
-    """The embedding step was not asked for."""
-
-
 def _prompts_digest(prompts: Sequence[str]) -> str:
     digest = hashlib.sha256()
     for prompt in prompts:
@@ -327,29 +310,28 @@ def run_e2e(output: Path, model_path: str, device: str = "cpu", max_rows: int | 
     prompts, subjects = list(data["prompt"]), [str(s) for s in data["subject"]]
     correct = np.stack([np.asarray(data[c], dtype=np.float32) for c in COLUMNS], axis=1)
     common = {"rows": rows.tolist(), "n": len(rows), "max_rows": max_rows, "row_seed": fold_seed,
-              "prompts_sha256": _prompts_digest(prompts), "device": device, "device_name": _device_name(device),
+              "prompts_sha256": _prompts_digest(prompts), "device": device, "device_name": device_name(device),
               "versions": _versions()}
     log(f"{stamp()} {len(rows)} questions, {len(set(subjects))} subjects; device {common['device_name']}")
 
     start = time.perf_counter()
-    try:
-        if skip_embeddings:
-            raise _Skipped("skipped (skip_embeddings)")
-        with tempfile.TemporaryDirectory() as cache:
-            embeddings = np.asarray(embed_texts(prompts, model_path, device=device, show_progress_bar=False,
-                                                cache_dir=cache, max_seq_length=settings.max_length), dtype=np.float32)
-        parts = save_embeddings(output, embeddings)
-        embedding_record = {**common, "encoder": str(model_path), "shape": list(embeddings.shape), "parts": parts,
-                            "seconds": round(time.perf_counter() - start, 2)}
-        _write_json(output / "embeddings.json", embedding_record)
-        log(f"{stamp()} embeddings {embeddings.shape} in {embedding_record['seconds']} s -> {parts}")
-    except _Skipped:
+    if skip_embeddings:
         log(f"{stamp()} embeddings skipped")
-    except Exception as error:  # the router below does not need them: a failure here must not cost the GPU run
-        if embeddings_only:
-            raise
-        embedding_record = {"error": f"{type(error).__name__}: {error}"}
-        log(f"{stamp()} the embeddings FAILED ({embedding_record['error']}); going on with the router")
+    else:
+        try:
+            with tempfile.TemporaryDirectory() as cache:
+                embeddings = np.asarray(embed_texts(prompts, model_path, device=device, show_progress_bar=False,
+                                                    cache_dir=cache, max_seq_length=settings.max_length),
+                                        dtype=np.float32)
+            parts = save_embeddings(output, embeddings)
+            embedding_record = {**common, "encoder": str(model_path), "shape": list(embeddings.shape), "parts": parts,
+                                "seconds": round(time.perf_counter() - start, 2)}
+            write_json(output / "embeddings.json", embedding_record)
+            log(f"{stamp()} embeddings {embeddings.shape} in {embedding_record['seconds']} s -> {parts}")
+        except Exception as error:  # the router below does not need them: a failure here must not cost the GPU run
+            if embeddings_only:
+                raise
+            log(f"{stamp()} the embeddings FAILED ({type(error).__name__}: {error}); going on with the router")
     if embeddings_only:
         return embedding_record
 
@@ -359,7 +341,7 @@ def run_e2e(output: Path, model_path: str, device: str = "cpu", max_rows: int | 
     record = {**common, "columns": list(COLUMNS), "encoder": str(model_path), "folds": folds, "fold_seed": fold_seed,
               "fold": fold.tolist(), "settings": dataclasses.asdict(settings), "estimates": [None] * len(rows),
               "folds_done": [], "fold_info": [], "complete": False}
-    _write_json(output / "e2e_predictions.json", record)
+    write_json(output / "e2e_predictions.json", record)
 
     def fit(train: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
         log(f"{stamp()} training on {len(train)} rows")
@@ -379,7 +361,7 @@ def run_e2e(output: Path, model_path: str, device: str = "cpu", max_rows: int | 
         record["fold_info"].append(info)
         record["complete"] = len(record["folds_done"]) == folds
         record["seconds"] = round(time.perf_counter() - begin, 1)
-        _write_json(output / "e2e_predictions.json", record)
+        write_json(output / "e2e_predictions.json", record)
         log(f"{stamp()} fold {k}: {info['steps']} steps, train loss {info['train_loss']:.4f}, "
             f"{info['train_seconds']} s training, {info['predict_seconds']} s predicting -> e2e_predictions.json")
 
