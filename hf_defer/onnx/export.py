@@ -1,0 +1,233 @@
+"""`export_onnx`: a saved deferral or route-only model as an ONNX folder (`model.onnx` or `model_quantized.onnx`, the
+model's `config.json` and its tokenizer), the layout `optimum` exports and [`ORTModelForDeferral`] loads.
+
+The graph computes the head's logits `[batch, num_labels + num_experts]` from the model's inputs (`input_ids`,
+`attention_mask`, `token_type_ids` when the encoder takes them, or `features`; `side_categorical` / `side_numeric` for
+side features), batch and sequence length dynamic. The estimates and the decision are computed from the logits by the
+model's own surrogate at run time, so the ONNX model decides with the same rule as the PyTorch one.
+
+`optimum`'s exporter (`optimum-onnx`) is not used: its newest release (0.1.0) requires `transformers<4.58`, and
+hf_defer needs transformers 5. The export is `torch.onnx.export` with the TorchScript-based exporter
+(`dynamo=False`: the dynamo exporter needs `onnxscript`), checked against PyTorch on two input shapes before the
+folder is written. `quantize="int8"` applies ONNX Runtime's dynamic quantization (int8 weights of the linear layers,
+activations quantized on the fly), what `optimum-cli onnxruntime quantize` does for CPUs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..modeling.modeling_deferral import DeferralPreTrainedModel
+
+__all__ = ["ONNX_FILE", "QUANTIZED_FILE", "export_onnx", "require_onnx"]
+
+ONNX_FILE = "model.onnx"
+QUANTIZED_FILE = "model_quantized.onnx"
+QUANTIZATIONS = ("int8",)
+OPSET = 17
+TOLERANCE = 1e-4  # float32 logits, ONNX Runtime against PyTorch (the issue's bar)
+
+
+def require_onnx() -> None:
+    """Raises an `ImportError` naming the `onnx` extra when `onnxruntime` or `onnx` is not installed."""
+    for name in ("onnxruntime", "onnx"):
+        try:
+            __import__(name)
+        except ImportError:
+            raise ImportError(f"the ONNX backend needs {name}, which is not installed: pip install 'hf-defer[onnx]' "
+                              "(onnxruntime and onnx).") from None
+
+
+class _LogitsOnly(nn.Module):
+    """The model's forward on positional inputs (the graph's inputs, in order), returning the logits only."""
+
+    def __init__(self, model: DeferralPreTrainedModel, names: list[str]) -> None:
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        inputs = dict(zip(self.names, tensors))
+        return self.model(**inputs, return_dict=True, output_estimates=False, check_inputs=False).logits
+
+
+def _example_inputs(model: DeferralPreTrainedModel, batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
+    """Inputs of the graph for tracing and checking: token ids with one padded row (so that the traced graph keeps
+    the attention mask's general path), or feature vectors; side features."""
+    generator = torch.Generator().manual_seed(seed)
+    config = model.config
+    if config.encoder is None:
+        inputs = {"features": torch.randn(batch, config.feature_size, generator=generator)}
+    else:
+        vocab = model.input_vocab_size or 100
+        ids = torch.randint(1, max(2, min(vocab, 1000)), (batch, length), generator=generator)
+        mask = torch.ones_like(ids)
+        mask[-1, length // 2:] = 0
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in model._encoder_args:
+            inputs["token_type_ids"] = torch.zeros_like(ids)
+    if model.side is not None:
+        categories = [len(spec["categories"]) + 1 for spec in model.side.specs if spec["kind"] == "categorical"]
+        if categories:
+            inputs["side_categorical"] = torch.stack(
+                [torch.randint(0, n, (batch,), generator=generator) for n in categories], dim=1)
+        if model.side.mean:
+            inputs["side_numeric"] = torch.randn(batch, len(model.side.mean), generator=generator) * 10
+    return inputs
+
+
+def _load(model: str | os.PathLike | DeferralPreTrainedModel, encoder: str | None) -> DeferralPreTrainedModel:
+    if isinstance(model, DeferralPreTrainedModel):
+        loaded = model
+    else:
+        if not Path(model).is_dir():
+            raise OSError(f"MODEL {str(model)!r} is not a folder of a saved deferral model (save_pretrained, or "
+                          "hf-defer train --output_dir).")
+        loaded = DeferralPreTrainedModel.from_pretrained(model)
+    if encoder is not None:
+        if loaded.config.encoder is not None:
+            raise ValueError(f"--encoder {encoder!r} is for a head-only model (trained on sentence embeddings); this "
+                             "model has its own encoder.")
+        from ..experts.embeddings import head_on_sentence_encoder
+
+        loaded = head_on_sentence_encoder(loaded, encoder)
+    if loaded.config.encoder is not None and loaded.main_input_name != "input_ids":
+        raise ValueError(f"export_onnx exports text-encoder and head-only deferral models; this one reads "
+                         f"{loaded.main_input_name} (a vision encoder), which is not supported yet.")
+    return loaded.eval()
+
+
+def _export(model: DeferralPreTrainedModel, path: Path) -> list[str]:
+    """`torch.onnx.export` of the logits, dynamic batch and sequence axes; returns the graph's input names."""
+    inputs = _example_inputs(model, batch=2, length=8, seed=0)
+    names = list(inputs)
+    dynamic = {name: ({0: "batch_size", 1: "sequence_length"} if name in ("input_ids", "attention_mask",
+                                                                          "token_type_ids") else {0: "batch_size"})
+               for name in names}
+    dynamic["logits"] = {0: "batch_size"}
+    options: dict[str, Any] = {}
+    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
+        options["dynamo"] = False
+    wrapper = _LogitsOnly(model, names).eval()  # a fresh module trains: the exporter would restore that on `model`
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the tracer's warnings about Python branches on shapes, the deprecation note
+        torch.onnx.export(wrapper, tuple(inputs.values()), str(path), input_names=names, output_names=["logits"],
+                          dynamic_axes=dynamic, opset_version=OPSET, do_constant_folding=True, **options)
+    return names
+
+
+def _session(path: Path) -> Any:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _check_against_torch(model: DeferralPreTrainedModel, path: Path) -> float:
+    """The largest |logit difference| between ONNX Runtime and PyTorch on two input shapes other than the traced
+    one; a `RuntimeError` above the tolerance (a shape the tracer fixed, an op exported wrongly)."""
+    session = _session(path)
+    worst = 0.0
+    for batch, length, seed in ((3, 5, 1), (1, 13, 2)):
+        inputs = _example_inputs(model, batch, length, seed)
+        with torch.no_grad():
+            expected = model(**inputs, return_dict=True, output_estimates=False).logits.float().numpy()
+        got = session.run(["logits"], {name: value.numpy() for name, value in inputs.items()})[0]
+        if got.shape != expected.shape:
+            raise RuntimeError(f"the exported graph gave logits of shape {got.shape} for inputs of batch {batch}, "
+                               f"expected {expected.shape}.")
+        worst = max(worst, float(abs(got - expected).max()))
+    if not worst <= TOLERANCE * max(1.0, float(abs(expected).max())):
+        raise RuntimeError(f"the exported graph's logits differ from PyTorch's by {worst:.3g} (more than "
+                           f"{TOLERANCE:g}); the model has an operation that torch.onnx.export cannot trace faithfully.")
+    return worst
+
+
+def _save_processor(source: Any, output: Path) -> None:
+    """The tokenizer saved with the source model (or the sentence encoder's), when there is one."""
+    if source is None:
+        return
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, TypeError):
+        return
+    tokenizer.save_pretrained(output)
+
+
+def export_onnx(model: str | os.PathLike | DeferralPreTrainedModel, output_dir: str | os.PathLike,
+                quantize: str | None = None, encoder: str | None = None, overwrite: bool = False) -> Path:
+    """Exports a saved deferral or route-only model to an ONNX folder that [`ORTModelForDeferral.from_pretrained`],
+    `hf-defer predict --backend onnx` and `hf-defer serve --backend onnx` load.
+
+    The folder holds `model.onnx` (float32; with `quantize="int8"`, `model_quantized.onnx` instead), the model's
+    `config.json` and its tokenizer. The export is checked: ONNX Runtime's logits must match PyTorch's within 1e-4 on
+    input shapes other than the traced one, or nothing is written.
+
+    Args:
+        model (`str`, `os.PathLike` or [`DeferralPreTrainedModel`]): a saved model's folder, or the model.
+        output_dir (`str` or `os.PathLike`): the folder to write; refused when it exists and is not empty, unless
+            `overwrite`.
+        quantize (`str`, *optional*): `"int8"`: dynamic int8 quantization (ONNX Runtime's `quantize_dynamic`).
+        encoder (`str`, *optional*): for a head-only model trained on sentence embeddings, the sentence encoder to
+            put it on first ([`head_on_sentence_encoder`]), so that the exported model reads text.
+        overwrite (`bool`, *optional*, defaults to `False`): replace the files of an existing `output_dir`.
+
+    Returns:
+        `Path`: the ONNX file written.
+
+    Example:
+
+    ```python
+    >>> import tempfile, torch
+    >>> from hf_defer import DeferralConfig, EncoderForDeferral
+    >>> from hf_defer.onnx import ORTModelForDeferral, export_onnx
+    >>> model = EncoderForDeferral(DeferralConfig(feature_size=8, num_labels=3, num_experts=1)).eval()
+    >>> folder = tempfile.mkdtemp()
+    >>> export_onnx(model, folder, overwrite=True).name
+    'model.onnx'
+    >>> features = torch.randn(4, 8)
+    >>> ort = ORTModelForDeferral.from_pretrained(folder)
+    >>> bool(torch.allclose(ort(features=features).logits, model(features=features).logits, atol=1e-5))
+    True
+
+    ```
+    """
+    require_onnx()
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ValueError(f"--quantize must be one of {list(QUANTIZATIONS)}, got {quantize!r}.")
+    output = Path(output_dir)
+    if output.exists() and (not output.is_dir() or (any(output.iterdir()) and not overwrite)):
+        raise FileExistsError(f"OUT {str(output)!r} exists{' and is not empty' if output.is_dir() else ''}; choose "
+                              "another folder or pass --overwrite.")
+    loaded = _load(model, encoder)
+    with tempfile.TemporaryDirectory() as scratch:
+        exported = Path(scratch) / ONNX_FILE
+        _export(loaded, exported)
+        _check_against_torch(loaded, exported)
+        if quantize == "int8":
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            quantized = Path(scratch) / QUANTIZED_FILE
+            quantize_dynamic(str(exported), str(quantized), weight_type=QuantType.QInt8)
+            exported = quantized
+        output.mkdir(parents=True, exist_ok=True)
+        for name in (ONNX_FILE, QUANTIZED_FILE):  # a re-export replaces the other kind too: one graph per folder
+            (output / name).unlink(missing_ok=True)
+        target = output / exported.name
+        shutil.move(str(exported), target)
+    loaded.config.save_pretrained(output)
+    source = encoder or (getattr(model, "name_or_path", None) if isinstance(model, DeferralPreTrainedModel) else model)
+    if loaded.config.encoder is not None:
+        _save_processor(source, output)
+    return target
