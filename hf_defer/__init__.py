@@ -24,6 +24,7 @@ from .evaluation.thresholds import calibrate_deferral
 from .evaluation.guarantees import DeferralGuarantee
 from .cascade import DeferralCascade
 from .hub import push_to_hub, save_for_hub
+from .onnx import ORTModelForDeferral  # onnxruntime itself is imported only when an ONNX model is loaded
 
 def _register_auto_classes() -> None:
     """Library mode: `AutoConfig`, `AutoModel` and `AutoModelForDeferral` load folders of model type "deferral".
@@ -79,6 +80,7 @@ __all__ = [
     "DeferralPipeline",
     "EncoderForDeferral",
     "EncoderForRouting",
+    "ORTModelForDeferral",
     # training and data preparation
     "DataCollatorForDeferral",
     "DeferralTrainer",

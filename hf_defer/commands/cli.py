@@ -9,6 +9,8 @@
 - `hf-defer evaluate --model PATH_OR_ID --input FILE`: the deferral metrics of a saved model on a labelled file.
 - `hf-defer serve --router FOLDER --model NAME=URL ...` / `--model FOLDER`: an HTTP endpoint (`hf_defer.commands.serve`;
   `pip install 'hf-defer[serve]'`).
+- `hf-defer export --onnx [--quantize int8] MODEL OUT`: a saved model as an ONNX folder for `--backend onnx` of
+  `predict` and `serve` (`pip install 'hf-defer[onnx]'`).
 - `hf-defer calibrate --model FOLDER --input FILE --max_error 0.05 --confidence 0.9`: the deferral threshold that
   keeps a budget, an error target or a cost budget on new inputs with that confidence, saved with the model.
 - `hf-defer review push|pull ...`: the review loop with Label Studio (`hf_defer.commands.review`; `pip install
@@ -91,9 +93,24 @@ def _predict_arguments(parser: argparse.ArgumentParser) -> None:
                              "'features').")
     parser.add_argument("--resume", action="store_true",
                         help="Continue the .csv/.jsonl --output that a stopped run left, after its last whole row.")
+    parser.add_argument("--backend", default="torch", choices=["torch", "onnx"],
+                        help="onnx: run --model, a folder of hf-defer export --onnx, with ONNX Runtime on the CPU "
+                             "(pip install 'hf-defer[onnx]'; default: torch).")
     parser.add_argument("--num_processes", type=int, default=1,
                         help="Split the input between N processes (one GPU each when there are GPUs) under "
                              "accelerate launch; the output is the one-process output.")
+
+
+def _export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL", help="Folder of a saved deferral or route-only model.")
+    parser.add_argument("output", metavar="OUT", help="Folder to write (model.onnx, config.json, the tokenizer).")
+    parser.add_argument("--onnx", action="store_true", help="Export to ONNX (needs pip install 'hf-defer[onnx]').")
+    parser.add_argument("--quantize", default=None, choices=["int8"],
+                        help="int8: dynamic quantization (int8 weights; faster on CPUs, decisions may differ slightly).")
+    parser.add_argument("--encoder", default=None,
+                        help="For a head-only model trained on sentence embeddings: the sentence encoder to put it on, "
+                             "so that the exported model reads text.")
+    parser.add_argument("--overwrite", action="store_true", help="Replace the files of an existing OUT.")
 
 
 def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -179,6 +196,8 @@ COMMANDS: dict[str, Command] = {command.name: command for command in (
             "hf_defer.commands.evaluate:run_evaluate", _evaluate_arguments),
     Command("serve", "a router behind an OpenAI-compatible endpoint, or a deferral model behind /v1/decide",
             "hf_defer.commands.serve:run_serve"),
+    Command("export", "a saved deferral model as an ONNX folder for --backend onnx (ONNX Runtime on CPUs)",
+            "hf_defer.commands.export:run_export", _export_arguments),
     Command("calibrate", "set a saved model's deferral threshold on a calibration file, with a stated confidence",
             "hf_defer.commands.calibrate:run_calibrate", _calibrate_arguments),
     # named here as a string: label-studio-sdk is imported only when `hf-defer review` runs

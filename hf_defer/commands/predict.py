@@ -27,10 +27,21 @@ __all__ = ["input_length_limit", "load_pipeline", "parse_expert_costs", "predict
 logger = logging.getLogger(__name__)
 
 
-def load_pipeline(model: str, trust_remote_code: bool = False, device: Any = None) -> Any:
+def load_pipeline(model: str, trust_remote_code: bool = False, device: Any = None, backend: str = "torch") -> Any:
     """`pipeline("deferral", model=model)` (the installed hf_defer), or with `trust_remote_code` the pipeline whose
     code was saved with the model; on `device` when given. A `model` that is neither a folder here nor a Hub id that
-    can be loaded fails first, at once ([`check_model_source`])."""
+    can be loaded fails first, at once ([`check_model_source`]). `backend="onnx"`: the pipeline over the ONNX export
+    in the folder `model` (`hf_defer.onnx.onnx_pipeline`, CPU)."""
+    if backend == "onnx":
+        if trust_remote_code:
+            raise ValueError("--trust_remote_code runs the code saved with a PyTorch model; --backend onnx runs an "
+                             "exported graph: pass one of them.")
+        from ..onnx import onnx_pipeline, require_onnx
+
+        require_onnx()
+        return onnx_pipeline(model)
+    if backend != "torch":
+        raise ValueError(f"--backend must be 'torch' or 'onnx', got {backend!r}.")
     import hf_defer  # noqa: F401  (registers the "deferral" task)
     from transformers import pipeline
 
@@ -176,7 +187,8 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
                  image_column_name: str | None = None, id_column_name: str | None = None,
                  copy_columns: Sequence[str] | None = None, overwrite: bool = False, text_column_delimiter: str = " ",
                  trust_remote_code: bool = False, features_column_name: str | None = None, resume: bool = False,
-                 chunk_size: int = 4096, disable_progress_bar: bool = False, **pipeline_kwargs: Any) -> int:
+                 chunk_size: int = 4096, disable_progress_bar: bool = False, backend: str = "torch",
+                 **pipeline_kwargs: Any) -> int:
     """Writes the deferral pipeline's output for every row of `input_path` to `output` (CSV, JSON Lines or Parquet
     by its extension; see [`write_predictions`] for the columns) and returns the row count.
 
@@ -194,7 +206,8 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
     feature vectors from `features_column_name` (default `features`: lists, or JSON lists in a CSV). The output
     starts with the input's own id column (`id_column_name`, default `id` when the input has one, else the row
     number as `row`) and the `copy_columns`. An `output` that is the input, or that exists without `overwrite` or
-    `resume`, is refused before the model is loaded.
+    `resume`, is refused before the model is loaded. `backend="onnx"` runs the ONNX export in the folder `model`
+    (`load_pipeline`).
 
     Example:
 
@@ -235,7 +248,7 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
         check_model_source(model, "--model")
         config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
         pipeline_kwargs["expert_costs"] = parse_expert_costs(pipeline_kwargs["expert_costs"], config.expert_names)
-    pipe = load_pipeline(model, trust_remote_code, device=None if state is None else state.device)
+    pipe = load_pipeline(model, trust_remote_code, device=None if state is None else state.device, backend=backend)
     to_inputs = _input_reader(stream.column_names, pipe.input_kind, text_column_names, text_column_delimiter,
                               text_pair_column_name, image_column_name, features_column_name, flag_input)
     if pipe.input_kind == "image":
@@ -383,7 +396,7 @@ def run_predict(args: argparse.Namespace) -> int:
                          args.image_column_name, args.id_column_name, copied, args.overwrite,
                          args.text_column_delimiter, args.trust_remote_code,
                          features_column_name=getattr(args, "features_column_name", None),
-                         resume=getattr(args, "resume", False), **extra)
+                         resume=getattr(args, "resume", False), backend=getattr(args, "backend", "torch"), **extra)
     if int(os.environ.get("RANK", "0")) == 0:
         threshold = args.defer_threshold
         if threshold is None:  # the model's own (calibrated) threshold, as the pipeline used it

@@ -38,6 +38,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="Address to listen on (default 127.0.0.1).")
     parser.add_argument("--port", type=int, default=8000, help="Port to listen on (default 8000).")
     parser.add_argument("--max_length", type=int, default=512, help="Truncate inputs to this many tokens.")
+    parser.add_argument("--backend", default="torch", choices=["torch", "onnx"],
+                        help="onnx: the model (or --router) is a folder of hf-defer export --onnx, run by ONNX Runtime "
+                             "on the CPU (pip install 'hf-defer[onnx]'; default: torch).")
     group = parser.add_argument_group("routing (--router)")
     group.add_argument("--encoder", default=None,
                        help="For a head-only router (trained on sentence embeddings): the sentence encoder it was "
@@ -108,7 +111,7 @@ def _router_app(options: argparse.Namespace) -> Any:
     from ..serving.upstream import parse_assignments, parse_upstreams
 
     models = parse_assignments("--model", options.model)
-    pipe = load_router_pipeline(options.router, options.encoder)
+    pipe = load_router_pipeline(options.router, options.encoder, backend=options.backend)
     threshold = options.defer_threshold
     if options.calibration_file is not None:
         if threshold is not None:
@@ -142,7 +145,7 @@ def _decision_app(options: argparse.Namespace) -> Any:
                     if getattr(options, flag) is not None] + (["fallback"] if options.fallback else [])
     if routing_only:
         raise ValueError(f"--{routing_only[0]} is for a routing endpoint (--router FOLDER).")
-    pipe = load_pipeline(options.model[0])
+    pipe = load_pipeline(options.model[0], backend=options.backend)
     project = None
     if (options.review_url is None) != (options.review_project is None):
         raise ValueError("--review_url and --review_project go together (the Label Studio server and its project).")

@@ -16,6 +16,7 @@ activations quantized on the fly), what `optimum-cli onnxruntime quantize` does 
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import shutil
 import tempfile
@@ -152,6 +153,15 @@ def _check_against_torch(model: DeferralPreTrainedModel, path: Path) -> float:
     return worst
 
 
+def _save_config(config: Any, output: Path) -> None:
+    """`config.json` alone: not the remote code that `save_pretrained` copies for a PyTorch folder (an exported folder
+    loads in library mode, `import hf_defer`), nor the `auto_map` that would point at it."""
+    values = config.to_diff_dict()
+    for key in ("auto_map", "custom_pipelines"):
+        values.pop(key, None)
+    (output / "config.json").write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
+
+
 def _save_processor(source: Any, output: Path) -> None:
     """The tokenizer saved with the source model (or the sentence encoder's), when there is one."""
     if source is None:
@@ -226,7 +236,7 @@ def export_onnx(model: str | os.PathLike | DeferralPreTrainedModel, output_dir: 
             (output / name).unlink(missing_ok=True)
         target = output / exported.name
         shutil.move(str(exported), target)
-    loaded.config.save_pretrained(output)
+    _save_config(loaded.config, output)
     source = encoder or (getattr(model, "name_or_path", None) if isinstance(model, DeferralPreTrainedModel) else model)
     if loaded.config.encoder is not None:
         _save_processor(source, output)

@@ -46,9 +46,10 @@ class RoutingDecision(NamedTuple):
     seconds: float
 
 
-def load_router_pipeline(router: str, encoder: str | None = None) -> Any:
+def load_router_pipeline(router: str, encoder: str | None = None, backend: str = "torch") -> Any:
     """The deferral pipeline of a saved route-only model; a head-only router (trained on sentence embeddings) is put
-    on its sentence encoder `encoder` first, so that it reads text.
+    on its sentence encoder `encoder` first, so that it reads text. `backend="onnx"`: `router` is a folder of
+    `hf-defer export --onnx` (a head-only router exported with `--encoder`), run by ONNX Runtime.
 
     Example:
 
@@ -71,6 +72,15 @@ def load_router_pipeline(router: str, encoder: str | None = None) -> Any:
         raise ValueError(f"--router {router!r} must be a route-only deferral model (trained with `hf-defer train "
                          f"--route_only`), got model_type={getattr(config, 'model_type', None)!r}, "
                          f"route_only={getattr(config, 'route_only', None)!r}.")
+    if backend == "onnx":
+        if encoder is not None or config.encoder is None:
+            raise ValueError(f"--backend onnx: --router {router!r} must be an exported router that reads text; put a "
+                             "head-only router on its sentence encoder when exporting it (hf-defer export --onnx "
+                             "--encoder ENCODER ROUTER OUT) and serve OUT without --encoder.")
+        from ..onnx import onnx_pipeline, require_onnx
+
+        require_onnx()
+        return onnx_pipeline(router)
     if config.encoder is not None:
         if encoder is not None:
             raise ValueError(f"--encoder {encoder!r} is for a head-only router; --router {router!r} has its own "
