@@ -8,8 +8,21 @@ answers), `hf_defer.evaluation` (the escalation budget) and the libraries; never
 experiments.
 """
 
-from .modeling_cascade import CASCADE_CONFIG_NAME, MODEL_ANSWER, DeferralCascade, escalation_features
-from .pipeline_cascade import CASCADE_TASK, DeferralCascadePipeline
+from typing import TYPE_CHECKING
 
-__all__ = ["CASCADE_CONFIG_NAME", "CASCADE_TASK", "MODEL_ANSWER", "DeferralCascade", "DeferralCascadePipeline",
-           "escalation_features"]
+from .._lazy import lazy_exports
+
+_EXPORTS = {
+    "CASCADE_CONFIG_NAME": "modeling_cascade",
+    "CASCADE_TASK": "pipeline_cascade",
+    "MODEL_ANSWER": "modeling_cascade",
+    "DeferralCascade": "modeling_cascade",
+    "DeferralCascadePipeline": "pipeline_cascade",
+    "escalation_features": "modeling_cascade",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from .modeling_cascade import CASCADE_CONFIG_NAME, MODEL_ANSWER, DeferralCascade, escalation_features
+    from .pipeline_cascade import CASCADE_TASK, DeferralCascadePipeline

@@ -21,6 +21,7 @@ from typing import Any
 from transformers import PreTrainedModel
 from transformers.dynamic_module_utils import custom_object_save
 
+from .library_mode import library_function
 from .pipeline_deferral import CUSTOM_PIPELINES, REMOTE_TASK
 
 WEIGHTS_FILE = re.compile(r"(adapter_)?model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json")
@@ -134,10 +135,6 @@ class DeferralSavingMixin:
             repo_id = upload.pop("repo_id", folder.resolve().name)
             self.push_to_hub(repo_id, token=kwargs.get("token"), **upload)
 
-    #: [`hf_defer.push_to_hub`], set by `import hf_defer` (library mode). A class loaded with `trust_remote_code=True`
-    #: has none, and this module never imports hf_defer: a saved folder's code stays free of the library.
-    card_pusher: Callable[..., Any] | None = None
-
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
         """Uploads the model with the deferral model card and the code for `trust_remote_code` loading, instead of
         `transformers`' generic card: [`hf_defer.push_to_hub`]`(self, repo_id, **kwargs)`, whose keyword arguments
@@ -152,7 +149,7 @@ class DeferralSavingMixin:
         >>> model.push_to_hub("me/tiny-defer")  # doctest: +SKIP
         ```
         """
-        push_to_hub = type(self).card_pusher
+        push_to_hub = library_function("hub.sharing", "push_to_hub")  # a saved folder's copy: None
         if push_to_hub is None:  # loaded with trust_remote_code: the deferral card needs hf_defer's own classes
             raise ImportError(
                 "push_to_hub of a deferral model needs hf_defer (pip install hf-defer) to write the deferral card "
