@@ -59,10 +59,6 @@ def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[st
     return __getattr__, __dir__
 
 
-def _initializing(module: Any) -> bool:
-    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
-
-
 _WATCHED = ("transformers", "hf_defer.")
 
 
@@ -133,6 +129,5 @@ def register_on_import(triggers: Mapping[str, Sequence[str]]) -> None:
     watcher = _RegisterOnImport(triggers)
     sys.meta_path.insert(0, watcher)
     for name in triggers:
-        module = sys.modules.get(name)
-        if module is not None and not _initializing(module):
+        if name in sys.modules:
             watcher.finished(name)
