@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             times[name].append(time.perf_counter() - start)
-    print(f"| command | median (s) | min (s) | runs |\n| --- | --- | --- | --- |")
+    print("| command | median (s) | min (s) | runs |\n| --- | --- | --- | --- |")
     for name, values in times.items():
         print(f"| `{name}` | {statistics.median(values):.3f} | {min(values):.3f} | {len(values)} |")
     return 0
