@@ -65,7 +65,7 @@ def test_help_answers_fast_without_importing_torch():
     start = time.perf_counter()
     done = run_cli("--help")
     assert done.returncode == 0 and "usage: hf-defer" in done.stdout and done.stderr == ""
-    assert time.perf_counter() - start < 5  # the whole process, on a loaded machine (benchmarks/README.md: ~0.1 s)
+    assert time.perf_counter() - start < 5  # the whole process, on a loaded machine (benchmarks/README.md: ~0.3 s)
 
 
 def test_version_usage_and_unknown_commands():
