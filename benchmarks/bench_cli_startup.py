@@ -3,11 +3,11 @@ pass` (the floor: an interpreter that starts and exits), measured in one run, al
 load hits them alike.
 
 Each `hf-defer` call runs what the console script runs (`from hf_defer.commands.cli import main`), so that the
-checkout on `PYTHONPATH` is measured whatever the virtual environment installed. `train` answers `--help` and unknown
+`hf_defer` Python imports (the installed one, or the checkout on `PYTHONPATH`) is measured. `train` answers `--help` and unknown
 flags from the flags its first full parse saved (`hf_defer.commands.flags.TrainFlags`): the script makes that first
 call once, in a fresh cache, and reports it apart ("first `train --help`": imports torch and transformers).
 
-Usage: PYTHONPATH=. .venv/bin/python benchmarks/bench_cli_startup.py [--repeats 20]
+Usage: .venv/bin/python benchmarks/bench_cli_startup.py [--repeats 20]
 """
 
 from __future__ import annotations

@@ -20,13 +20,12 @@ Trainer) and peak RSS. Targets: train-step time ratio <= 1.10 and peak-memory ra
 Example:
 
 ```
-export HF_HUB_OFFLINE=1 PYTHONPATH=.  # research/ is not installed: it is read from the checkout
-.venv/bin/python benchmarks/bench_finetune_overhead.py                                   # HateSpeech tweets, ~5 min
-.venv/bin/python benchmarks/bench_finetune_overhead.py --synthetic --steps 10 --repeats 1 \
+HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_finetune_overhead.py                 # HateSpeech tweets, ~5 min
+HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_finetune_overhead.py --synthetic --steps 10 --repeats 1 \
     --output /tmp/overhead.md                                                            # random tokens, quick check
-.venv/bin/python benchmarks/bench_finetune_overhead.py --configs anchor --repeats 1 \
+HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_finetune_overhead.py --configs anchor --repeats 1 \
     --data-dir /tmp/overhead-data --output /tmp/anchor.md                                # keep the tokenized data
-.venv/bin/python benchmarks/bench_finetune_overhead.py --worker defer-M1 \
+HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_finetune_overhead.py --worker defer-M1 \
     --data-dir /tmp/overhead-data --profile /tmp/defer.prof                              # cProfile one configuration
 ```
 
@@ -42,7 +41,6 @@ backbone is a local folder (MiniLM; loaded in float32, `--bf16` is the Trainer's
 The JSON `--output` is rewritten after each arm.
 
 ```
-export PYTHONPATH=.
 python benchmarks/bench_finetune_overhead.py --device cuda --backbone /models/minilm --bf16 --batch-size 32 \
     --max-length 128 --steps 60 --warmup 10 --output out/finetune_minilm.json
 python benchmarks/bench_finetune_overhead.py --device cuda --backbone qwen2-0.5b-random --tokenizer /models/minilm \
@@ -199,7 +197,7 @@ def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     import transformers
     from transformers import AutoTokenizer, TrainerCallback, TrainingArguments
 
-    # research/ is not installed: run from the checkout with PYTHONPATH=. (see the docstring)
+    # research/ is not installed: benchmarks/research links to it (this script's folder is on sys.path)
     from hf_defer import DeferralTrainer
     from research.device_report import environment, resolve_device, write_json
 

@@ -12,14 +12,14 @@ that load from other processes cancels out. Target: at most 1.10.
 Example:
 
 ```
-HF_HUB_OFFLINE=1 PYTHONPATH=. python benchmarks/bench_pipeline.py --texts 512 --repeats 5
+HF_HUB_OFFLINE=1 python benchmarks/bench_pipeline.py --texts 512 --repeats 5
 ```
 
 On a GPU (issue 32, item 4), with the MiniLM in a local folder, the card named in the JSON written after each batch
 size (`--device auto`, the default, is the first GPU when there is one):
 
 ```
-PYTHONPATH=. python benchmarks/bench_pipeline.py --device cuda --backbone /models/minilm --texts 2048 --repeats 3 \
+python benchmarks/bench_pipeline.py --device cuda --backbone /models/minilm --texts 2048 --repeats 3 \
     --batch-sizes 1 32 256 --output out/pipeline.json
 ```
 """
@@ -65,7 +65,7 @@ def main() -> None:
         parser.error(f"--batch-sizes must be >= 1, got {args.batch_sizes}.")
     if args.output is not None and args.output.exists() and not args.overwrite:
         parser.error(f"{args.output} exists; pass --overwrite to replace it or choose another --output.")
-    # research/ is not installed: run from the checkout with PYTHONPATH=. (see the docstring)
+    # research/ is not installed: benchmarks/research links to it (this script's folder is on sys.path)
     from research.device_report import environment, resolve_device, write_json
 
     torch.set_num_threads(args.threads)

@@ -13,8 +13,8 @@ CSV to a CSV, each run twice, alternating, the faster kept; then a profile of `p
 Example:
 
 ```
-HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/bench_predict_stream.py \
-    --features-rows 10000 100000 1000000 --text-rows 10000 100000 --speed 5000 --workdir /tmp/bench_predict
+HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python benchmarks/bench_predict_stream.py --features-rows 10000 100000 1000000 \
+    --text-rows 10000 100000 --speed 5000 --workdir /tmp/bench_predict
 ```
 
 Rows/s on a GPU (issue 32, item 4; `--device` selects this mode): the MiniLM of `--backbone` (a local folder) with a
@@ -27,7 +27,7 @@ included). The pipeline takes the first GPU, as `hf-defer predict` does; `--devi
 `--output` is rewritten after each measurement.
 
 ```
-PYTHONPATH=. python benchmarks/bench_predict_stream.py --device cuda --backbone /models/minilm --text-rows 20000 \
+python benchmarks/bench_predict_stream.py --device cuda --backbone /models/minilm --text-rows 20000 \
     --features-rows 200000 --batch-size 256 --workdir /tmp/bench_predict_gpu --output out/predict_stream.json
 ```
 """
@@ -195,7 +195,7 @@ def rates(args: argparse.Namespace) -> dict[str, Any]:
     """Rows/s of `predict_file` (twice, in this process), of `pipeline("deferral")` on a list (text model) and of
     `python -m hf_defer predict` in a fresh process, for the MiniLM text model and the head-only model; the JSON
     `args.output` is rewritten after each measurement. Returns what it wrote."""
-    # research/ is not installed: run from the checkout with PYTHONPATH=. (see the docstring)
+    # research/ is not installed: benchmarks/research links to it (this script's folder is on sys.path)
     from research.device_report import environment, resolve_device, write_json
 
     device = resolve_device(args.device)
