@@ -17,7 +17,6 @@ The ground floor of the package: standard library only, and imported by every la
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -62,7 +61,7 @@ def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[st
 _WATCHED = ("transformers", "hf_defer.")
 
 
-class _RegisterOnImport(importlib.abc.MetaPathFinder):
+class _RegisterOnImport:  # a `sys.meta_path` finder (`importlib.abc` itself costs 10 ms to import)
     """A finder that finds nothing itself: it lets the other finders find the modules of transformers and hf_defer and
     wraps their execution, so that the registering modules a trigger calls for are imported once no module of
     either is running any more (imported while one is half-run, they could find it without the names they import)."""

@@ -133,3 +133,12 @@ out = decide([[0.0, 1.0], [1.0, 0.0]])
 print(json.dumps([[row["defer"], row["expert"], row["label"]] for row in out]))
 """
     assert fresh(code) == [[True, "bot", "LABEL_1"], [True, "bot", "LABEL_1"]]
+
+
+@pytest.mark.parametrize("module", ["hf_defer._lazy", "hf_defer.modeling.library_mode", "hf_defer.commands.flags",
+                                    "hf_defer.experts.cache"])
+def test_the_docstring_examples_run(module):
+    import doctest
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted and not result.failed, result

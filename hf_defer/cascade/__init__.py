@@ -1,6 +1,6 @@
 """The learned cascade: two saved deferral models run as one (`modeling_cascade`: [`DeferralCascade`], its saving and
 loading, and stage 2's input [`escalation_features`]) and its `"deferral-cascade"` pipeline (`pipeline_cascade`:
-[`DeferralCascadePipeline`], registered by `import hf_defer`). Library mode only: a cascade folder's root holds stage 1
+[`DeferralCascadePipeline`], registered when that module is imported). Library mode only: a cascade folder's root holds stage 1
 with the single model's code files, and those know nothing of the cascade.
 
 Imports `hf_defer.modeling` (the stages and the pipeline's option checks), `hf_defer.experts` (reading the experts'

@@ -25,7 +25,7 @@ _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_down
 class AutoModelForDeferral:
     """Auto class for deferral models: `AutoModelForDeferral.from_pretrained(path)` after `import hf_defer`.
 
-    It is also the model class of the library's `"deferral"` pipeline task. `hf_defer` registers
+    It is also the model class of the library's `"deferral"` pipeline task. This module registers
     `DeferralConfig -> EncoderForDeferral`, which builds an [`EncoderForRouting`] for a route-only config (the
     registered class's `class_for_config` chooses); [`register`] adds other pairs.
 
