@@ -200,14 +200,18 @@ def test_a_first_run_or_a_changed_parser_source_reads_no_saved_flags(tmp_path, m
     monkeypatch.setenv("COLUMNS", "120")
     assert TrainFlags.load("hf-defer train") is None
     monkeypatch.setenv("COLUMNS", "100")
-    # an edited source (here: copies of the three modules, one touched) is a cache miss
-    for name in ("arguments.py", "cli.py", "flags.py"):
-        shutil.copy(Path(flags_module.__file__).with_name(name), tmp_path / name)
-    monkeypatch.setattr(flags_module, "__file__", str(tmp_path / "flags.py"))
+    # an edited source (here: copies of the modules, one touched) is a cache miss
+    package = Path(flags_module.__file__).parents[1]
+    for name in ("commands/arguments.py", "commands/cli.py", "commands/flags.py", "modeling/validators.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        shutil.copy(package / name, tmp_path / name)
+    monkeypatch.setattr(flags_module, "__file__", str(tmp_path / "commands" / "flags.py"))
     saved.save("hf-defer train")
     assert TrainFlags.load("hf-defer train") == saved
-    os.utime(tmp_path / "arguments.py", ns=(1, 1))
-    assert TrainFlags.load("hf-defer train") is None
+    for name in ("commands/arguments.py", "modeling/validators.py"):
+        os.utime(tmp_path / name, ns=(1, 1))
+        assert TrainFlags.load("hf-defer train") is None
+        saved.save("hf-defer train")
 
 
 # ------------------------------------------------------------------ 6. folders any hf_defer save wrote
