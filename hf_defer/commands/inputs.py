@@ -9,8 +9,6 @@ before the first training step with one message naming the flag or file, the spl
 from __future__ import annotations
 
 import logging
-import math
-import numbers
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -322,30 +320,23 @@ def side_feature_rows(inputs: list[Any], chunk: Mapping[str, list[Any]], names: 
                       key: str = "text", start: int = 0) -> list[Any]:
     """One chunk's pipeline inputs with the row's side features for a model with `config.side_features`: each input a
     dict with its `key` (`"text"`, or `"features"` for a head-only model) and the values of the chunk's columns named
-    in `names` (name -> numeric). A CSV streams as text, so a numeric feature's cell is read as a float here. A missing
-    value (empty, NaN), or a numeric feature's cell that is no finite number, is a `ValueError` naming the column and
-    the row (counted from `start`, the chunk's first row)."""
+    in `names` (name -> numeric), each read by `side_feature_value` (a CSV streams as text, so a numeric feature's
+    cell is read as a float; a category is matched by what it means, so a Parquet float `1.0` is the category `"1"`).
+    A missing value (`is_missing_side_value`: None, NaN, blank), a numeric feature's cell that is no finite number,
+    or a list or dict is a `ValueError` naming the column and the row (counted from `start`, the chunk's first
+    row)."""
     if not names:
         return inputs
+    from ..modeling.side_features import is_missing_side_value, side_feature_value  # torch: only with side features
 
     def value(name: str, row: int) -> Any:
-        cell = chunk[name][row]
-        if cell is None or (isinstance(cell, float) and math.isnan(cell)) or (isinstance(cell, str)
-                                                                              and not cell.strip()):
-            raise ValueError(f"side feature column {name!r}, row {start + row}: the value is missing; the model needs "
-                             "every side feature of every row.")
-        if names[name]:
-            number = cell
-            if isinstance(cell, str):
-                try:
-                    number = float(cell)
-                except ValueError:
-                    number = None
-            if isinstance(number, bool) or not isinstance(number, numbers.Real) or not math.isfinite(number):
-                raise ValueError(f"side feature column {name!r}, row {start + row}: the model reads {name!r} as a "
-                                 f"number, got {cell!r:.40}.")
-            return number
-        return cell
+        try:
+            return side_feature_value({"name": name, "kind": "numeric" if names[name] else "categorical"},
+                                      chunk[name][row])
+        except ValueError as error:
+            ending = "; the model needs every side feature of every row." if is_missing_side_value(chunk[name][row]) \
+                else "."
+            raise ValueError(f"side feature column {name!r}, row {start + row}: {error}{ending}") from None
 
     return [{**(item if isinstance(item, dict) else {key: item}),
              **{name: value(name, row) for name in names}} for row, item in enumerate(inputs)]

@@ -154,3 +154,27 @@ def test_docstring_examples_run():
     for module in (inputs_module, evaluate_module):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
         assert result.failed == 0 and result.attempted > 0, module
+
+
+@pytest.mark.parametrize("cell, message", [
+    (None, "the value is missing"), (float("nan"), "the value is missing"), ("  ", "the value is missing"),
+    ([1], "expected one value (a number, or a category such as a subject), got a list"),
+    ({"tier": 1}, "expected one value (a number, or a category such as a subject), got a dict"),
+])
+def test_streamed_side_features_follow_the_one_rule_naming_column_and_row(cell, message):
+    from hf_defer.commands.inputs import side_feature_rows
+
+    for numeric in (True, False):
+        chunk = {"tier": ["1", cell, "2"]}
+        with pytest.raises(ValueError, match=r"side feature column 'tier', row 11: " + message.replace("(", r"\(")
+                           .replace(")", r"\)")):
+            side_feature_rows(["a", "b", "c"], chunk, {"tier": numeric}, start=10)
+
+
+def test_streamed_side_features_are_read_by_what_they_mean():
+    from hf_defer.commands.inputs import side_feature_rows
+
+    chunk = {"tier": [1.0, " 2 ", 3], "length": ["412", 7, 0.5]}  # Parquet floats, CSV text, JSON integers
+    rows = side_feature_rows(["a", "b", "c"], chunk, {"tier": False, "length": True})
+    assert rows == [{"text": "a", "tier": "1", "length": 412.0}, {"text": "b", "tier": "2", "length": 7.0},
+                    {"text": "c", "tier": "3", "length": 0.5}]
