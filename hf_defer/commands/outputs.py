@@ -260,6 +260,9 @@ def resume_predictions(path: str | os.PathLike, header: Sequence[str]) -> tuple[
 
     ```
     """
+    from .inputs import allow_large_csv_fields  # a copied column may hold cells over the csv module's 128 KiB
+
+    allow_large_csv_fields()
     path = str(path)
     data_format = prediction_format(path)
     if data_format == "parquet":
