@@ -176,6 +176,14 @@ def test_the_pipeline_takes_dict_inputs_with_the_side_features(tmp_path):
         router({"text": "what is law", "subject": "law"})
     with pytest.raises(ValueError, match=r"takes the side features \['subject', 'length'\]: give each input as a dict"):
         router("what is law")
+    for value in (*MISSING, *NOT_ONE_VALUE):  # the pipeline follows the one rule too
+        for item in ({"text": "law", "subject": value, "length": 3}, {"text": "law", "subject": "law", "length": value}):
+            with pytest.raises(ValueError, match="is missing from input 0|of input 0: expected one value"):
+                router(item)
+    # a number stored as text for a numeric feature, and a stripped category, decide as the values they mean
+    same = router([{"text": "court", "subject": " law", "length": "30"}, {"text": "court", "subject": "law",
+                                                                         "length": 30}])
+    assert same[0]["expert_accuracy"] == same[1]["expert_accuracy"]
 
 
 def test_the_examples_run():
