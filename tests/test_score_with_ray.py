@@ -44,7 +44,7 @@ def _compare(scored: pd.DataFrame, expected: pd.DataFrame, id_column: str) -> No
 
 
 @pytest.mark.slow
-def test_ray_scores_equal_predict_for_a_text_and_a_feature_model(local_ray, tmp_path):
+def test_ray_scores_equal_predict_for_a_text_and_a_feature_model(local_ray, tmp_path, capsys):
     score = runpy.run_path(str(SCRIPT))["main"]
     rng = np.random.default_rng(0)
     # a text model: tiny BERT under a deferral head with two experts
@@ -81,9 +81,11 @@ def test_ray_scores_equal_predict_for_a_text_and_a_feature_model(local_ray, tmp_
                   "--copy_columns", "note", "--batch_size", "4", "--preserve_order"]) == 0
     scored = pd.read_parquet(tmp_path / "vec-ray")
     _compare(scored, pd.read_parquet(tmp_path / "vec.parquet"), "key")
-    with pytest.raises(ValueError, match="exists"):
-        score(["--model", str(features_model), "--input", str(vectors_table), "--output", str(tmp_path / "vec-ray"),
-               "--id_column_name", "key", "--features_column_name", "features"])
+    capsys.readouterr()
+    assert score(["--model", str(features_model), "--input", str(vectors_table), "--output", str(tmp_path / "vec-ray"),
+                  "--id_column_name", "key", "--features_column_name", "features"]) == 2  # one line, exit status 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("__main__.py: error: --output ") and "vec-ray' exists" in last, last
 
 
 def test_a_missing_input_or_a_bad_model_folder_is_named_before_ray_starts(tmp_path, capsys, monkeypatch):
