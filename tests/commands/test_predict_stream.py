@@ -182,6 +182,12 @@ def test_resume_never_touches_a_file_it_cannot_prove_it_wrote(model, table, tmp_
     before = out.read_bytes()
     err = _refused(argv, capsys)
     assert out.read_bytes() == before and str(out) in err
+    # a file named like the record, not hf_defer's, is not replaced by a new run either
+    fresh = tmp_path / f"new-{name}"
+    provenance_path(fresh).write_text("my notes")
+    with pytest.raises(FileExistsError, match="exists and is not hf_defer's; pass --overwrite"):
+        predict_file(str(model), str(path), str(fresh), chunk_size=8)
+    assert provenance_path(fresh).read_text() == "my notes" and not fresh.exists()
 
 
 @pytest.mark.parametrize("name", ["p.csv", "p.jsonl", "p.parquet"])
