@@ -96,14 +96,23 @@ def scan_text_file(path: str, flag: str, extension: str) -> int:
 def _bad_json_line(path: str) -> str | None:
     """Where a JSON Lines (or JSON) file stops being JSON: `line N: <reason>`, or None when every line is JSON."""
     with open(path, encoding="utf-8-sig", errors="replace") as handle:
-        text = handle.read()
-    if text.lstrip().startswith("["):  # one JSON document
-        try:
-            json.loads(text)
-        except ValueError as error:
-            return f"line {getattr(error, 'lineno', '?')}: not valid JSON ({getattr(error, 'msg', error)})"
-        return None
-    for number, line in enumerate(text.splitlines(), start=1):
+        document = handle.read(4096).lstrip().startswith("[")
+        handle.seek(0)
+        located = None if document else _first_bad_json_line(handle)
+        if document or (located is not None and located.startswith("line 1: not valid JSON")
+                        and os.path.getsize(path) <= 1 << 28):  # one (pretty-printed) JSON document, read whole
+            handle.seek(0)
+            try:
+                json.loads(handle.read())
+            except ValueError as error:
+                return f"line {getattr(error, 'lineno', '?')}: not valid JSON ({getattr(error, 'msg', error)})"
+            return None
+        return located
+
+
+def _first_bad_json_line(lines: Iterator[str]) -> str | None:
+    """`line N: <reason>` for the first line of JSON Lines that is not a JSON object, read line by line."""
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:

@@ -212,6 +212,7 @@ def test_a_long_cell_and_a_byte_order_mark_are_read_as_the_data(tmp_path):
     ("bad.jsonl", b'{"text": "a"}\n{"text": "b"}\n{text: c}\n{"text": "d"}\n', 3, "not valid JSON"),
     ("list.jsonl", b'{"text": "a"}\n["b"]\n', 2, "a JSON list, not an object"),
     ("doc.json", b'[{"text": "a"},\n {"text": "b"} {"text": "c"}]\n', 2, "not valid JSON"),
+    ("pretty.json", b'{\n "text": ["a", "b"],\n "id": [1 2]\n}\n', 3, "not valid JSON (Expecting ',' delimiter)"),
     ("latin1.csv", b"id,text\n1,ok\n2,caf\xe9\n", 3, "not UTF-8 text (byte 0xe9 at column 6)"),
     ("latin1.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n', 2, "not UTF-8 text (byte 0xe9"),
     ("latin1.txt", b"ok\ncaf\xe9\n", 2, "not UTF-8 text (byte 0xe9"),
