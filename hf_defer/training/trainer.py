@@ -49,9 +49,12 @@ class DeferralTrainer(Trainer):
       (``num_items_in_batch``, counted over all processes), so the batches of a step, a short last one included, give
       exactly the gradient of one batch holding all their rows (and the logged loss is that batch's mean loss);
     * ``compute_metrics`` defaults to [`DeferralMetrics`], so ``evaluate()`` reports ``eval_system_error``,
-      ``eval_coverage``, ``eval_classifier_error``, ``eval_expert_ece`` and the budgeted errors, all of the
-      saved model's pipeline (the decision with the config's ``expert_costs`` and ``defer_threshold``; budgets ranked
-      by margin, as [`calibrate_deferral`] meets them: ``deferral_metrics(..., budget_ranking="margin")``);
+      ``eval_coverage``, ``eval_classifier_error`` (beside ``eval_majority_class_error``, the baseline),
+      ``eval_expert_ece`` and the budgeted errors, all of the saved model's pipeline (the decision with the config's
+      ``expert_costs`` and ``defer_threshold``, made without knowing who answered: deferrals to an expert with no
+      recorded answer are ``eval_unscored_deferrals``; budgets ranked by margin, as [`calibrate_deferral`] meets them:
+      ``deferral_metrics(..., budget_ranking="margin")``); a model whose head trains alone at a fine-tuning learning
+      rate (at most 1e-4) gets a warning;
     * ``eval_loss`` is recomputed from the gathered logits of the whole evaluation set, so it is the mean
       surrogate loss over every example exactly once, however many processes evaluated it;
     * ``train_dataset`` and ``eval_dataset`` (and a dataset given to ``evaluate``) are checked before anything runs
