@@ -226,3 +226,22 @@ def test_the_library_metrics_are_the_pipeline_decisions_with_availability(traine
     metrics = hf_defer.deferral_metrics(logits, labels, answers, pipe.model, defer_threshold=threshold,
                                         available=mask, expert_names=EXPERTS)
     assert_reports(metrics, truth(outputs, table))
+
+
+def test_with_drop_the_budget_is_calibrated_on_the_rows_it_is_scored_on(trained, tmp_path):
+    # Issue 41: with --missing_expert drop the run calibrated on every validation row and scored the complete ones
+    # ("at most 20 %" beside a reported 26 %). Both now use the rows drop keeps.
+    root, _, _ = trained
+    out = tmp_path / "dropped"
+    assert hf_defer_main(["train", "--model_name_or_path", str(root / "encoder"), "--train_file",
+                          str(root / "train.csv"), "--validation_file", str(root / "dev.csv"), "--text_column_names",
+                          "text", "--label_column_name", "label", "--expert_column_names", "alice,bob",
+                          "--missing_expert", "drop", "--side_feature_columns", "channel", "--side_feature_dim", "4",
+                          "--max_deferral_rate", "0.3", "--num_train_epochs", "2", "--learning_rate", "3e-2",
+                          "--pooling", "mean", "--output_dir", str(out), *QUIET]) == 0
+    results = json.loads((out / "all_results.json").read_text())
+    dev = pd.read_csv(root / "dev.csv")
+    complete = dev[dev[EXPERTS].notna().all(axis=1)].reset_index(drop=True)
+    decisions = decide(out, complete)
+    assert_reports(results, truth(decisions, complete), "calibrated_eval_")
+    assert sum(o["defer"] for o in decisions) <= math.floor(0.3 * len(complete))
