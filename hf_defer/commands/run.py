@@ -400,6 +400,8 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
         calibration = raw["validation"]
         if len(splits["validation"]) != len(calibration):  # --missing_expert drop: the rows the metrics score
             calibration = calibration.select(_complete_rows(calibration, label, expert_columns, data_args))
+            logger.warning(f"--missing_expert drop: the deferral budget is calibrated on the {len(calibration)} of "
+                           f"{len(raw['validation'])} validation rows with every answer, the rows the metrics score.")
         threshold = calibrate_deferral(final, pipeline_inputs(calibration, *columns), data_args.max_deferral_rate,
                                        batch_size=training_args.per_device_eval_batch_size,
                                        tokenizer=None if image_column else processor,
