@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import numpy as np
 import transformers
 from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, TrainingArguments, set_seed
 
@@ -156,8 +157,35 @@ def _tokenize(splits: datasets.DatasetDict, tokenizer: Any, data_args: DataTrain
                       load_from_cache_file=not data_args.overwrite_cache, desc="Running tokenizer on dataset")
 
 
+def _complete_rows(split: datasets.Dataset, label: str | None, expert_columns: list[str],
+                   data_args: DataTrainingArguments) -> list[int]:
+    """The rows of ``split`` that `--missing_expert drop` keeps (every expert answered), by the preparation's own rule:
+    calibration then uses the rows the metrics are scored on."""
+    marked = prepare_deferral_dataset(split.select_columns([column for column in split.column_names if column in (
+        [label] if label is not None else []) + list(expert_columns) + list(data_args.correct_columns)]), label,
+        expert_columns, label_names=data_args.classes, missing_expert="mask",
+        expert_correct_columns=data_args.correct_columns).dataset.with_format("numpy")
+    targets = marked["expert_correct" if "expert_correct" in marked.column_names else "expert_labels"]
+    targets = np.asarray(targets).reshape(len(split), -1)
+    return np.flatnonzero((targets != -100).all(axis=1)).tolist()
+
+
+def majority_class_warning(metrics: dict[str, Any], stage: str) -> str | None:
+    """A warning when the classifier's error on a stage is no better than always answering the majority class."""
+    error, baseline = metrics.get(f"{stage}_classifier_error"), metrics.get(f"{stage}_majority_class_error")
+    if error is None or baseline is None or error < baseline:
+        return None
+    return (f"{stage}: the classifier errs {error:.4f}, no better than always answering the most frequent class "
+            f"({baseline:.4f}): it has learned nothing usable. Train longer or with a larger --learning_rate, or "
+            "check the labels.")
+
+
 def _record(trainer: DeferralTrainer, stage: str, metrics: dict[str, float], results: dict[str, float]) -> None:
-    """Logs and saves the metrics of a stage as the Trainer does (`<stage>_results.json`, `all_results.json`)."""
+    """Logs and saves the metrics of a stage as the Trainer does (`<stage>_results.json`, `all_results.json`), and
+    warns when the classifier does no better than the majority class."""
+    baseline = majority_class_warning(metrics, stage) if stage != "calibrated_eval" else None  # eval's classifier
+    if baseline:
+        logger.warning(baseline)
     trainer.log_metrics(stage, metrics)
     trainer.save_metrics(stage, metrics)
     results.update(metrics)
@@ -369,12 +397,18 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
                 raise ValueError("--max_error needs every validation row: use --missing_expert mask, not drop.")
             rows = splits["validation"].with_format("numpy")
             promises.update(labels=rows["labels"], expert_labels=rows["expert_labels"])
-        threshold = calibrate_deferral(final, pipeline_inputs(raw["validation"], *columns), data_args.max_deferral_rate,
+        calibration = raw["validation"]
+        if len(splits["validation"]) != len(calibration):  # --missing_expert drop: the rows the metrics score
+            calibration = calibration.select(_complete_rows(calibration, label, expert_columns, data_args))
+            logger.warning(f"--missing_expert drop: the deferral budget is calibrated on the {len(calibration)} of "
+                           f"{len(raw['validation'])} validation rows with every answer, the rows the metrics score.")
+        threshold = calibrate_deferral(final, pipeline_inputs(calibration, *columns), data_args.max_deferral_rate,
                                        batch_size=training_args.per_device_eval_batch_size,
                                        tokenizer=None if image_column else processor,
                                        image_processor=processor if image_column else None, **promises, **call_kwargs)
         model.config.defer_threshold = threshold
         model.config.deferral_guarantee = final.config.deferral_guarantee
+        model.config.calibrated_expert_costs = final.config.calibrated_expert_costs
         results["defer_threshold"] = threshold
         logger.info(f"deferral threshold {threshold:.4f}; guarantee: {final.config.deferral_guarantee}")
         if training_args.do_eval:

@@ -154,6 +154,9 @@ class DeferralConfig(PretrainedConfig):
             (`hf_defer.evaluation.guarantees.DeferralGuarantee`); `None` when nothing is certified. A calibration
             without a confidence clears it; the model card states it and the pipeline warns when a call changes what
             it was certified for.
+        calibrated_expert_costs (`list[float]`, *optional*):
+            The expert costs `defer_threshold` was calibrated at (set by `calibrate_deferral`); `None` for a threshold
+            never calibrated. The pipeline warns when a call decides with other costs or another threshold.
         kwargs (*optional*):
             Passed to [`PretrainedConfig`] (`id2label`, `label2id`, ...). The class names of `id2label` must be
             distinct, and none may be `"defer"`: the pipeline's `label` of a deferred input.
@@ -200,6 +203,7 @@ class DeferralConfig(PretrainedConfig):
     default_expert: str | int | None = None
     side_features: list[dict] | None = None
     deferral_guarantee: dict | None = None
+    calibrated_expert_costs: list[int | float] | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.route_only is True:  # no class head: classes given are an error, none is 0 (not the base's 2)
