@@ -303,6 +303,7 @@ def _main(argv: list[str]) -> int:
 
 def _guarded(call: Callable[[], int], prog: str, debug: bool) -> int:
     """`call()`, a user's mistake ([`USER_ERRORS`]) shown as one line and exit status 2 (raised with `debug`)."""
+    _light("progress").quiet_progress_bars_unless_terminal()  # no progress bars in a log file
     try:
         return call()
     except USER_ERRORS as error:

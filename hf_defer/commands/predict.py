@@ -266,8 +266,11 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
                                   append=found is not None)
     from tqdm.auto import tqdm
 
+    from .progress import progress_bars_disabled
+
     progress = tqdm(total=stream.num_rows, initial=done, desc="Deciding", unit="row", dynamic_ncols=True,
-                    disable=disable_progress_bar or not main or (stream.num_rows or 0) < batch_size)
+                    disable=disable_progress_bar or not main or (stream.num_rows or 0) < batch_size
+                    or progress_bars_disabled())
     start, written, skipped = 0, 0, hashlib.sha256()
     try:
         for chunk in stream:
@@ -357,10 +360,12 @@ def run_pipeline(pipe: Any, inputs: list[Any], batch_size: int, disable_progress
     on stderr."""
     from tqdm.auto import tqdm
 
+    from .progress import progress_bars_disabled
+
     kwargs.setdefault("return_margin", True)  # predictions.csv shows why an input was (not) deferred
     outputs = pipe((item for item in inputs), batch_size=batch_size, **kwargs)  # a generator: answers as they come
     return list(tqdm(outputs, total=len(inputs), desc="Deciding", unit="input", leave=False,
-                     disable=disable_progress_bar or len(inputs) < batch_size))
+                     disable=disable_progress_bar or len(inputs) < batch_size or progress_bars_disabled()))
 
 
 def run_predict(args: argparse.Namespace) -> int:

@@ -20,9 +20,11 @@ from typing import Any
 import datasets
 import transformers
 from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, TrainingArguments, set_seed
+from transformers.trainer_callback import PrinterCallback
 
 from .arguments import DataTrainingArguments, ModelArguments
 from .inputs import check_splits, join_text_columns, load_raw_datasets, pipeline_inputs, split_sources
+from .progress import progress_bars_disabled
 from .outputs import RUN_SUMMARY, OutputFolder, format_summary, stage_metrics, write_predictions
 from .run_checks import check_stages, default_stages, first_line, hub_repository_error
 from ..evaluation.thresholds import calibrate_deferral
@@ -156,10 +158,66 @@ def _tokenize(splits: datasets.DatasetDict, tokenizer: Any, data_args: DataTrain
 
 
 def _record(trainer: DeferralTrainer, stage: str, metrics: dict[str, float], results: dict[str, float]) -> None:
-    """Logs and saves the metrics of a stage as the Trainer does (`<stage>_results.json`, `all_results.json`)."""
-    trainer.log_metrics(stage, metrics)
+    """Saves the metrics of a stage as the Trainer does (`<stage>_results.json`, `all_results.json`); the run prints
+    them once, at the end, in one table ([`format_metrics_table`])."""
     trainer.save_metrics(stage, metrics)
     results.update(metrics)
+
+
+class TrainingLogPrinter(PrinterCallback):
+    """The Trainer's `PrinterCallback` (its log lines when `--disable_tqdm`) without the logs of `trainer.evaluate`
+    after training: the run prints those metrics once, in its table ([`format_metrics_table`])."""
+
+    def on_log(self, args: TrainingArguments, state: Any, control: Any, logs: dict | None = None,
+               **kwargs: Any) -> None:
+        evaluation = any(key.startswith(("eval_", "calibrated_eval_", "test_")) for key in logs or {})
+        if not evaluation or state.global_step < state.max_steps:  # an evaluation during training: its own numbers
+            super().on_log(args, state, control, logs=logs, **kwargs)
+
+
+_BOOKKEEPING = ("runtime", "per_second", "samples", "epoch", "flos")
+"""Metric names ending so are the Trainer's bookkeeping: kept in the JSON files, not in the printed table."""
+
+
+def format_metrics_table(metrics: dict[str, dict[str, float]]) -> str:
+    """The metrics of the evaluated stages as one table, each number once: a row per metric, a column per stage
+    (`eval`: the validation split before calibrating, `calibrated_eval`: after, `test`: the saved model); the
+    training loss and times are the Trainer's own log line. Empty when no stage was evaluated.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.commands.run import format_metrics_table
+    >>> print(format_metrics_table({"eval": {"system_error": 0.25, "runtime": 0.1}, "test": {"system_error": 0.3,
+    ...                                                                                   "coverage": 0.5}}))
+    Metrics: eval = validation split, test = saved model
+                    eval    test
+      system_error  0.2500  0.3000
+      coverage              0.5000
+
+    ```
+    """
+    stages = [stage for stage in STAGES if stage != "train" and metrics.get(stage)]
+    names: list[str] = []
+    for stage in stages:
+        names += [name for name in metrics[stage] if name not in names and not name.endswith(_BOOKKEEPING)]
+    if not names:
+        return ""
+    meaning = {"eval": "eval = validation split", "calibrated_eval": "calibrated_eval = after calibrating",
+               "test": "test = saved model"}
+    width = max(map(len, names))
+    columns = [max(len(stage), 6) for stage in stages]
+
+    def cell(value: Any, size: int) -> str:
+        text = "" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+        return f"{text:<{size}}"
+
+    lines = ["Metrics: " + ", ".join(meaning[stage] for stage in stages),
+             " " * (width + 4) + "  ".join(cell(stage, size) for stage, size in zip(stages, columns))]
+    for name in names:
+        lines.append(f"  {name:<{width}}  " + "  ".join(cell(metrics[stage].get(name), size)
+                                                       for stage, size in zip(stages, columns)))
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
@@ -205,6 +263,8 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     ```
     """
     setup_logging(training_args)
+    if progress_bars_disabled():  # stderr is a log file, not a terminal (hf_defer.commands.progress): no bars
+        training_args.disable_tqdm = True
     output = OutputFolder(training_args.output_dir, overwrite=data_args.overwrite_output_dir)
     output.check()  # every process, before anything is written
     check_stages(training_args)
@@ -331,6 +391,9 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
         model=model, args=training_args, processing_class=None if frozen_text else processor,
         train_dataset=splits.get("train") if training_args.do_train else None,
         eval_dataset=splits.get("validation") if training_args.do_eval else None)
+    if training_args.disable_tqdm:  # the Trainer's log lines without the metrics the run's table prints once
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(TrainingLogPrinter)
     results: dict[str, float] = {}
     flat = None  # a warning at the end when training did not move the loss
     if training_args.do_train:
@@ -414,7 +477,8 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
                                if stage_metrics(results, stage)},
                    "summary_file": str(folder / RUN_SUMMARY)}
         output.write_summary(summary)
-        print(format_summary(summary))
+        table = format_metrics_table(summary["metrics"])
+        print((table + "\n" if table else "") + format_summary({**summary, "metrics": {}}))  # each number once
         if flat:
             logger.warning(flat)
         if push:

@@ -349,3 +349,31 @@ def test_the_demos_output_folders_are_ignored_by_git():
     assert done.stdout.split() == names
     kept = subprocess.run(["git", "check-ignore", "--no-index", "scripts/demo.py"], cwd=root, capture_output=True)
     assert kept.returncode == 1  # the demo's script itself is tracked
+
+
+# ------------------------------------------------------------------ 4. no progress bars in a log file, each number once
+def test_a_run_logged_to_a_file_has_no_progress_bars_and_prints_each_metric_once(data, tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "hf_defer", "train", "--model_name_or_path", str(data / "encoder"), *data_flags(data),
+            "--report_to", "none", "--use_cpu", "--save_strategy", "no", "--per_device_train_batch_size", "8",
+            "--num_train_epochs", "1", "--max_deferral_rate", "0.25", "--output_dir", str(out)]  # no --disable_tqdm
+    env = {key: value for key, value in os.environ.items() if "PROGRESS_BARS" not in key}
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")])), HF_HUB_OFFLINE="1")
+    log = tmp_path / "stderr.log"
+    with log.open("w") as stderr:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, timeout=600)
+    err = log.read_text()
+    assert done.returncode == 0, err
+    # a bar redraws itself with carriage returns: "Loading weights", "Running tokenizer", "Writing model shards",
+    # the Trainer's steps, "Deciding" would each be one long line of them
+    assert "\r" not in err and "it/s" not in err and "Loading weights" not in err, err[:2000]
+    assert all(line.startswith(("20", "[")) or "WARNING" in line for line in err.splitlines() if line), err
+    stdout = done.stdout
+    assert "\r" not in stdout and "*****" not in stdout and "test metrics:" not in stdout
+    results = json.loads((out / "all_results.json").read_text())
+    for name in ("system_error", "coverage", "expert_ece", "budgeted_error_10"):
+        rows = [line.split() for line in stdout.splitlines() if line.split()[:1] == [name]]
+        assert len(rows) == 1, stdout  # one row, one number per stage
+        assert rows[0][1:] == [f"{results[f'{stage}_{name}']:.4f}" for stage in ("eval", "calibrated_eval", "test")]
+        assert stdout.count(f"{name}'") == 0  # not again in a log dict of the Trainer
