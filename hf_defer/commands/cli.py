@@ -248,6 +248,21 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+def _in_flags(message: str, prog: str) -> str:
+    """`message` with the Python keyword arguments it names written as the flags of the command `prog` runs
+    ([`flag_check.in_flags`]: `missing_expert='drop'` as `--missing_expert drop`)."""
+    name = prog.split()[-1]
+    command = COMMANDS.get(name)
+    if command is not None and command.add_arguments is not None:
+        sub = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+        flags = list(sub.choices[name]._option_string_actions)
+    elif name == "train" or (command is None and prog == name):  # train, scripts/run_deferral.py: the run's flags
+        flags = list(_light("flag_check").run_options() or {})
+    else:  # review's own parsers say their errors themselves
+        return message
+    return _light("flag_check").in_flags(message, flags)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `hf-defer` and `python -m hf_defer`; returns the exit status (0 after `--help`, 2 after a
     mistake).
@@ -309,7 +324,7 @@ def _guarded(call: Callable[[], int], prog: str, debug: bool) -> int:
     except USER_ERRORS as error:
         if debug:
             raise
-        print(f"{prog}: error: {_one_line(error)} (--debug shows the traceback)", file=sys.stderr)
+        print(f"{prog}: error: {_in_flags(_one_line(error), prog)} (--debug shows the traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT (a run's record says so too)
         if debug:

@@ -17,14 +17,16 @@ import difflib
 import importlib.util
 import json
 import os
+import re
+import shlex
 import sys
 import types
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ESSENTIAL_FLAGS", "HelpAllAction", "check_run_flags", "closest_flag", "run_options", "short_help",
-           "unknown_flags", "unknown_flags_message"]
+__all__ = ["ESSENTIAL_FLAGS", "HelpAllAction", "check_run_flags", "closest_flag", "in_flags", "run_options",
+           "short_help", "unknown_flags", "unknown_flags_message"]
 
 ESSENTIAL_FLAGS = ("model_name_or_path", "freeze_encoder", "dataset_name", "train_file", "validation_file", "test_file",
                    "text_column_names", "label_column_name", "expert_column_names", "expert_correct_columns",
@@ -114,6 +116,41 @@ def unknown_flags_message(unknown: Sequence[str], known: Iterable[str]) -> str:
         suggestion = closest_flag(flag, known) if flag.startswith("-") else None
         parts.append(f"{flag} (did you mean {suggestion}?)" if suggestion else flag)
     return f"unrecognized argument{'s' if len(parts) > 1 else ''}: {', '.join(parts)}"
+
+
+_KEYWORD = re.compile(r"(?<![\w.-])(?P<name>[A-Za-z_]\w*)=(?P<value>'[^']*'|\"[^\"]*\"|[\w.+-]*\w)")
+"""A Python keyword argument in an error message: `missing_expert='drop'`, `max_error=0.05`, `overwrite=True`."""
+
+
+def in_flags(message: str, flags: Iterable[str]) -> str:
+    """`message`, a library error, in the command line's words: each Python keyword argument it names whose flag the
+    command has (`--name` among `flags`) written as that flag (`missing_expert='drop'` as `--missing_expert drop`,
+    `overwrite=True` as `--overwrite`); the rest is left as it is. The one place `hf-defer` turns the library's advice
+    into flags, so that the library's errors keep speaking Python.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.commands.flag_check import in_flags
+    >>> in_flags("1 row(s); pass missing_expert='drop' to drop them, or missing_expert='mask'.",
+    ...          ["--missing_expert", "--input"])
+    '1 row(s); pass --missing_expert drop to drop them, or --missing_expert mask.'
+    >>> in_flags("pass overwrite=True, or give a new folder (seed=3 is not a flag here)", ["--overwrite"])
+    'pass --overwrite, or give a new folder (seed=3 is not a flag here)'
+
+    ```
+    """
+    known = set(flags)
+
+    def flag(match: re.Match) -> str:
+        name, value = match["name"], match["value"]
+        if f"--{name}" not in known:
+            return match[0]
+        if value[:1] in "'\"":
+            value = shlex.quote(value[1:-1])
+        return f"--{name}" if value == "True" else f"--{name} {value}"
+
+    return _KEYWORD.sub(flag, message)
 
 
 def _is_number(token: str) -> bool:

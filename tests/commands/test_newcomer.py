@@ -200,7 +200,6 @@ def test_a_folder_any_hf_defer_save_wrote_is_recognised_and_the_script_refuses_o
 
 # ------------------------------------------------------------------ 7. the margin in predictions.csv
 def test_predict_writes_each_rows_margin_and_the_threshold_it_was_compared_with(data, tmp_path, capsys):
-    import numpy as np
     import torch
     from transformers import AutoTokenizer
 
@@ -377,3 +376,46 @@ def test_a_run_logged_to_a_file_has_no_progress_bars_and_prints_each_metric_once
         assert len(rows) == 1, stdout  # one row, one number per stage
         assert rows[0][1:] == [f"{results[f'{stage}_{name}']:.4f}" for stage in ("eval", "calibrated_eval", "test")]
         assert stdout.count(f"{name}'") == 0  # not again in a log dict of the Trainer
+
+
+# ------------------------------------------------------------------ 5. errors in the command line's words
+PYTHON_HINT = __import__("re").compile(r"\b\w+=['\"]|\bpass \w+=|\w+=True\b|\w+=False\b")
+"""A Python keyword argument in an error (`missing_expert='drop'`, `pass overwrite=...`): the CLI says flags."""
+
+
+def test_cli_errors_name_flags_not_python_arguments(data, tmp_path, capsys):
+    from transformers import BertTokenizer
+
+    from hf_defer import EncoderForDeferral
+
+    model = EncoderForDeferral.from_encoder_pretrained(str(data / "encoder"), num_labels=3, num_experts=2,
+                                                       expert_names=["alice", "bob"], pooling="mean",
+                                                       id2label=dict(enumerate(["negative", "neutral", "positive"])))
+    model.save_pretrained(tmp_path / "model")
+    BertTokenizer.from_pretrained(data / "encoder").save_pretrained(tmp_path / "model")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "config.json").write_text("{}")
+    table = ["--input", str(data / "train.csv"), "--text_column_name", "review", "--label_column_name", "label",
+             "--expert_column_names", "alice,bob"]
+    runs = {  # some rows of train.csv lack an answer (-1, empty): each command is told the flag that drops them
+        "evaluate": ["evaluate", "--model", str(tmp_path / "model"), *table],
+        "calibrate": ["calibrate", "--model", str(tmp_path / "model"), *table, "--max_error", "0.5",
+                      "--confidence", "0.9", "--output_dir", str(tmp_path / "new")],
+        "calibrate into a taken --output_dir": ["calibrate", "--model", str(tmp_path / "model"), *table,
+                                                "--missing_expert", "drop", "--max_deferral_rate", "0.2",
+                                                "--output_dir", str(tmp_path / "taken")],
+        "train": ["train", "--model_name_or_path", str(data / "encoder"), *[flag for flag in data_flags(data)
+                  if flag not in ("--missing_expert", "drop")], "--output_dir", str(tmp_path / "run"), *COMMON],
+    }
+    errors = {}
+    for what, argv in runs.items():
+        assert hf_defer_main(argv) == 2, what
+        errors[what] = capsys.readouterr().err.strip().splitlines()[-1]
+    for what, line in errors.items():
+        assert not PYTHON_HINT.search(line), f"{what}: {line}"
+    for what in ("evaluate", "calibrate", "train"):
+        assert "pass --missing_expert drop to drop them, or --missing_expert mask to keep them" in errors[what], \
+            errors[what]
+    taken = errors["calibrate into a taken --output_dir"]
+    assert f"--output_dir {tmp_path / 'taken'} holds a saved model" in taken
+    assert "pass --overwrite to replace it (or another --output_dir)" in taken and "for a copy" not in taken
