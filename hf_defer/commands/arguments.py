@@ -24,8 +24,8 @@ from typing import Any
 from transformers import HfArgumentParser, TrainingArguments
 
 from ..modeling.validators import MISSING_EXPERT_MODES, check_share  # standard library only
-from .flag_check import (ESSENTIAL_FLAGS, HelpAllAction, closest_flag, short_help, unknown_flags,
-                         unknown_flags_message)
+from .flag_check import (ESSENTIAL_FLAGS, HelpAllAction, PlainDefaultsHelpFormatter, closest_flag, short_help,
+                         unknown_flags, unknown_flags_message)
 
 __all__ = ["DataTrainingArguments", "ModelArguments", "build_run_parser", "parse_run_arguments"]
 
@@ -376,6 +376,7 @@ class RunArgumentParser(HfArgumentParser):
     """The groups `--help` shows (`command`: the flags `hf-defer train` adds)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", PlainDefaultsHelpFormatter)  # the defaults, without docstring markup
         super().__init__(*args, **kwargs)
         self.add_argument("--help-all", action=HelpAllAction, help="show every flag, in groups, and exit")
 

@@ -5,7 +5,7 @@
 - `hf-defer train ...`: the flags of `scripts/run_deferral.py` (see [`run_deferral`]), or one JSON file of them;
   `--json` prints only the run's final JSON on stdout (the Trainer's tables go to stderr).
 - `hf-defer predict --model PATH_OR_ID --input FILE`: the deferral pipeline's decision for every row of a file,
-  written as CSV (`predictions.csv` by default).
+  written as CSV, JSON Lines or Parquet (`predictions.csv` by default).
 - `hf-defer evaluate --model PATH_OR_ID --input FILE`: the deferral metrics of a saved model on a labelled file.
 - `hf-defer serve --router FOLDER --model NAME=URL ...` / `--model FOLDER`: an HTTP endpoint (`hf_defer.commands.serve`;
   `pip install 'hf-defer[serve]'`).
@@ -173,7 +173,7 @@ COMMANDS: dict[str, Command] = {command.name: command for command in (
             "hf_defer.commands.annotations:run_annotations", _annotations_arguments),
     Command("train", "train, evaluate, calibrate and save a deferral model (the flags of scripts/run_deferral.py)",
             "hf_defer.commands.cli:run_train"),
-    Command("predict", "decisions of a saved deferral model for every row of a file, as CSV",
+    Command("predict", "decisions of a saved deferral model for every row of a file, as CSV, JSON Lines or Parquet",
             "hf_defer.commands.predict:run_predict", _predict_arguments),
     Command("evaluate", "deferral metrics of a saved model on a labelled file",
             "hf_defer.commands.evaluate:run_evaluate", _evaluate_arguments),
@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog=PROG, description="Learning to defer on the Hugging Face stack: train a model that answers or hands an "
         "input to the expert more likely to be right, and use it on files.",
-        epilog=f"`{PROG} <command> --help` lists the flags of a command.")
+        epilog=f"{PROG} <command> --help lists the flags of a command.")
     parser.add_argument("--version", action=_VersionAction, help="show the version of hf_defer and exit")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", title="commands", metavar="{" + ",".join(COMMANDS) + "}",

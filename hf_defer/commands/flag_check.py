@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ESSENTIAL_FLAGS", "HelpAllAction", "check_run_flags", "closest_flag", "in_flags", "run_options",
-           "short_help", "unknown_flags", "unknown_flags_message"]
+__all__ = ["ESSENTIAL_FLAGS", "HelpAllAction", "PlainHelpFormatter", "PlainRawDescriptionHelpFormatter",
+           "check_run_flags", "closest_flag", "in_flags", "plain_help", "run_options", "short_help", "unknown_flags",
+           "unknown_flags_message"]
 
 ESSENTIAL_FLAGS = ("model_name_or_path", "freeze_encoder", "dataset_name", "train_file", "validation_file", "test_file",
                    "text_column_names", "label_column_name", "expert_column_names", "expert_correct_columns",
@@ -45,6 +46,41 @@ class HelpAllAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
         parser.print_help(full=True)  # type: ignore[call-arg]
         parser.exit()
+
+
+def plain_help(text: str) -> str:
+    """Docstring markup as the plain text a terminal shows: a reference `([`name`])` left out, `[`name`]` and a code
+    span `` `x` `` as the bare words (transformers' `TrainingArguments` help uses them too).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.commands.flag_check import plain_help
+    >>> plain_help("the router picks ([`build_router_app`]); see [`DeferralConfig`] and `--output_dir`.")
+    'the router picks; see DeferralConfig and --output_dir.'
+
+    ```
+    """
+    text = re.sub(r"\s*\(\[`[^`\]]+`\]\)", "", text)
+    return re.sub(r"\[`([^`\]]+)`\]", r"\1", text).replace("`", "")
+
+
+class PlainHelpFormatter(argparse.HelpFormatter):
+    """An argparse formatter whose descriptions and flag help are [`plain_help`]: no docstring markup in `--help`."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain_help(text))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain_help(super()._expand_help(action))
+
+
+class PlainRawDescriptionHelpFormatter(PlainHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """[`PlainHelpFormatter`] that keeps the description's lines as written (for a list of forms)."""
+
+
+class PlainDefaultsHelpFormatter(PlainHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """[`PlainHelpFormatter`] that adds each flag's default, as `HfArgumentParser`'s formatter does."""
 
 
 def short_help(parser: argparse.ArgumentParser, titles: Sequence[str]) -> str:

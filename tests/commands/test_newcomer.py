@@ -240,7 +240,7 @@ def test_train_help_starts_with_the_essential_flags_and_help_all_shows_the_rest(
     assert titles == ["options:", "essential:", "command:"], titles
     assert all(f"--{name} " in short for name in ESSENTIAL_FLAGS) and 15 <= len(ESSENTIAL_FLAGS) <= 25
     assert "--weight_decay" not in short and "--surrogate" not in short and "--lora_r" not in short
-    assert "`hf-defer train --help-all` lists" in short and len(short.splitlines()) < 150
+    assert "hf-defer train --help-all lists" in short and len(short.splitlines()) < 150
     assert hf_defer_main(["train", "--help-all"]) == 0
     full = capsys.readouterr().out
     assert "--weight_decay" in full and "--surrogate" in full and full.index("\nessential:\n") < full.index("\nmodel:\n")
@@ -419,3 +419,30 @@ def test_cli_errors_name_flags_not_python_arguments(data, tmp_path, capsys):
     taken = errors["calibrate into a taken --output_dir"]
     assert f"--output_dir {tmp_path / 'taken'} holds a saved model" in taken
     assert "pass --overwrite to replace it (or another --output_dir)" in taken and "for a copy" not in taken
+
+
+# ------------------------------------------------------------------ 6. help in plain words
+def help_pages() -> dict[str, list[str]]:
+    from hf_defer.commands.cli import COMMANDS
+
+    pages = {"hf-defer": ["--help"], "train --help-all": ["train", "--help-all"],
+             "review push": ["review", "push", "--help"], "review pull": ["review", "pull", "--help"]}
+    pages.update({name: [name, "--help"] for name in COMMANDS})
+    return pages
+
+
+@pytest.mark.parametrize("page", help_pages())
+def test_help_has_no_docstring_markup(page, capsys):
+    assert hf_defer_main(help_pages()[page]) == 0
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) > 5
+    markup = __import__("re").compile(r"`|\[`|`\]|\]\(|\(\[")  # code spans and [`name`] references of docstrings
+    assert not markup.search(text), [line for line in text.splitlines() if markup.search(line)]
+    for internal in ("calibrate_deferral that takes", "this module", "imports the standard library", "doctest"):
+        assert internal not in text.lower(), internal
+
+
+def test_the_top_level_help_names_every_format_predict_writes(capsys):
+    assert hf_defer_main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "predict decisions of a saved deferral model for every row of a file, as CSV, JSON Lines or Parquet" in text
