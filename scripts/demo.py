@@ -34,6 +34,7 @@ from transformers import AutoTokenizer, pipeline
 
 import hf_defer
 from hf_defer.data import HATESPEECH_CITATION, HATESPEECH_HUB_ID, load_hatespeech
+from hf_defer.commands.progress import progress_bars_disabled, quiet_progress_bars_unless_terminal
 from hf_defer.experts.embeddings import add_embeddings, resolve_sentence_encoder
 from research.table2_hatespeech import DEFAULT_ENCODER, Protocol, training_arguments
 from hf_defer.evaluation.metrics import metric_name_and_meaning
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--license", default="apache-2.0", help="license of the saved model, for its card")
     options = parser.parse_args(argv)
 
+    quiet_progress_bars_unless_terminal()  # bars where a person watches, none in a log file (as hf-defer does)
     output_dir = Path(options.output_dir or default_output_dir(options.max_rows, options.epochs))
     refusal = output_refusal(output_dir, options.max_rows, options.epochs, options.overwrite)
     if refusal:
@@ -121,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     print({name: len(split) for name, split in splits.items()})
 
     print(f"2/4 Embedding tweets with {options.encoder} (cached after the first run)")
-    splits = add_embeddings(splits, options.encoder, text_column="text", column="features")
+    splits = add_embeddings(splits, options.encoder, text_column="text", column="features",
+                            show_progress_bar=not progress_bars_disabled())
     feature_size = len(splits["train"][0]["features"])
 
     display_name = surrogate_class(options.surrogate).display_name
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = tempfile.TemporaryDirectory(prefix="hf_defer_demo_")  # the Trainer's output_dir; nothing is kept
     args = training_arguments(  # the paper's protocol, as in scripts/reproduce_hatespeech.py
         scratch.name, options.seed, Protocol(epochs=options.epochs), logging_strategy="steps", logging_steps=500,
-        disable_tqdm=not sys.stdout.isatty())
+        disable_tqdm=not sys.stdout.isatty() or progress_bars_disabled())
     trainer = hf_defer.DeferralTrainer(
         model=model, args=args, train_dataset=splits["train"], eval_dataset=splits["validation"]
     )

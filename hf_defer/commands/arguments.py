@@ -26,6 +26,7 @@ from transformers import HfArgumentParser, TrainingArguments
 from ..modeling.validators import MISSING_EXPERT_MODES, check_share  # standard library only
 from .flag_check import (ESSENTIAL_FLAGS, HelpAllAction, PlainDefaultsHelpFormatter, closest_flag, short_help,
                          unknown_flags, unknown_flags_message)
+from .progress import progress_bars_disabled
 
 __all__ = ["DataTrainingArguments", "ModelArguments", "build_run_parser", "parse_run_arguments"]
 
@@ -480,6 +481,8 @@ def parse_run_arguments(
         if unknown:
             raise ValueError(f"unrecognized arguments: {' '.join(unknown)}; `{parser.prog} --help` lists the flags.")
         given = _given_flags(argv)
+    if not any(name and "disable_tqdm".startswith(name) for name in given) and progress_bars_disabled():
+        training_args.disable_tqdm = True  # stderr is a log file, not a terminal (hf_defer.commands.progress)
     # The head alone: the fine-tuning default 5e-5 trains nothing. (argparse also takes "--learning_r", a prefix.)
     if model_args.freeze_encoder and not any(name and "learning_rate".startswith(name) for name in given):
         training_args.learning_rate = HEAD_ONLY_LEARNING_RATE

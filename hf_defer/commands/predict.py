@@ -360,12 +360,10 @@ def run_pipeline(pipe: Any, inputs: list[Any], batch_size: int, disable_progress
     on stderr."""
     from tqdm.auto import tqdm
 
-    from .progress import progress_bars_disabled
-
     kwargs.setdefault("return_margin", True)  # predictions.csv shows why an input was (not) deferred
     outputs = pipe((item for item in inputs), batch_size=batch_size, **kwargs)  # a generator: answers as they come
     return list(tqdm(outputs, total=len(inputs), desc="Deciding", unit="input", leave=False,
-                     disable=disable_progress_bar or len(inputs) < batch_size or progress_bars_disabled()))
+                     disable=disable_progress_bar or len(inputs) < batch_size))
 
 
 def run_predict(args: argparse.Namespace) -> int:

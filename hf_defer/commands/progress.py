@@ -5,9 +5,9 @@ tokenizer on dataset", "Flattening the indices"), huggingface_hub (downloads), t
 show as usual. When it is not (a file, a pipe, a CI log), a bar would be one ever longer line of carriage returns, so
 they are switched off with the libraries' own switches: `HF_HUB_DISABLE_PROGRESS_BARS` (huggingface_hub, and
 transformers, which follows it) and `HF_DATASETS_DISABLE_PROGRESS_BARS` for libraries not imported yet, their
-`disable_progress_bar(s)` functions for those already imported. Setting either variable yourself (`=0` to keep the
-bars in a log) wins. hf_defer's own bars and `hf-defer train`'s Trainer follow the same switch
-([`progress_bars_disabled`]).
+`disable_progress_bar(s)` functions for those already imported. Setting either variable yourself wins
+(`HF_HUB_DISABLE_PROGRESS_BARS=0` keeps every bar in a log). hf_defer's own bars and `hf-defer train`'s Trainer follow
+the same switch ([`progress_bars_disabled`]).
 
 Standard library only: the command line loads it before torch.
 """
@@ -19,9 +19,6 @@ import sys
 from typing import IO
 
 __all__ = ["progress_bars_disabled", "quiet_progress_bars_unless_terminal"]
-
-_SWITCHES = ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS")
-
 
 def _is_terminal(stream: IO[str] | None) -> bool:
     try:
@@ -45,10 +42,11 @@ def quiet_progress_bars_unless_terminal(stream: IO[str] | None = None) -> bool:
     """
     if _is_terminal(sys.stderr if stream is None else stream):
         return False
-    for name in _SWITCHES:
-        os.environ.setdefault(name, "1")  # read by the libraries when they are imported; a user's own value wins
-    hub_off = os.environ["HF_HUB_DISABLE_PROGRESS_BARS"].strip().lower() in ("1", "true", "yes", "on")
-    datasets_off = os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"].strip().lower() in ("1", "true", "yes", "on")
+    # read by the libraries when they are imported; a user's own value wins, and datasets follows the Hub's
+    hub = os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    hub_off = hub.strip().lower() in ("1", "true", "yes", "on")
+    datasets_off = os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", hub).strip().lower() in (
+        "1", "true", "yes", "on")
     if hub_off and "huggingface_hub" in sys.modules:
         from huggingface_hub.utils import disable_progress_bars
 

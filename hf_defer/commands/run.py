@@ -24,7 +24,6 @@ from transformers.trainer_callback import PrinterCallback
 
 from .arguments import DataTrainingArguments, ModelArguments
 from .inputs import check_splits, join_text_columns, load_raw_datasets, pipeline_inputs, split_sources
-from .progress import progress_bars_disabled
 from .outputs import RUN_SUMMARY, OutputFolder, format_summary, stage_metrics, write_predictions
 from .run_checks import check_stages, default_stages, first_line, hub_repository_error
 from ..evaluation.thresholds import calibrate_deferral
@@ -263,8 +262,6 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     ```
     """
     setup_logging(training_args)
-    if progress_bars_disabled():  # stderr is a log file, not a terminal (hf_defer.commands.progress): no bars
-        training_args.disable_tqdm = True
     output = OutputFolder(training_args.output_dir, overwrite=data_args.overwrite_output_dir)
     output.check()  # every process, before anything is written
     check_stages(training_args)

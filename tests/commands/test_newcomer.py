@@ -200,6 +200,7 @@ def test_a_folder_any_hf_defer_save_wrote_is_recognised_and_the_script_refuses_o
 
 # ------------------------------------------------------------------ 7. the margin in predictions.csv
 def test_predict_writes_each_rows_margin_and_the_threshold_it_was_compared_with(data, tmp_path, capsys):
+    import numpy as np
     import torch
     from transformers import AutoTokenizer
 
