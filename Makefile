@@ -77,7 +77,8 @@ clean:
 	rm -rf $(VENV) $(LATEST_VENV) $(OLDEST_VENV) .pytest_cache .hypothesis
 
 # The main job: HateSpeech end to end (embeddings are cached under $HF_HOME/hf_defer, ~/.cache/huggingface/hf_defer by default); writes demo_model/.
-# A quick form: make demo DEMO_ARGS="--max-rows 3000" (writes demo_model_3000rows/; a fuller demo_model/ is never replaced)
+# A quick form: make demo DEMO_ARGS="--max-rows 3000" (writes demo_model/ too, or demo_model_3000rows/ next to a fuller
+# demo_model/, which is never replaced). Git ignores both.
 DEMO_ARGS ?=
 demo: install
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(PY) scripts/demo.py $(DEMO_ARGS)

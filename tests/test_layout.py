@@ -94,8 +94,8 @@ def test_the_ground_floor_imports_only_the_standard_library():
 
 
 def test_modeling_reaches_above_itself_only_through_library_function_and_only_in_library_mode():
-    """The two calls up, by name at call time (a saved folder's copy has no library above it): the pipeline's model
-    experts and `push_to_hub`'s deferral card. Each target exists and is public."""
+    """The three calls up, by name at call time (a saved folder's copy has no library above it): the pipeline's model
+    experts, `push_to_hub`'s deferral card and the loaders' name resolution. Each target exists and is public."""
     import importlib
 
     calls = set()
@@ -104,7 +104,8 @@ def test_modeling_reaches_above_itself_only_through_library_function_and_only_in
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "library_function":
                 assert layer(name) == 0, name
                 calls.add(tuple(arg.value for arg in node.args))
-    assert calls == {("experts.model_experts", "answer_with_model_experts"), ("hub.sharing", "push_to_hub")}
+    assert calls == {("experts.model_experts", "answer_with_model_experts"), ("hub.sharing", "push_to_hub"),
+                     ("hub.model_source", "resolve_model_name")}
     for module, function in calls:
         assert callable(getattr(importlib.import_module(f"hf_defer.{module}"), function))
 

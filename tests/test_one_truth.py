@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import tempfile
 import warnings
 from pathlib import Path

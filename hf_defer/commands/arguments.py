@@ -24,8 +24,9 @@ from typing import Any
 from transformers import HfArgumentParser, TrainingArguments
 
 from ..modeling.validators import MISSING_EXPERT_MODES, check_share  # standard library only
-from .flags import (ESSENTIAL_FLAGS, HelpAllAction, closest_flag, short_help, unknown_flags,
-                         unknown_flags_message)
+from .flags import (ESSENTIAL_FLAGS, HelpAllAction, PlainDefaultsHelpFormatter, closest_flag, short_help,
+                    unknown_flags, unknown_flags_message)
+from .progress import progress_bars_disabled
 
 __all__ = ["DataTrainingArguments", "ModelArguments", "build_run_parser", "parse_run_arguments"]
 
@@ -382,6 +383,7 @@ class RunArgumentParser(HfArgumentParser):
     """The groups `--help` shows (`command`: the flags `hf-defer train` adds)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", PlainDefaultsHelpFormatter)  # the defaults, without docstring markup
         super().__init__(*args, **kwargs)
         self.add_argument("--help-all", action=HelpAllAction, help="show every flag, in groups, and exit")
 
@@ -486,6 +488,8 @@ def parse_run_arguments(
         if unknown:
             raise ValueError(f"unrecognized arguments: {' '.join(unknown)}; `{parser.prog} --help` lists the flags.")
         given = _given_flags(argv)
+    if not any(name and "disable_tqdm".startswith(name) for name in given) and progress_bars_disabled():
+        training_args.disable_tqdm = True  # stderr is a log file, not a terminal (hf_defer.commands.progress)
     # The head alone: the fine-tuning default 5e-5 trains nothing. (argparse also takes "--learning_r", a prefix.)
     if model_args.freeze_encoder and not any(name and "learning_rate".startswith(name) for name in given):
         training_args.learning_rate = HEAD_ONLY_LEARNING_RATE

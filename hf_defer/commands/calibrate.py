@@ -158,8 +158,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if in_place and not os.path.isdir(args.model):
         raise ValueError(f"--model {args.model} is not a local folder: give --output_dir to save the calibrated model.")
     if output.exists() and any(output.iterdir()) and not args.overwrite:
+        other = "--output_dir for a copy" if in_place else "another --output_dir"
         raise ValueError(f"{'--model' if in_place else '--output_dir'} {output} holds a saved model: calibrating "
-                         "changes its config.json; pass --overwrite to replace it (or --output_dir for a copy).")
+                         f"changes its config.json; pass --overwrite to replace it (or {other}).")
     names = [name.strip() for name in args.text_column_names.split(",")] if args.text_column_names else None
     experts = [name.strip() for name in args.expert_column_names.split(",")] if args.expert_column_names else None
     pipe, summary = calibrate_file(

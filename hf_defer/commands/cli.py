@@ -5,7 +5,7 @@
 - `hf-defer train ...`: the flags of `scripts/run_deferral.py` (see [`run_deferral`]), or one JSON file of them;
   `--json` prints only the run's final JSON on stdout (the Trainer's tables go to stderr).
 - `hf-defer predict --model PATH_OR_ID --input FILE`: the deferral pipeline's decision for every row of a file,
-  written as CSV (`predictions.csv` by default).
+  written as CSV, JSON Lines or Parquet (`predictions.csv` by default).
 - `hf-defer evaluate --model PATH_OR_ID --input FILE`: the deferral metrics of a saved model on a labelled file.
 - `hf-defer serve --router FOLDER --model NAME=URL ...` / `--model FOLDER`: an HTTP endpoint (`hf_defer.commands.serve`;
   `pip install 'hf-defer[serve]'`).
@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ..modeling.validators import MISSING_EXPERT_MODES  # standard library only
-from .flags import TrainFlags, check_run_flags, unknown_flags, unknown_flags_message
+from .flags import TrainFlags, check_run_flags, in_flags, unknown_flags, unknown_flags_message
+from .progress import quiet_progress_bars_unless_terminal
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main", "run_script", "run_train", "train_parser"]
 
@@ -174,7 +175,7 @@ COMMANDS: dict[str, Command] = {command.name: command for command in (
             "hf_defer.commands.annotations:run_annotations", _annotations_arguments),
     Command("train", "train, evaluate, calibrate and save a deferral model (the flags of scripts/run_deferral.py)",
             "hf_defer.commands.cli:run_train"),
-    Command("predict", "decisions of a saved deferral model for every row of a file, as CSV",
+    Command("predict", "decisions of a saved deferral model for every row of a file, as CSV, JSON Lines or Parquet",
             "hf_defer.commands.predict:run_predict", _predict_arguments),
     Command("evaluate", "deferral metrics of a saved model on a labelled file",
             "hf_defer.commands.evaluate:run_evaluate", _evaluate_arguments),
@@ -213,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog=PROG, description="Learning to defer on the Hugging Face stack: train a model that answers or hands an "
         "input to the expert more likely to be right, and use it on files.",
-        epilog=f"`{PROG} <command> --help` lists the flags of a command.")
+        epilog=f"{PROG} <command> --help lists the flags of a command.")
     parser.add_argument("--version", action=_VersionAction, help="show the version of hf_defer and exit")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", title="commands", metavar="{" + ",".join(COMMANDS) + "}",
@@ -247,6 +248,22 @@ def _bare_debug(argv: list[str]) -> tuple[list[str], bool]:
 
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def _in_flags(message: str, prog: str) -> str:
+    """`message` with the Python keyword arguments it names written as the flags of the command `prog` runs
+    ([`flags.in_flags`]: `missing_expert='drop'` as `--missing_expert drop`)."""
+    name = prog.split()[-1]
+    command = COMMANDS.get(name)
+    if command is not None and command.add_arguments is not None:
+        sub = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+        flags = list(sub.choices[name]._option_string_actions)
+    elif name == "train" or (command is None and prog == name):  # train, scripts/run_deferral.py: the run's flags
+        saved = TrainFlags.load(prog)  # saved by the run's own full parse, which came before any library error
+        flags = list(saved.options if saved is not None else train_parser(prog)._option_string_actions)
+    else:  # review's own parsers say their errors themselves
+        return message
+    return in_flags(message, flags)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -303,12 +320,13 @@ def _main(argv: list[str]) -> int:
 
 def _guarded(call: Callable[[], int], prog: str, debug: bool) -> int:
     """`call()`, a user's mistake ([`USER_ERRORS`]) shown as one line and exit status 2 (raised with `debug`)."""
+    quiet_progress_bars_unless_terminal()  # no progress bars in a log file
     try:
         return call()
     except USER_ERRORS as error:
         if debug:
             raise
-        print(f"{prog}: error: {_one_line(error)} (--debug shows the traceback)", file=sys.stderr)
+        print(f"{prog}: error: {_in_flags(_one_line(error), prog)} (--debug shows the traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT (a run's record says so too)
         if debug:

@@ -21,6 +21,8 @@ import difflib
 import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -31,7 +33,8 @@ from typing import Any
 
 from ..experts.cache import hf_defer_cache_dir
 
-__all__ = ["COMMAND_OPTIONS", "ESSENTIAL_FLAGS", "HelpAllAction", "TrainFlags", "check_run_flags", "closest_flag",
+__all__ = ["COMMAND_OPTIONS", "ESSENTIAL_FLAGS", "HelpAllAction", "PlainDefaultsHelpFormatter", "PlainHelpFormatter",
+           "PlainRawDescriptionHelpFormatter", "TrainFlags", "check_run_flags", "closest_flag", "in_flags", "plain_help",
            "short_help", "unknown_flags", "unknown_flags_message"]
 
 ESSENTIAL_FLAGS = ("model_name_or_path", "freeze_encoder", "dataset_name", "train_file", "validation_file", "test_file",
@@ -51,6 +54,41 @@ class HelpAllAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
         parser.print_help(full=True)  # type: ignore[call-arg]
         parser.exit()
+
+
+def plain_help(text: str) -> str:
+    """Docstring markup as the plain text a terminal shows: a reference `([`name`])` left out, `[`name`]` and a code
+    span `` `x` `` as the bare words (transformers' `TrainingArguments` help uses them too).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.commands.flags import plain_help
+    >>> plain_help("the router picks ([`build_router_app`]); see [`DeferralConfig`] and `--output_dir`.")
+    'the router picks; see DeferralConfig and --output_dir.'
+
+    ```
+    """
+    text = re.sub(r"\s*\(\[`[^`\]]+`\]\)", "", text)
+    return re.sub(r"\[`([^`\]]+)`\]", r"\1", text).replace("`", "")
+
+
+class PlainHelpFormatter(argparse.HelpFormatter):
+    """An argparse formatter whose descriptions and flag help are [`plain_help`]: no docstring markup in `--help`."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain_help(text))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain_help(super()._expand_help(action))
+
+
+class PlainRawDescriptionHelpFormatter(PlainHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """[`PlainHelpFormatter`] that keeps the description's lines as written (for a list of forms)."""
+
+
+class PlainDefaultsHelpFormatter(PlainHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """[`PlainHelpFormatter`] that adds each flag's default, as `HfArgumentParser`'s formatter does."""
 
 
 def short_help(parser: argparse.ArgumentParser, titles: Sequence[str]) -> str:
@@ -122,6 +160,41 @@ def unknown_flags_message(unknown: Sequence[str], known: Iterable[str]) -> str:
         suggestion = closest_flag(flag, known) if flag.startswith("-") else None
         parts.append(f"{flag} (did you mean {suggestion}?)" if suggestion else flag)
     return f"unrecognized argument{'s' if len(parts) > 1 else ''}: {', '.join(parts)}"
+
+
+_KEYWORD = re.compile(r"(?<![\w.-])(?P<name>[A-Za-z_]\w*)=(?P<value>'[^']*'|\"[^\"]*\"|[\w.+-]*\w)")
+"""A Python keyword argument in an error message: `missing_expert='drop'`, `max_error=0.05`, `overwrite=True`."""
+
+
+def in_flags(message: str, flags: Iterable[str]) -> str:
+    """`message`, a library error, in the command line's words: each Python keyword argument it names whose flag the
+    command has (`--name` among `flags`) written as that flag (`missing_expert='drop'` as `--missing_expert drop`,
+    `overwrite=True` as `--overwrite`); the rest is left as it is. The one place `hf-defer` turns the library's advice
+    into flags, so that the library's errors keep speaking Python.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.commands.flags import in_flags
+    >>> in_flags("1 row(s); pass missing_expert='drop' to drop them, or missing_expert='mask'.",
+    ...          ["--missing_expert", "--input"])
+    '1 row(s); pass --missing_expert drop to drop them, or --missing_expert mask.'
+    >>> in_flags("pass overwrite=True, or give a new folder (seed=3 is not a flag here)", ["--overwrite"])
+    'pass --overwrite, or give a new folder (seed=3 is not a flag here)'
+
+    ```
+    """
+    known = set(flags)
+
+    def flag(match: re.Match) -> str:
+        name, value = match["name"], match["value"]
+        if f"--{name}" not in known:
+            return match[0]
+        if value[:1] in "'\"":
+            value = shlex.quote(value[1:-1])
+        return f"--{name}" if value == "True" else f"--{name} {value}"
+
+    return _KEYWORD.sub(flag, message)
 
 
 def _is_number(token: str) -> bool:

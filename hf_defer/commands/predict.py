@@ -323,8 +323,11 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
                                   append=found is not None)
     from tqdm.auto import tqdm
 
+    from .progress import progress_bars_disabled
+
     progress = tqdm(total=stream.num_rows, initial=done, desc="Deciding", unit="row", dynamic_ncols=True,
-                    disable=disable_progress_bar or not main or (stream.num_rows or 0) < batch_size)
+                    disable=disable_progress_bar or not main or (stream.num_rows or 0) < batch_size
+                    or progress_bars_disabled())
     start, written, skipped = 0, 0, hashlib.sha256()
     try:
         for chunk in stream:

@@ -21,13 +21,24 @@ from typing import Any
 __all__ = ["build_serve_parser", "run_serve"]
 
 PROG = "hf-defer serve"
+DESCRIPTION = """\
+hf-defer serve: a saved model behind an HTTP endpoint, in one of two forms.
+
+- hf-defer serve --router FOLDER --model weak=URL --model strong=URL [--price strong=30] [--max_strong_rate 0.3]
+  [--fallback]: an OpenAI-compatible routing endpoint (/v1/chat/completions, /v1/models, /metrics); each request
+  goes to the model the route-only router picks on its last user message.
+- hf-defer serve --model FOLDER [--review_url URL --review_project NAME]: a deferral model with people as experts
+  (POST /v1/decide, GET /v1/decisions/{id}); deferred inputs become tasks in the review project.
+
+It listens on 127.0.0.1:8000 unless --host / --port say otherwise. Needs pip install 'hf-defer[serve]'."""
+"""What `hf-defer serve --help` says: the module's docstring without its markup and its notes for developers."""
 
 
 def build_serve_parser() -> argparse.ArgumentParser:
     """The flags of `hf-defer serve`."""
     from .cli import OneLineErrorParser
 
-    parser = OneLineErrorParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--router", default=None,
                         help="A saved route-only model (hf-defer train --route_only): serve an OpenAI-compatible "
                              "routing endpoint.")
@@ -43,7 +54,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
                        help="For a head-only router (trained on sentence embeddings): the sentence encoder it was "
                             "trained on.")
     group.add_argument("--upstream_model", action="append", default=None,
-                       help="NAME=ID: the `model` sent to that upstream (default: NAME).")
+                       help="NAME=ID: the model name sent to that upstream in each request (default: NAME).")
     group.add_argument("--price", action="append", default=None,
                        help="NAME=PRICE per million tokens, counted in /metrics (hf_defer_cost_total).")
     group.add_argument("--api_key_env", action="append", default=None,
@@ -60,14 +71,14 @@ def build_serve_parser() -> argparse.ArgumentParser:
                             "calibrate the threshold to --max_strong_rate at start-up.")
     group.add_argument("--text_column_name", default="text", help="Prompt column of --calibration_file.")
     group.add_argument("--confidence", type=float, default=None,
-                       help="With --calibration_file: calibrate so that the budget holds with this probability (needs "
-                            "a calibrate_deferral that takes `confidence`).")
+                       help="With --calibration_file: calibrate so that the budget holds on new prompts with this "
+                            "probability, e.g. 0.9 (default: the budget holds on the calibration prompts).")
     group.add_argument("--fallback", action="store_true",
                        help="On an upstream error or timeout, try the next model of the router's ranking instead of "
                             "answering 502/504.")
     group.add_argument("--timeout", type=float, default=60.0, help="Seconds an upstream may take (default 60).")
     group.add_argument("--router_name", default="hf-defer-router",
-                       help="The `model` clients name to be routed (default hf-defer-router).")
+                       help="The model name clients send to be routed (default hf-defer-router).")
     group.add_argument("--max_batch_size", type=int, default=32, help="Prompts routed per forward pass.")
     group.add_argument("--max_wait_ms", type=float, default=2.0,
                        help="How long a prompt waits for others to share its forward pass (default 2 ms).")

@@ -511,8 +511,8 @@ def prepare_deferral_dataset(
             column = sources[int(np.argmax(absent[row]))]
             raise ValueError(
                 f"expert column {column!r}{where}, row {row}: the annotation is missing (None, -1 or NaN) in "
-                f"{int(missing.sum())} row(s); pass missing_expert='drop' to drop them, or 'mask' to keep them "
-                "without that expert's answer."
+                f"{int(missing.sum())} row(s); pass missing_expert='drop' to drop them, or missing_expert='mask' "
+                "to keep them without that expert's answer."
             )
         if missing_expert == "mask" and absent.any():
             logger.info(f"prepare_deferral_dataset: rows{where} answered per expert (of {len(split)}): "

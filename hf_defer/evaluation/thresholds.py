@@ -10,6 +10,7 @@ from datetime import date
 from typing import Any
 
 import numpy as np
+from huggingface_hub.utils import are_progress_bars_disabled
 from tqdm.auto import tqdm
 
 from .guarantees import MARGIN_TOLERANCE, certify_threshold, empirical_budget_threshold  # noqa: F401
@@ -223,7 +224,8 @@ def calibrate_deferral(
     chosen, predicted = np.full(count, -1), np.full(count, -1)
     index = {name: j for j, name in enumerate(names)}
     classes = {name: k for k, name in (config.id2label or {}).items()}
-    for i, out in enumerate(tqdm(outputs, total=count, desc="Calibrating deferral", disable=count < 1000)):
+    for i, out in enumerate(tqdm(outputs, total=count, desc="Calibrating deferral",
+                                 disable=count < 1000 or are_progress_bars_disabled())):
         margins[i], deferred[i] = out["margin"], out["defer"]
         chosen[i] = index.get(out["expert"], -1)
         predicted[i] = classes.get(out.get("class_label"), -1)

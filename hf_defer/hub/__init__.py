@@ -15,6 +15,7 @@ _EXPORTS = {
     "check_model_source": "model_source",
     "push_to_hub": "sharing",
     "render_model_card": "model_card",
+    "resolve_model_name": "model_source",
     "save_for_hub": "sharing",
 }
 __all__ = list(_EXPORTS)
@@ -23,5 +24,5 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:
     from .auto import AutoModelForDeferral
     from .model_card import DeferralModelCardData, render_model_card
-    from .model_source import check_model_source
+    from .model_source import check_model_source, resolve_model_name
     from .sharing import push_to_hub, save_for_hub

@@ -18,6 +18,7 @@ from transformers.utils import CONFIG_NAME, find_adapter_config_file, is_peft_av
 from ..modeling.configuration_deferral import DeferralConfig
 from ..modeling.modeling_deferral import EncoderForDeferral
 from ..modeling.pipeline_deferral import DeferralPipeline
+from .model_source import resolve_model_name
 
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "subfolder", "trust_remote_code")
 
@@ -91,8 +92,13 @@ class AutoModelForDeferral:
 
         A folder or repository holding only a PEFT adapter (``adapter_config.json``, as `save_pretrained` of a model
         with adapters writes it) loads its base model (``base_model_name_or_path``) with the adapter on top, as
-        transformers' own auto classes do.
+        transformers' own auto classes do. A name that is neither a folder here nor a Hub id that can be loaded fails at
+        once, saying both ([`resolve_model_name`]).
         """
+        if not (kwargs.get("local_files_only") or kwargs.get("subfolder")):  # a missing folder is named at once
+            pretrained_model_name_or_path = resolve_model_name(
+                pretrained_model_name_or_path, "pretrained_model_name_or_path", token=kwargs.get("token"),
+                revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
         config = kwargs.pop("config", None)
         path = os.fspath(pretrained_model_name_or_path)
         config_source = pretrained_model_name_or_path

@@ -1,9 +1,10 @@
 """Library mode or remote code: whether this folder's modules run as part of the installed hf_defer, or as the copy
 `save_pretrained` puts next to a model's weights (loaded with `trust_remote_code=True`, without hf_defer).
 
-In library mode a model reaches two functions of the library above this folder, named here and imported when called
-([`library_function`]): the pipeline's model experts (`experts=`) and `push_to_hub`'s deferral card. A saved
-folder's copy has neither and says so.
+In library mode a model reaches three functions of the library above this folder, named here and imported when called
+([`library_function`]): the pipeline's model experts (`experts=`), `push_to_hub`'s deferral card and the loaders'
+name resolution (`resolve_model_name`: a missing folder named at once, offline the shipped MiniLM). A saved folder's
+copy has none of them and says so or passes names to transformers as they are.
 
 Standard library only.
 """
