@@ -104,7 +104,7 @@ def short_help(parser: argparse.ArgumentParser, titles: Sequence[str]) -> str:
         formatter.end_section()
     hidden = [(group.title, len(group._group_actions)) for group in parser._action_groups
               if group not in shown and group._group_actions]
-    formatter.add_text(f"`{parser.prog} --help-all` lists {sum(n for _, n in hidden)} more flags: "
+    formatter.add_text(f"{parser.prog} --help-all lists {sum(n for _, n in hidden)} more flags: "
                        + ", ".join(f"{title} ({n})" for title, n in hidden) + ".")
     return formatter.format_help()
 
