@@ -24,6 +24,7 @@ from .evaluation.thresholds import calibrate_deferral
 from .evaluation.guarantees import DeferralGuarantee
 from .cascade import DeferralCascade
 from .hub import push_to_hub, save_for_hub
+from .monitoring import DeferralMonitor
 
 def _register_auto_classes() -> None:
     """Library mode: `AutoConfig`, `AutoModel` and `AutoModelForDeferral` load folders of model type "deferral".
@@ -89,6 +90,7 @@ __all__ = [
     # metrics and calibration
     "DeferralGuarantee",
     "DeferralMetrics",
+    "DeferralMonitor",
     "calibrate_deferral",
     "deferral_metrics",
     "load_metric",

@@ -14,7 +14,7 @@ import hf_defer
 PACKAGE = Path(hf_defer.__file__).resolve().parent
 # Lower number = lower layer. A module may import its own layer or lower ones; modeling imports nothing else.
 LAYERS = {"modeling": 0, "inspection": 1, "evaluation": 1, "data": 1, "experts": 1, "cascade": 2, "training": 2,
-          "hub": 2, "commands": 3, "review": 3, "serving": 3}
+          "hub": 2, "monitoring": 2, "commands": 3, "review": 3, "serving": 3}
 
 
 def module_name(path: Path) -> str:
