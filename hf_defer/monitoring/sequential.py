@@ -49,7 +49,7 @@ def _check_values(values: Any, name: str = "values") -> np.ndarray:
     bad = ~np.isfinite(x) | (x < 0) | (x > 1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name} must lie in [0, 1], got {x[i]!r} at position {i}.")
+        raise ValueError(f"{name} must lie in [0, 1], got {float(x[i])!r} at position {i}.")
     return x
 
 
@@ -120,16 +120,21 @@ class BettingConfidenceSequence:
     def log_wealth(self, m: float, side: str) -> float:
         """The log of the averaged wealth at mean ``m`` in (0, 1): ``side="up"`` bets the mean exceeds ``m``,
         ``"down"`` that it falls short."""
+        return self._wealth_function(side)(m)
+
+    def _wealth_function(self, side: str) -> Any:
+        counts = self.low_counts if side == "up" else self.high_counts
+        at = np.flatnonzero(counts)
+        values, counts = at / LATTICE, counts[at].astype(np.float64)
         g = 2.0 ** -np.arange(1, self.bets + 1)[:, None]
-        if side == "up":
-            at = np.flatnonzero(self.low_counts)
-            steps = np.log1p(g * (at / LATTICE / m - 1.0))
-            counts = self.low_counts[at]
-        else:
-            at = np.flatnonzero(self.high_counts)
-            steps = np.log1p(g * (m - at / LATTICE) / (1.0 - m))
-            counts = self.high_counts[at]
-        return float(_log_mean_exp(steps @ counts)) if at.size else 0.0
+
+        def log_wealth(m: float) -> float:
+            if not at.size:
+                return 0.0
+            moves = (values / m - 1.0) if side == "up" else (m - values) / (1.0 - m)
+            return float(_log_mean_exp(np.log1p(g * moves[None, :]) @ counts))
+
+        return log_wealth
 
     def interval(self, alpha: float) -> tuple[float, float]:
         """The ``1 - alpha`` confidence interval of the mean at this time (each side at ``alpha / 2``); ``(0, 1)``
@@ -140,17 +145,18 @@ class BettingConfidenceSequence:
         level = math.log(2.0 / alpha)
         # the upward wealth falls as m rises, the downward one rises: each bound is one bisection
         low, high = 0.0, 1.0
-        if self.log_wealth(1e-12, "up") >= level:
+        up, down = self._wealth_function("up"), self._wealth_function("down")
+        if up(1e-12) >= level:
             lo, hi = 1e-12, 1.0 - 1e-12
-            for _ in range(50):
+            for _ in range(34):
                 mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if self.log_wealth(mid, "up") >= level else (lo, mid)
+                lo, hi = (mid, hi) if up(mid) >= level else (lo, mid)
             low = hi
-        if self.log_wealth(1.0 - 1e-12, "down") >= level:
+        if down(1.0 - 1e-12) >= level:
             lo, hi = 1e-12, 1.0 - 1e-12
-            for _ in range(50):
+            for _ in range(34):
                 mid = (lo + hi) / 2
-                lo, hi = (lo, mid) if self.log_wealth(mid, "down") >= level else (mid, hi)
+                lo, hi = (lo, mid) if down(mid) >= level else (mid, hi)
             high = lo
         return low, max(low, high)
 
