@@ -264,7 +264,8 @@ class DeferralMonitor:
 
     def update(self, outputs: Sequence[Mapping[str, Any]] = (), *, ids: Sequence[Any] | None = None,
                labels: Sequence[Any] | Mapping[Any, Any] | None = None,
-               expert_answers: Sequence[Any] | Mapping[Any, Any] | None = None) -> list[str]:
+               expert_answers: Sequence[Any] | Mapping[Any, Any] | None = None,
+               audited: Sequence[bool] | None = None) -> list[str]:
         """Adds a batch of the pipeline's outputs (in the order they were decided) and any labels that arrived.
 
         Args:
@@ -278,6 +279,9 @@ class DeferralMonitor:
             expert_answers (sequence or `dict`, *optional*): the expert's answer on deferred rows, to compare with
                 the label (a model expert's answer is read from the output's ``label``). A deferred row labelled
                 without the expert's answer is an error: when the reviewer's answer is final, give it as both.
+            audited (sequence of `bool`, *optional*): which kept rows of this batch were drawn for an audit, when
+                the caller drew them (each independently with probability ``audit_rate``, e.g. a decision log
+                audited before it reached the monitor); by default the monitor draws them.
 
         Returns:
             `list[str]`: the ids of this batch's rows whose labels the ``system_error`` channel needs (every
@@ -304,7 +308,15 @@ class DeferralMonitor:
             costs = np.where(deferred, costs, 0.0)
         to_label: list[str] = []
         if self.audit_rate is not None:
-            audited = (self._rng.random(len(outputs)) < self.audit_rate) & ~deferred
+            if audited is None:
+                audited = self._rng.random(len(outputs)) < self.audit_rate
+            else:
+                audited = np.asarray(audited, dtype=bool).reshape(-1)
+                if audited.shape != (len(outputs),):
+                    raise ValueError(f"audited has {audited.size} entries for {len(outputs)} outputs.")
+                if self.audit_rate == 0 and (audited & ~deferred).any():
+                    raise ValueError("audited marks kept rows, but audit_rate is 0: give the rate they were drawn at.")
+            audited = audited & ~deferred
             for i, out in enumerate(outputs):
                 if deferred[i] or audited[i]:
                     entry = [first + i, None]
