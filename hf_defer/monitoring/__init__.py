@@ -10,8 +10,8 @@ It imports `hf_defer.modeling` and numpy (prometheus-client only inside `registe
 callers or anything above: `serving` and `commands` import it.
 """
 
-from .monitor import DeferralMonitor
+from .monitor import DeferralMonitor, monitor_for
 from .prometheus import register_monitor_metrics
 from .sequential import BettingConfidenceSequence, ChangeDetector
 
-__all__ = ["BettingConfidenceSequence", "ChangeDetector", "DeferralMonitor", "register_monitor_metrics"]
+__all__ = ["BettingConfidenceSequence", "ChangeDetector", "DeferralMonitor", "monitor_for", "register_monitor_metrics"]

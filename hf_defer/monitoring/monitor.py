@@ -38,7 +38,7 @@ import numpy as np
 from ..modeling.validators import check_share
 from .sequential import BettingConfidenceSequence, ChangeDetector
 
-__all__ = ["DeferralMonitor"]
+__all__ = ["DeferralMonitor", "monitor_for"]
 
 
 class _Channel:
@@ -439,6 +439,27 @@ class DeferralMonitor:
             "guarantee": None if self.guarantee is None else {
                 key: self.guarantee.get(key) for key in ("threshold", "confidence", "n", "date")},
         }
+
+
+def monitor_for(model: Any, **kwargs: Any) -> DeferralMonitor:
+    """The monitor a served model gets: [`DeferralMonitor.from_model`] when the model carries a guarantee, else one
+    without targets (the rates and the label-free error estimate with their bounds, and no alarm).
+
+    Example:
+
+    ```python
+    >>> import hf_defer
+    >>> from hf_defer.monitoring import monitor_for
+    >>> monitor = monitor_for(hf_defer.DeferralConfig(feature_size=4, num_labels=2))  # not calibrated: no targets
+    >>> monitor.state()["channels"]["deferral_rate"]["target"] is None
+    True
+
+    ```
+    """
+    config = _config_of(model)
+    if getattr(config, "deferral_guarantee", None):
+        return DeferralMonitor.from_model(config, **kwargs)
+    return DeferralMonitor(list(config.expert_names), id2label=getattr(config, "id2label", None), **kwargs)
 
 
 def _expert_scores(out: Mapping[str, Any], names: list[str]) -> dict[str, float]:
