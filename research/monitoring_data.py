@@ -101,8 +101,8 @@ def imagenet16h_setting(path: str, shifted: list[int], seed: int = 0, epochs: fl
                           protocol, table["features"][rest], optim="adamw_torch", optim_args=None)
         populations[f"noise {noise}"] = _population(f"noise {noise}", scored, table["labels"][rest],
                                                     correct(table)[rest], k)
-    return Setting("ImageNet-16H", f"A-SM head on the five CNNs' log-probabilities, trained on {train_images} images at "
-                   f"noise 80, calibrated on {calibration_images} others; populations: the other {len(rest)} images "
+    return Setting("ImageNet-16H", f"A-SM head on the five CNNs' log-probabilities, trained on {train_images} images "
+                   f"at noise 80, calibrated on {calibration_images} others; populations: the other {len(rest)} images "
                    "at each noise level; expert: one participant per image", ["participant"], calibration,
                    populations, {"train": train_images, "calibration": calibration_images, "pool": len(rest)})
 

@@ -170,7 +170,7 @@ def _annotations_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _monitor_arguments(parser: argparse.ArgumentParser) -> None:
     """`monitor`: see `hf_defer.commands.monitor`."""
-    parser.add_argument("--model", required=True, help="The calibrated model (folder or Hub id) whose promises to check.")
+    parser.add_argument("--model", required=True, help="The calibrated model (folder or Hub id): its promises.")
     parser.add_argument("--log", required=True, help="The decision log, in decision order: hf-defer predict's output.")
     parser.add_argument("--labels", default=None, help="True labels of some rows (e.g. hf-defer review pull's "
                         "answers.csv): every deferred row, and kept rows drawn at random (--audit_rate).")

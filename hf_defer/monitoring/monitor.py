@@ -117,8 +117,9 @@ class DeferralMonitor:
         max_deferral_rate (`float` or `dict`, *optional*): the deferral budget, or one per expert.
         max_error (`float`, *optional*): the system error target (the ``estimated_error`` and ``system_error``
             channels are tested against it).
-        max_mean_cost (`float`, *optional*) / expert_costs (sequence of `float`, *optional*) / cost_bound (`float`,
-            *optional*): the cost budget, each expert's price and the largest price (default: the largest given).
+        max_mean_cost (`float`, *optional*): the budget on the mean price per input.
+        expert_costs (sequence of `float`, *optional*): each expert's price (needed with ``max_mean_cost``).
+        cost_bound (`float`, *optional*): the largest price an input can have (default: the largest given).
         audit_rate (`float`, *optional*): the share of the inputs the model keeps that are drawn for a label (an
             audit), in [0, 1]; `None` (default): no labels are expected and no ``system_error`` channel exists.
         seed (`int`, *optional*, defaults to 0): seeds the audit draw.

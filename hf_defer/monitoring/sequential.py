@@ -171,10 +171,11 @@ class ChangeDetector:
         bets (`int`, *optional*, defaults to 6): bet sizes ``2^-g / target``, ``g = 1..bets``, averaged.
 
     Attributes:
-        n (`int`): values seen. alarm_at (`int` or `None`): the value (1-based) at which the evidence first reached
-        ``1 / alpha``. since (`int` or `None`): where the change began by the evidence at the alarm: the first
-        value of the run (the CUSUM statistic of the best bet) that raised it. evidence (`float`): the current e-value
-        (mixture wealth); ``max_evidence`` its largest.
+        n (`int`): values seen.
+        alarm_at (`int` or `None`): the value (1-based) at which the evidence first reached ``1 / alpha``.
+        since (`int` or `None`): where the change began by the evidence at the alarm: the first value of the run (the
+            CUSUM statistic of the best bet) that raised it.
+        evidence (`float`): the current e-value (the mixture's wealth); ``max_evidence`` is its largest so far.
 
     Example:
 
