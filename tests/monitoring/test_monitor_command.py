@@ -72,3 +72,15 @@ def test_mistakes_are_one_line(logged, tmp_path, capsys):
     (tmp_path / "bad.csv").write_text("id,label\n1,x\n")
     assert main(["monitor", "--model", str(folder / "model"), "--log", str(tmp_path / "bad.csv")]) == 2
     assert "lacks the columns ['defer', 'expert']" in capsys.readouterr().err
+
+
+def test_a_csv_log_reads_as_the_jsonl_one(logged, tmp_path):
+    from hf_defer.commands.monitor import monitor_log
+
+    folder, outputs = logged
+    write_predictions(outputs, tmp_path / "decisions.csv", ["alice", "bob"])  # predict's default: CSV, ids "row"
+    from_csv = monitor_log(str(folder / "model"), str(tmp_path / "decisions.csv"))
+    from_jsonl = monitor_log(str(folder / "model"), str(folder / "decisions.jsonl"))
+    for name in ("deferral_rate", "deferral_rate[alice]", "estimated_error"):
+        assert from_csv["channels"][name]["mean"] == pytest.approx(from_jsonl["channels"][name]["mean"])
+    assert from_csv["rows"] == 60
