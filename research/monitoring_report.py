@@ -97,6 +97,20 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f} %"
 
 
+def _detection_sentences(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for row in rows:
+        if not row["harmful"]:
+            continue
+        m, b, n = (row["summary"][key] for key in ("alarm", "naive_bonferroni", "naive"))
+        out.append(f"- {row['scenario']} (harmful): hf_defer's monitor detected the shift on {_pct(m['detected'])} "
+                   f"of the streams, after a median of {_delay(m['median_delay'])} inputs; the window test with the "
+                   f"same bound on false alarms (Bonferroni) on {_pct(b['detected'])}, after "
+                   f"{_delay(b['median_delay'])}; the repeated window test on {_pct(n['detected'])}, after "
+                   f"{_delay(n['median_delay'])}, at the price of its false alarms.")
+    return out
+
+
 def _delay(value: float | None) -> str:
     return "–" if value is None else f"{value:.0f}"
 
@@ -124,9 +138,9 @@ def monitoring_markdown(record: dict[str, Any]) -> str:
         "detection and one before it a false alarm. Without a harmful shift any alarm is false.",
         "",
         "The naive alternative tests each fixed window of "
-        f"{window} inputs (exact binomial test of the deferral rate, one-sided z-tests of the estimated and the "
-        "audit-weighted error), at the monitor's per-promise level (repeated: its false alarms grow with the "
-        "stream), and Bonferroni-adjusted over the stream's windows (its false-alarm rate over the stream is then "
+        f"{window} inputs (exact binomial test of the deferral rate, a one-sided z-test of the estimated error, an "
+        "exact binomial test of Bernoulli draws of the audit-weighted error), at the monitor's per-promise level "
+        "(repeated: its false alarms grow with the stream), and Bonferroni-adjusted over the stream's windows (its false-alarm rate over the stream is then "
         "bounded too, which is the fair comparison of delays).",
         "",
         "## The populations",
@@ -160,6 +174,7 @@ def monitoring_markdown(record: dict[str, Any]) -> str:
               f"of {100 * np.sqrt(0.1 * 0.9 / s['streams']):.1f} points per scenario at 10 %), the repeated window "
               f"test on {_pct(float(naive))}. Channels that raised hf_defer's alarms: "
               + "; ".join(f"{row['scenario']}: {row['summary']['alarm_channels'] or 'none'}" for row in rows) + ".",
+              "", *_detection_sentences(rows),
               "", "![False alarms over time, detection delays, and the label-free estimate against the truth]"
               "(monitoring.png)", "", "## The label-free estimate per window against the truth", "",
               f"Mean absolute difference between the estimated system error of a window ({window} inputs) and the "

@@ -16,6 +16,7 @@ Example:
 ```
 HF_HUB_OFFLINE=1 python scripts/monitoring.py --imagenet16h path/to/imagenet16h --nannyml-python nannyml-venv/bin/python
 HF_HUB_OFFLINE=1 python scripts/monitoring.py --streams 20 --output-dir /tmp/m      # a smoke run
+HF_HUB_OFFLINE=1 python scripts/monitoring.py --render-only                         # the .md and .png from the JSON
 ```
 """
 
@@ -64,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="where the fitted populations are cached (default: $HF_HOME/hf_defer/monitoring)")
     parser.add_argument("--overwrite", action="store_true", help="replace committed results")
+    parser.add_argument("--render-only", action="store_true", help="rewrite the .md and .png from the JSON")
     return parser.parse_args(argv)
 
 
@@ -115,6 +117,11 @@ def run_cbpe(args: argparse.Namespace, inputs: dict[str, np.ndarray]) -> tuple[d
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.output_dir.mkdir(parents=True, exist_ok=True)
+    if args.render_only:
+        record = json.loads((args.output_dir / "monitoring.json").read_text())
+        plot_monitoring(record, args.output_dir / "monitoring.png")
+        (args.output_dir / "monitoring.md").write_text(monitoring_markdown(record))
+        return 0
     existing = [name for name in OUTPUTS if (args.output_dir / name).exists()]
     if existing and not args.overwrite:
         print(f"{args.output_dir} already holds {existing}: pass --overwrite to replace them.", file=sys.stderr)
