@@ -140,8 +140,8 @@ def monitoring_markdown(record: dict[str, Any]) -> str:
         "The naive alternative tests each fixed window of "
         f"{window} inputs (exact binomial test of the deferral rate, a one-sided z-test of the estimated error, an "
         "exact binomial test of Bernoulli draws of the audit-weighted error), at the monitor's per-promise level "
-        "(repeated: its false alarms grow with the stream), and Bonferroni-adjusted over the stream's windows (its false-alarm rate over the stream is then "
-        "bounded too, which is the fair comparison of delays).",
+        "(repeated: its false alarms grow with the stream), and Bonferroni-adjusted over the stream's windows (its "
+        "false-alarm rate over the stream is then bounded too, which is the fair comparison of delays).",
         "",
         "## The populations",
         "",
