@@ -45,8 +45,8 @@ class _Channel:
     """One monitored mean: values in [0, 1] (``scale`` times the quantity reported) and, with a target, its test."""
 
     def __init__(self, name: str, alpha: float, target: float | None = None, scale: float = 1.0,
-                 what: str = "") -> None:
-        self.name, self.alpha, self.target, self.scale, self.what = name, alpha, target, scale, what
+                 what: str = "", top: float = 1.0) -> None:
+        self.name, self.alpha, self.target, self.scale, self.what, self.top = name, alpha, target, scale, what, top
         self.sequence = BettingConfidenceSequence()
         scaled = None if target is None else target * scale
         self.detector = None if scaled is None or scaled >= 1 else ChangeDetector(scaled, alpha)
@@ -82,7 +82,7 @@ class _Channel:
         d = self.detector
         return {
             "what": self.what, "n": s.n, "mean": None if s.mean is None else s.mean / self.scale,
-            "lower": low / self.scale, "upper": min(1.0, high / self.scale), "confidence": 1.0 - self.alpha,
+            "lower": low / self.scale, "upper": min(self.top, high / self.scale), "confidence": 1.0 - self.alpha,
             "target": self.target,
             "evidence": None if d is None else d.evidence, "threshold": None if d is None else d.threshold,
             "alarm": self.alarm(),
@@ -206,8 +206,9 @@ class DeferralMonitor:
                                                              if self.audit_rate == 0 else ", audit-weighted"))
         if max_mean_cost is not None:
             self.channels["mean_cost"] = _Channel("mean_cost", a, float(max_mean_cost), scale=1.0 / self.cost_bound,
-                                                  what="mean price per input")
+                                                  what="mean price per input", top=self.cost_bound)
         self.rows = 0
+        self.labels_ignored = 0
         self._queue: deque[list[Any]] = deque()  # [row, value or None] for the labelled channel, in row order
         self._pending: dict[str, dict[str, Any]] = {}  # id -> what its label is needed for
         self.guarantee: dict[str, Any] | None = None
@@ -374,8 +375,9 @@ class DeferralMonitor:
         answers = _by_id(answers, ids, "expert_answers")
         for key, label in labels.items():
             pending = self._pending.get(key)
-            if pending is None:
-                continue  # not drawn for a label (or labelled already): it does not enter the weighted estimate
+            if pending is None:  # not drawn for a label, labelled already, or unknown: counted, not used
+                self.labels_ignored += 1
+                continue
             out = pending["output"]
             if "estimated_accuracy" in out and "class_score" not in out:  # route-only: correctness of the choice
                 try:
@@ -431,10 +433,12 @@ class DeferralMonitor:
 
     def state(self) -> dict[str, Any]:
         """Everything at this time, JSON-ready: the rows seen, the confidence and its split, each channel's mean,
-        interval, target and evidence, the rows awaiting labels, and the alarms."""
+        interval, target and evidence, the rows awaiting labels, the labels given for rows not drawn for one (or
+        unknown, or labelled before: they do not enter the weighted estimate), and the alarms."""
         return {
             "rows": self.rows, "confidence": self.confidence, "tests": self.tests, "alpha_per_test": self.alpha,
             "audit_rate": self.audit_rate, "awaiting_labels": len(self._pending),
+            "labels_ignored": self.labels_ignored,
             "channels": {name: channel.state() for name, channel in self.channels.items()},
             "alarm": self.alarm, "alarms": self.alarms, "not_monitored": list(self.not_monitored),
             "guarantee": None if self.guarantee is None else {

@@ -166,3 +166,13 @@ def test_mistakes_are_named():
     audited.update([deferred("alice")], ids=["x"])
     with pytest.raises(ValueError, match="row 'x' was deferred to 'alice'.*expert's answer is missing"):
         audited.update(labels={"x": "yes"})
+
+
+def test_cost_channel_and_labels_not_asked_for():
+    monitor = DeferralMonitor(["alice", "bob"], max_mean_cost=0.5, expert_costs=[2.0, 1.0], audit_rate=0.0)
+    monitor.update([deferred("alice"), deferred("bob"), kept(), kept()], ids="abcd")
+    cost = monitor.state()["channels"]["mean_cost"]
+    assert cost["mean"] == pytest.approx((2.0 + 1.0) / 4) and cost["target"] == 0.5
+    assert cost["upper"] <= 2.0 and cost["lower"] <= 0.75 <= cost["upper"]
+    monitor.update(labels={"c": "yes", "zzz": "no"})  # "c" was kept and not audited; "zzz" was never seen
+    assert monitor.state()["labels_ignored"] == 2
