@@ -150,13 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"scenario": name, "key": key, "setting": setting.name, "description": setting.description,
                      "before": before, "after": after, "shifted": shifted, "harmful": harmful,
                      "targets": targets.__dict__, "population": values, "summary": summary,
-                     "estimate": result["estimate"].tolist(), "truth": result["truth"].tolist(),
+                     "estimate": np.round(result["estimate"], 5).tolist(), "truth": result["truth"].tolist(),
                      "alarms": result["alarm"], "naive": result["naive"],
                      "naive_bonferroni": result["naive_bonferroni"], "seconds": time.time() - t})
         print(f"{name}: {json.dumps(summary)} ({time.time() - t:.0f} s)", flush=True)
     cbpe, cbpe_name = run_cbpe(args, cbpe_inputs)
     for row in rows:
-        row["cbpe"] = cbpe[row["key"]]
+        row["cbpe"] = np.round(cbpe[row["key"]], 5).tolist()
     record = {
         "issue": 45, "date": datetime.date.today().isoformat(), "seconds": time.time() - started,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
