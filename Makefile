@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all test-slow test-explore demo reproduce cascade mmlu-routing convabuse guarantees clean
+.PHONY: install test test-all test-slow test-explore lint demo reproduce cascade mmlu-routing convabuse guarantees clean
 .PHONY: monitoring
 .PHONY: test-latest test-oldest review-server review-demo test-review docs docs-serve test-docs
 
@@ -23,6 +23,11 @@ test: install
 
 test-all: install
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+# The linter ([tool.ruff] in pyproject.toml: pyflakes and pycodestyle's errors, 120 columns) over the whole checkout.
+# It only checks: nothing is rewritten (`ruff format` is not run over the tree).
+lint: install
+	$(VENV)/bin/ruff check .
 
 # The slow tests alone (several processes, FSDP, end-to-end experiment runs): CI runs them after `make test`.
 test-slow: install

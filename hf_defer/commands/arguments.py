@@ -24,7 +24,7 @@ from typing import Any
 from transformers import HfArgumentParser, TrainingArguments
 
 from ..modeling.validators import MISSING_EXPERT_MODES, check_share  # standard library only
-from .flag_check import (ESSENTIAL_FLAGS, HelpAllAction, closest_flag, short_help, unknown_flags,
+from .flags import (ESSENTIAL_FLAGS, HelpAllAction, closest_flag, short_help, unknown_flags,
                          unknown_flags_message)
 
 __all__ = ["DataTrainingArguments", "ModelArguments", "build_run_parser", "parse_run_arguments"]

@@ -14,10 +14,10 @@
 - `hf-defer review push|pull ...`: the review loop with Label Studio (`hf_defer.commands.review`; `pip install
   'hf-defer[review]'`).
 
-This module imports the standard library only: `hf-defer --help`, `--version`, a mistyped command or flag (named with
-the closest known one) and `train`'s mistakes that need no data read answer without loading torch (the `hf-defer`
-launcher, `hf_defer_cli.py`, runs this file before the `hf_defer` package is imported).
-A command imports what it needs when it runs. A mistake (a missing file, a wrong flag value, data that does not fit)
+Importing this module (and the lazy `hf_defer` package above it) loads neither torch nor transformers: `hf-defer
+--help`, `--version`, a mistyped command or flag (named with the closest known one) answer at once, and so do `train
+--help` and `train`'s mistyped flags, missing data files and refused `--output_dir` once a first `train` has saved
+its parser's flags ([`hf_defer.commands.flags.TrainFlags`]). A command imports what it needs when it runs. A mistake (a missing file, a wrong flag value, data that does not fit)
 ends with one line on stderr that names the flag and the fix, and exit status 2; `--debug` shows the traceback.
 A new command is one more [`Command`] in `COMMANDS`.
 """
@@ -27,13 +27,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import importlib.util
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["COMMANDS", "Command", "build_parser", "main", "run_script"]
+from ..modeling.validators import MISSING_EXPERT_MODES  # standard library only
+from .flags import TrainFlags, check_run_flags, unknown_flags, unknown_flags_message
+
+__all__ = ["COMMANDS", "Command", "build_parser", "main", "run_script", "run_train", "train_parser"]
 
 PROG = "hf-defer"
 USER_ERRORS = (ValueError, OSError, ImportError)
@@ -107,7 +108,7 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Route-only models: each expert's correctness (0/1, booleans) or score in [0, 1], "
                              "matched by name as --expert_column_names (default: columns named as the experts); no "
                              "label column.")
-    parser.add_argument("--missing_expert", default="error", choices=_light("flag_check").missing_expert_modes(),
+    parser.add_argument("--missing_expert", default="error", choices=MISSING_EXPERT_MODES,
                         help="What to do with a missing annotation (default: error; mask: keep the row, and that "
                              "expert is not deferred to there).")
     parser.add_argument("--output", default=None, help="Also write the metrics to this JSON file.")
@@ -313,10 +314,9 @@ def _main(argv: list[str]) -> int:
     else:
         sub = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction)).choices[
             command.name]
-        flags = _light("flag_check")
-        unknown = flags.unknown_flags(rest, sub._option_string_actions)
+        unknown = unknown_flags(rest, sub._option_string_actions)
         if unknown:  # before the missing-flag errors argparse gives first: the mistyped flag is the news
-            sub.error(flags.unknown_flags_message(unknown, sub._option_string_actions))
+            sub.error(unknown_flags_message(unknown, sub._option_string_actions))
         args = parser.parse_args(argv)
         debug = args.debug
         call = lambda: _resolve(command.run)(args)  # noqa: E731
@@ -346,41 +346,43 @@ def run_script(argv: Sequence[str], prog: str) -> int:
     return _guarded(lambda: run_train(rest, prog=prog), prog, debug)
 
 
-def _light(name: str) -> Any:
-    """`hf_defer.commands.<name>`, a module of the standard library only, without importing the hf_defer package
-    (torch, transformers) when that is not imported yet: loaded from its file under a private name."""
-    if "hf_defer" in sys.modules:
-        return importlib.import_module(f"hf_defer.commands.{name}")
-    private = f"_hf_defer_light_{name}"
-    if private not in sys.modules:
-        spec = importlib.util.spec_from_file_location(private, os.path.join(os.path.dirname(__file__), f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[private] = module
-        spec.loader.exec_module(module)
-    return sys.modules[private]
-
-
-def run_train(argv: list[str], prog: str = f"{PROG} train") -> int:
-    """`hf-defer train [--json] FLAGS | CONFIG.json`: [`run_deferral`] with the flags of `scripts/run_deferral.py`.
-    The run's final JSON goes to `<output_dir>/hf_defer_run.json`; with `--json` it is all that stdout gets.
-
-    Unknown flags (with the closest known one), missing data files, the flags' own checks and an `--output_dir`
-    holding files no hf_defer run or save wrote are reported before torch and transformers are imported
-    ([`hf_defer.commands.flag_check`])."""
-    json_only = "--json" in argv
-    argv = [arg for arg in argv if arg != "--json"]
-    problem = _light("flag_check").check_run_flags(
-        argv, check_output_dir=lambda path: _light("outputs").OutputFolder(path).check())
-    if problem:
-        print(f"{prog}: error: {problem} (see `{prog} --help`)", file=sys.stderr)
-        return 2
-    from .arguments import build_run_parser, parse_run_arguments
+def train_parser(prog: str = f"{PROG} train") -> argparse.ArgumentParser:
+    """The parser of `hf-defer train` (imports transformers): `build_run_parser`'s, with `--json`."""
+    from .arguments import build_run_parser
 
     parser = build_run_parser(prog=prog)
     group = parser.add_argument_group("command")
     group.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                        help="print only the run's final JSON on stdout (everything else goes to stderr); a bare "
                             "--debug (no value, unlike TrainingArguments' --debug MODE) shows the traceback of an error")
+    return parser
+
+
+def run_train(argv: list[str], prog: str = f"{PROG} train") -> int:
+    """`hf-defer train [--json] FLAGS | CONFIG.json`: [`run_deferral`] with the flags of `scripts/run_deferral.py`.
+    The run's final JSON goes to `<output_dir>/hf_defer_run.json`; with `--json` it is all that stdout gets.
+
+    Once a run has saved its parser's flags ([`TrainFlags`]), `--help`, `--help-all`, unknown flags (with the closest
+    known one), missing data files and an `--output_dir` holding files no hf_defer run or save wrote are answered
+    before torch and transformers are imported; the full parse checks the rest."""
+    json_only = "--json" in argv
+    argv = [arg for arg in argv if arg != "--json"]
+    saved = TrainFlags.load(prog)
+    if saved is not None:
+        from .outputs import OutputFolder  # standard library only
+
+        problem = check_run_flags(argv, saved, check_output_dir=lambda path: OutputFolder(path).check())
+        if problem:
+            print(f"{prog}: error: {problem} (see `{prog} --help`)", file=sys.stderr)
+            return 2
+        if "--help-all" in argv or any(arg in ("-h", "--help") for arg in argv):
+            print(saved.full_help if "--help-all" in argv else saved.short_help, end="")
+            return 0
+    from .arguments import parse_run_arguments
+
+    parser = train_parser(prog)
+    if saved is None:
+        TrainFlags.from_parser(parser).save(prog)
     redirect = contextlib.redirect_stdout(sys.stderr) if json_only else contextlib.nullcontext()
     with redirect:
         model_args, data_args, training_args = parse_run_arguments(argv, parser=parser)

@@ -25,6 +25,7 @@ from transformers import AutoModel, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .configuration_deferral import DeferralConfig
+from .library_mode import LIBRARY_MODE
 from .saving_deferral import DeferralSavingMixin
 from .side_features import SideFeatureEncoder
 from .surrogate_routing import is_route_only
@@ -706,5 +707,19 @@ class EncoderForRouting(DeferralPreTrainedModel):
             loss = self.surrogate(logits, labels, expert_labels, check=check_inputs, expert_correct=expert_correct)
         return self._output(logits, loss, hidden_states, attentions, output_estimates, return_dict, check_inputs)
 
+
+def _register() -> None:
+    """Library mode: `AutoModel` builds the deferral model of a folder of model type "deferral" (one model class per
+    config class: `EncoderForDeferral`, whose loaders build an `EncoderForRouting` for a route-only config, see
+    `DeferralPreTrainedModel.class_for_config`), and `save_pretrained` writes ``auto_map`` so that
+    `AutoModel.from_pretrained(path, trust_remote_code=True)` works without hf_defer. A saved folder's copy registers
+    nothing (transformers registers the classes it loads with remote code)."""
+    if LIBRARY_MODE:
+        AutoModel.register(DeferralConfig, EncoderForDeferral, exist_ok=True)
+        EncoderForDeferral.register_for_auto_class("AutoModel")
+        EncoderForRouting.register_for_auto_class("AutoModel")  # a router's folder: auto_map names EncoderForRouting
+
+
+_register()
 
 __all__ = ["DeferralOutput", "DeferralPreTrainedModel", "EncoderForDeferral", "EncoderForRouting"]

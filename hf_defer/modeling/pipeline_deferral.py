@@ -21,14 +21,11 @@ from torch.utils.data import DataLoader
 from transformers import Pipeline
 from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
 
+from .library_mode import library_function
 from .surrogate_base import check_defer_threshold, check_expert_costs
 from .surrogate_routing import is_route_only, route_only_output
-from .validators import is_int, is_number
+from .validators import CLASSIFIER_ANSWER, DEFER_LABEL, is_int, is_number
 
-DEFER_LABEL = "defer"
-"""The ``"label"`` of a deferred input (no class may be named so: `DeferralConfig` refuses it)."""
-CLASSIFIER_ANSWER = "classifier"
-"""The ``"answered_by"`` of an input the model answers itself, with model experts (no expert may be named so)."""
 
 REMOTE_TASK = "deferral-remote-code"
 """The task name under which ``config.json`` lists the pipeline for remote code.
@@ -379,8 +376,6 @@ class DeferralPipeline(Pipeline):
     _load_video_processor = False
     _load_feature_extractor = False
     _load_tokenizer = None
-    model_expert_runner: Any = None
-    """Set by `import hf_defer` to `hf_defer.experts.model_experts.answer_with_model_experts` (library mode only)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         model = kwargs.get("model", args[0] if args else None)
@@ -548,7 +543,7 @@ class DeferralPipeline(Pipeline):
 
     def _call_with_model_experts(self, inputs: Any, **kwargs: Any) -> dict[str, Any] | list[dict[str, Any]]:
         """Runs the deferral model, then each model expert once per batch of the inputs routed to it."""
-        runner = type(self).model_expert_runner
+        runner = library_function("experts.model_experts", "answer_with_model_experts")
         if runner is None:  # remote-code mode: the helper is not copied next to the weights
             raise ImportError("model experts (`experts=`) need the hf_defer library: `pip install hf-defer` and "
                               "`import hf_defer`.")

@@ -14,8 +14,20 @@ prometheus-client, never commands; only the `serve` command imports it, when it 
 `pip install 'hf-defer[serve]'`.
 """
 
-from .decision_app import build_decision_app
-from .router_app import build_router_app
-from .routing import PromptRouter, RoutingDecision
+from typing import TYPE_CHECKING
 
-__all__ = ["PromptRouter", "RoutingDecision", "build_decision_app", "build_router_app"]
+from .._lazy import lazy_exports
+
+_EXPORTS = {
+    "PromptRouter": "routing",
+    "RoutingDecision": "routing",
+    "build_decision_app": "decision_app",
+    "build_router_app": "router_app",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from .decision_app import build_decision_app
+    from .router_app import build_router_app
+    from .routing import PromptRouter, RoutingDecision

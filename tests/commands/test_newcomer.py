@@ -67,73 +67,105 @@ ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "datasets")
 
 
-def answer_without_heavy_imports(argv: list[str], script: bool = False) -> tuple[int, str, list[str]]:
+@pytest.fixture(scope="module")
+def saved_flags(tmp_path_factory) -> Path:
+    """hf_defer's cache after a first `hf-defer train --help` and `run_deferral.py --help` (the full parse saves the
+    parser's flags there), at a fixed terminal width."""
+    from hf_defer.commands.cli import main, run_script
+
+    cache = tmp_path_factory.mktemp("hf_defer_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_DEFER_CACHE", str(cache))
+        patch.setenv("COLUMNS", "100")
+        assert main(["train", "--help"]) == 0
+        with pytest.raises(SystemExit) as exit:  # argparse's --help, as the script's __main__ lets it end
+            run_script(["--help"], prog="run_deferral.py")
+        assert exit.value.code == 0
+    assert len(list((cache / "train_flags").glob("*.json"))) == 2
+    return cache
+
+
+def answer_without_heavy_imports(argv: list[str], cache: Path, script: bool = False) -> tuple[int, str, list[str]]:
     """Runs `hf-defer ARGV` (or `scripts/run_deferral.py ARGV`) in a fresh interpreter as the console script does,
-    and returns its exit status, stderr and which of torch, transformers and datasets it imported."""
+    with hf_defer's cache at `cache`, and returns its exit status, stderr and which of torch, transformers and
+    datasets it imported."""
     if script:
         call = (f"sys.argv = [{str(ROOT / 'scripts' / 'run_deferral.py')!r}, *{argv!r}]\n"
                 f"try:\n    runpy.run_path(sys.argv[0], run_name='__main__'); code = 0\n"
                 f"except SystemExit as exit:\n    code = exit.code\n")
     else:
-        call = f"import hf_defer_cli\nsys.argv = ['hf-defer', *{argv!r}]\ncode = hf_defer_cli.main()\n"
+        call = f"from hf_defer.commands.cli import main\nsys.argv = ['hf-defer', *{argv!r}]\ncode = main()\n"
     probe = (f"import runpy, sys\n{call}"
              f"print(code, sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r}))")
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "HF_HUB_OFFLINE": "1",
+           "HF_DEFER_CACHE": str(cache), "COLUMNS": "100"}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300,
                           cwd=ROOT)
     code, heavy = done.stdout.strip().splitlines()[-1].split(" ", 1)
     return int(code), done.stderr.strip(), ast.literal_eval(heavy)
 
 
-def test_a_misspelled_flag_is_named_with_the_closest_one_before_anything_else_and_before_torch(tmp_path):
+def test_a_misspelled_flag_is_named_with_the_closest_one_before_anything_else_and_before_torch(tmp_path, saved_flags):
     # the issue's case: without the fix, the missing data files were reported, never --train_fiel
     code, err, heavy = answer_without_heavy_imports(
-        ["train", "--model_name_or_path", "x", "--train_fiel", "train.csv", "--output_dir", str(tmp_path / "o")])
+        ["train", "--model_name_or_path", "x", "--train_fiel", "train.csv", "--output_dir", str(tmp_path / "o")],
+        saved_flags)
     assert (code, heavy) == (2, [])
     assert err == ("hf-defer train: error: unrecognized argument: --train_fiel (did you mean --train_file?) "
                    "(see `hf-defer train --help`)")
     # a TrainingArguments flag, two at once, and a data file that does not exist
     code, err, heavy = answer_without_heavy_imports(
-        ["train", "--model_name_or_path", "x", "--learning_rte", "1e-3", "--num_epochs", "2", "--output_dir", "o"])
+        ["train", "--model_name_or_path", "x", "--learning_rte", "1e-3", "--num_epochs", "2", "--output_dir", "o"],
+        saved_flags)
     assert (code, heavy) == (2, []) and err.splitlines() == [
         "hf-defer train: error: unrecognized arguments: --learning_rte (did you mean --learning_rate?), "
         "--num_epochs (did you mean --num_train_epochs?) (see `hf-defer train --help`)"]
     code, err, heavy = answer_without_heavy_imports(
-        ["train", "--model_name_or_path", "x", "--train_file", str(tmp_path / "nothere.csv"), "--output_dir", "o"])
+        ["train", "--model_name_or_path", "x", "--train_file", str(tmp_path / "nothere.csv"), "--output_dir", "o"],
+        saved_flags)
     assert (code, heavy) == (2, [])
     assert err == (f"hf-defer train: error: --train_file {str(tmp_path / 'nothere.csv')!r} does not exist. "
                    "(see `hf-defer train --help`)")
-    # the flags' own checks (ModelArguments, DataTrainingArguments) run before torch too
-    (tmp_path / "train.csv").write_text("text,label,alice\ngood,pos,pos\n")
-    code, err, heavy = answer_without_heavy_imports(
-        ["train", "--model_name_or_path", "x", "--train_file", str(tmp_path / "train.csv"), "--expert_column_names",
-         "alice", "--max_deferral_rate", "2", "--output_dir", "o"])
-    assert (code, heavy) == (2, [])
-    assert err == "hf-defer train: error: --max_deferral_rate must lie in (0, 1], got 2.0. (see `hf-defer train --help`)"
     # the other commands: the unknown flag comes before argparse's "the following arguments are required"
-    code, err, heavy = answer_without_heavy_imports(["predict", "--model", "m", "--inptu", "x.csv"])
+    code, err, heavy = answer_without_heavy_imports(["predict", "--model", "m", "--inptu", "x.csv"], saved_flags)
     assert (code, heavy) == (2, [])
     assert err == ("hf-defer predict: error: unrecognized argument: --inptu (did you mean --input?) "
                    "(see `hf-defer predict --help`)")
-    code, err, _ = answer_without_heavy_imports(["annotations", "--annotations_file", "a.csv", "--itme_column", "i"])
+    code, err, _ = answer_without_heavy_imports(["annotations", "--annotations_file", "a.csv", "--itme_column", "i"],
+                                                saved_flags)
     assert code == 2 and "--itme_column (did you mean --item_column?)" in err and len(err.splitlines()) == 1
 
 
-def test_the_script_answers_as_hf_defer_train_does(tmp_path):
+def test_train_help_after_the_first_run_is_the_parsers_and_needs_no_torch(saved_flags, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setenv("HF_DEFER_CACHE", str(saved_flags))
+    from hf_defer.commands.cli import train_parser
+
+    for flag, full in (("--help", False), ("--help-all", True)):
+        code, err, heavy = answer_without_heavy_imports(["train", flag], saved_flags)
+        assert (code, err, heavy) == (0, "", [])
+        probe = ("import sys\nfrom hf_defer.commands.cli import main\nmain(['train', %r])" % flag)
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                              env={**os.environ, "HF_DEFER_CACHE": str(saved_flags), "COLUMNS": "100"})
+        assert done.stdout == train_parser().format_help(full=full)  # what argparse prints on a first run
+        assert ("--help-all` lists" in done.stdout) is not full and "--model_name_or_path" in done.stdout
+
+
+def test_the_script_answers_as_hf_defer_train_does(tmp_path, saved_flags):
     code, err, heavy = answer_without_heavy_imports(
         ["--model_name_or_path", "x", "--train_file", "t.csv", "--per_device_train_batchsize", "8",
-         "--output_dir", "o"], script=True)
+         "--output_dir", "o"], saved_flags, script=True)
     assert (code, heavy) == (2, [])
     assert err == ("run_deferral.py: error: unrecognized argument: --per_device_train_batchsize (did you mean "
                    "--per_device_train_batch_size?) (see `run_deferral.py --help`)")
 
 
-def test_a_flags_file_with_a_misspelled_key_and_the_full_parse_name_it_too(tmp_path):
+def test_a_flags_file_with_a_misspelled_key_and_the_full_parse_name_it_too(tmp_path, saved_flags):
     from hf_defer.commands.arguments import parse_run_arguments
 
     flags = tmp_path / "flags.json"
     flags.write_text(json.dumps({"model_name_or_path": "x", "train_fiel": "train.csv", "output_dir": "o"}))
-    code, err, heavy = answer_without_heavy_imports(["train", str(flags)])
+    code, err, heavy = answer_without_heavy_imports(["train", str(flags)], saved_flags)
     assert (code, heavy) == (2, [])
     assert f"the flags file {str(flags)!r} has unknown keys: 'train_fiel' (did you mean 'train_file'?)" in err
     with pytest.raises(ValueError, match=r"unknown keys: 'train_fiel' \(did you mean 'train_file'\?\)"):
@@ -143,19 +175,47 @@ def test_a_flags_file_with_a_misspelled_key_and_the_full_parse_name_it_too(tmp_p
         parse_run_arguments(["--model_name_or_path", "x", "--train_fiel", "train.csv", "--output_dir", "o"])
 
 
-def test_the_flags_read_from_the_source_are_the_parsers():
-    from hf_defer.commands.arguments import build_run_parser
-    from hf_defer.commands.flag_check import COMMAND_OPTIONS, run_options
+def test_a_first_run_or_a_changed_parser_source_reads_no_saved_flags(tmp_path, monkeypatch, capsys):
+    """The saved flags are the parser's own (no other source of flags), and a file is keyed by the sources'
+    identity: a program name, a terminal width or an edited source of the parser is another file."""
+    import shutil
 
-    parsed = set(build_run_parser()._option_string_actions)
-    read = set(run_options())
-    assert parsed <= read, parsed - read
-    extra = read - parsed - set(COMMAND_OPTIONS)  # --no_<flag> of every boolean, accepted only for the defaults True
-    assert extra and all(option.startswith(("--no_", "--no-")) for option in extra), extra
+    import hf_defer.commands.flags as flags_module
+    from hf_defer.commands.cli import main, train_parser
+    from hf_defer.commands.flags import TrainFlags
+
+    monkeypatch.setenv("HF_DEFER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "100")
+    assert TrainFlags.load("hf-defer train") is None
+    # a first run with a mistake saves the flags of the parser it built, then the full parse answers
+    (tmp_path / "train.csv").write_text("text,label,alice\ngood,pos,pos\n")
+    assert main(["train", "--model_name_or_path", "x", "--train_file", str(tmp_path / "train.csv"),
+                 "--expert_column_names", "alice", "--max_deferral_rate", "2", "--output_dir", "o"]) == 2
+    assert "--max_deferral_rate must lie in (0, 1], got 2.0" in capsys.readouterr().err
+    saved = TrainFlags.load("hf-defer train")
+    parser = train_parser()
+    assert saved.options == {option: action.dest for option, action in parser._option_string_actions.items()}
+    assert "--per_device_train_batch_size" in saved.options and "--json" in saved.options
+    assert TrainFlags.path("run_deferral.py") != TrainFlags.path("hf-defer train")
+    monkeypatch.setenv("COLUMNS", "120")
+    assert TrainFlags.load("hf-defer train") is None
+    monkeypatch.setenv("COLUMNS", "100")
+    # an edited source (here: copies of the modules, one touched) is a cache miss
+    package = Path(flags_module.__file__).parents[1]
+    for name in ("commands/arguments.py", "commands/cli.py", "commands/flags.py", "modeling/validators.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        shutil.copy(package / name, tmp_path / name)
+    monkeypatch.setattr(flags_module, "__file__", str(tmp_path / "commands" / "flags.py"))
+    saved.save("hf-defer train")
+    assert TrainFlags.load("hf-defer train") == saved
+    for name in ("commands/arguments.py", "modeling/validators.py"):
+        os.utime(tmp_path / name, ns=(1, 1))
+        assert TrainFlags.load("hf-defer train") is None
+        saved.save("hf-defer train")
 
 
 # ------------------------------------------------------------------ 6. folders any hf_defer save wrote
-def test_a_folder_any_hf_defer_save_wrote_is_recognised_and_the_script_refuses_others_in_one_line(tmp_path):
+def test_a_folder_any_hf_defer_save_wrote_is_recognised_and_the_script_refuses_others_in_one_line(tmp_path, saved_flags):
     from transformers import BertTokenizer, TrainingArguments
 
     import hf_defer
@@ -191,7 +251,8 @@ def test_a_folder_any_hf_defer_save_wrote_is_recognised_and_the_script_refuses_o
     argv = ["--model_name_or_path", "x", "--train_file", str(tmp_path / "train.csv"), "--expert_column_names",
             "alice", "--output_dir", str(trainer_folder)]
     for script in (True, False):
-        code, err, heavy = answer_without_heavy_imports(argv if script else ["train", *argv], script=script)
+        code, err, heavy = answer_without_heavy_imports(argv if script else ["train", *argv], saved_flags,
+                                                        script=script)
         prog = "run_deferral.py" if script else "hf-defer train"
         assert (code, heavy, len(err.splitlines())) == (2, [], 1)
         assert err.startswith(f"{prog}: error: --output_dir {str(trainer_folder)!r} holds files that no hf_defer run "
@@ -267,10 +328,13 @@ def test_a_hub_name_offline_is_one_line_naming_the_flag_and_the_shipped_copy(dat
     ["--route_only", "--expert_column_names", "", "--expert_correct_columns", "a"],
     ["--route_only", "true", "--expert_column_names", "", "--expert_correct_columns", "a,b", "--default_expert", "c"],
     ["--default_expert", "alice"], ["--text_column_name", " ", "--freeze_encoder"], ["--missing_expert=keep"],
+    ["--max_deferal_rate", "0.1"],
 ])
-def test_the_early_checks_agree_with_the_full_parse(extra, tmp_path, monkeypatch):
+def test_the_early_checks_never_contradict_the_full_parse(extra, tmp_path, monkeypatch):
+    """The saved flags answer unknown flags and missing files as the full parse does; the values they leave to it."""
     from hf_defer.commands.arguments import parse_run_arguments
-    from hf_defer.commands.flag_check import check_run_flags
+    from hf_defer.commands.cli import train_parser
+    from hf_defer.commands.flags import TrainFlags, check_run_flags
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.csv").write_text("text,label,alice\ngood,pos,pos\n")
@@ -279,6 +343,11 @@ def test_the_early_checks_agree_with_the_full_parse(extra, tmp_path, monkeypatch
     try:
         parse_run_arguments(argv)
         expected = None
-    except ValueError as error:
+    except (ValueError, FileNotFoundError) as error:
         expected = " ".join(str(error).split())
-    assert check_run_flags(argv) == expected
+    early = check_run_flags(argv, TrainFlags.from_parser(train_parser()))
+    if extra[:1] == ["--max_deferal_rate"]:
+        assert early == "unrecognized argument: --max_deferal_rate (did you mean --max_deferral_rate?)"
+        assert expected.startswith(early)
+    else:
+        assert early is None

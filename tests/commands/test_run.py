@@ -265,7 +265,7 @@ def test_help_lists_every_flag_in_groups_and_the_console_script_is_declared(caps
         assert hf_defer_main([command, "--help"]) == 0
         text = capsys.readouterr().out
         assert all(flag in text for flag in flags)
-    assert 'hf-defer = "hf_defer_cli:main"' in (ROOT / "pyproject.toml").read_text()
+    assert 'hf-defer = "hf_defer.commands.cli:main"' in (ROOT / "pyproject.toml").read_text()
     assert hf_defer_main([]) == 2 and hf_defer_main(["nonsense"]) == 2
 
 
