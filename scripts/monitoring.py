@@ -28,6 +28,7 @@ import json
 import os
 import pickle
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -114,6 +115,15 @@ def run_cbpe(args: argparse.Namespace, inputs: dict[str, np.ndarray]) -> tuple[d
         "CBPE re-implemented (isotonic recalibration on the reference set, then the mean per chunk), not NannyML's"
 
 
+NUMBERS = re.compile(r"\[\s*((?:-?[0-9.eE+]+|null)(?:\s*,\s*(?:-?[0-9.eE+]+|null))*)\s*\]")
+
+
+def compact_json(record: dict) -> str:
+    """Indented JSON whose lists of numbers each take one line (the per-stream alarms and per-window estimates)."""
+    return NUMBERS.sub(lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")) + "]",
+                       json.dumps(record, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.output_dir.mkdir(parents=True, exist_ok=True)
@@ -166,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                      if key not in ("output_dir", "cache_dir", "imagenet16h", "nannyml_python", "overwrite")},
         "cbpe": cbpe_name, "scenarios": rows,
     }
-    with open(args.output_dir / "monitoring.json", "w") as handle:
-        json.dump(record, handle, indent=1)
+    (args.output_dir / "monitoring.json").write_text(compact_json(record))
     plot_monitoring(record, args.output_dir / "monitoring.png")
     (args.output_dir / "monitoring.md").write_text(monitoring_markdown(record))
     print(f"wrote {', '.join(OUTPUTS)} to {args.output_dir} in {time.time() - started:.0f} s")
