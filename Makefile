@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
 .PHONY: install test test-all test-slow test-explore lint demo reproduce cascade mmlu-routing convabuse guarantees clean
+.PHONY: monitoring
 .PHONY: test-latest test-oldest review-server review-demo test-review docs docs-serve test-docs
 
 $(STAMP): pyproject.toml constraints.txt
@@ -119,6 +120,21 @@ convabuse: install
 GUARANTEES_ARGS ?=
 guarantees: install
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) scripts/guarantees.py $(GUARANTEES_ARGS)
+
+# Watching the promises on streams that shift at a known row (results/monitoring.md, .json, .png): hf_defer's monitor
+# against a repeated window test, and its label-free error estimate against NannyML's CBPE, run in its own venv
+# (NANNYML_VENV, created on first use: nannyml 0.13 pins what the training stack does not). ImageNet-16H needs its
+# folder (not shipped): MONITORING_ARGS="--imagenet16h PATH"; committed results are kept unless it holds --overwrite.
+NANNYML_VENV ?= .venv-nannyml
+MONITORING_ARGS ?=
+
+$(NANNYML_VENV)/bin/python:
+	$(PYTHON) -m venv $(NANNYML_VENV)
+	$(NANNYML_VENV)/bin/python -m pip install --quiet nannyml==0.13.1 statsmodels==0.15.0
+
+monitoring: install $(NANNYML_VENV)/bin/python
+	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) scripts/monitoring.py \
+		--nannyml-python $(NANNYML_VENV)/bin/python $(MONITORING_ARGS)
 
 # From deferral to reviewers and back (README): hf_defer.review with label-studio-sdk in .venv, the Label Studio server
 # in its own venv (LS_VENV, created on first use: its pins differ from the training stack). The admin's API token comes

@@ -43,6 +43,7 @@ _EXPORTS = {
     "calibrate_deferral": "evaluation.thresholds",
     "deferral_metrics": "evaluation.metrics",
     "load_metric": "evaluation.evaluate_metric",
+    "DeferralMonitor": "monitoring.monitor",
     # the hub, the cascade, the shipped loaders
     "DeferralCascade": "cascade.modeling_cascade",
     "push_to_hub": "hub.sharing",
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
     from .evaluation.guarantees import DeferralGuarantee
     from .evaluation.metrics import DeferralMetrics, deferral_metrics
     from .evaluation.thresholds import calibrate_deferral
+    from .monitoring.monitor import DeferralMonitor
     from .hub.auto import AutoModelForDeferral
     from .hub.sharing import push_to_hub, save_for_hub
     from .modeling.configuration_deferral import DeferralConfig

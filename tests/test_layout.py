@@ -17,7 +17,7 @@ PACKAGE = Path(hf_defer.__file__).resolve().parent
 # ground floor, hf_defer/_lazy.py (the lazy packages: standard library only).
 GROUND = -1
 LAYERS = {"_lazy": GROUND, "modeling": 0, "inspection": 1, "evaluation": 1, "data": 1, "experts": 1, "cascade": 2, "training": 2,
-          "hub": 2, "commands": 3, "review": 3, "serving": 3}
+          "hub": 2, "monitoring": 2, "commands": 3, "review": 3, "serving": 3}
 
 
 def module_name(path: Path) -> str:

@@ -170,6 +170,26 @@ def _annotations_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
 
 
+def _monitor_arguments(parser: argparse.ArgumentParser) -> None:
+    """`monitor`: see `hf_defer.commands.monitor`."""
+    parser.add_argument("--model", required=True, help="The calibrated model (folder or Hub id): its promises.")
+    parser.add_argument("--log", required=True, help="The decision log, in decision order: hf-defer predict's output.")
+    parser.add_argument("--labels", default=None, help="True labels of some rows (e.g. hf-defer review pull's "
+                        "answers.csv): every deferred row, and kept rows drawn at random (--audit_rate).")
+    parser.add_argument("--audit_rate", type=float, default=None,
+                        help="The chance each kept row had to be drawn for a label (default: 0, deferred rows only).")
+    parser.add_argument("--confidence", type=float, default=None,
+                        help="1 - the false-alarm probability of all alarms together (default: the guarantee's).")
+    parser.add_argument("--id_column", default=None, help="The log's id column (default: id, row or item).")
+    parser.add_argument("--labels_id_column", default=None, help="The labels' id column (default: item, id or row).")
+    parser.add_argument("--label_column", default=None, help="The labels' column (default: label, labels or answer).")
+    parser.add_argument("--expert_answer_column", default=None,
+                        help="The expert's own answer on deferred rows (default: the label is the expert's answer).")
+    parser.add_argument("--output", default=None, help="Also write the state as JSON to this file.")
+    parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
+    parser.add_argument("--fail_on_alarm", action="store_true", help="Exit with status 1 when an alarm is raised.")
+
+
 COMMANDS: dict[str, Command] = {command.name: command for command in (
     Command("annotations", "a labelling tool's long export (item, annotator, answer) as the wide CSV that train reads",
             "hf_defer.commands.annotations:run_annotations", _annotations_arguments),
@@ -183,6 +203,8 @@ COMMANDS: dict[str, Command] = {command.name: command for command in (
             "hf_defer.commands.serve:run_serve"),
     Command("calibrate", "set a saved model's deferral threshold on a calibration file, with a stated confidence",
             "hf_defer.commands.calibrate:run_calibrate", _calibrate_arguments),
+    Command("monitor", "check a decision log (and labels) against the model's certified promises, with an alarm",
+            "hf_defer.commands.monitor:run_monitor", _monitor_arguments),
     # named here as a string: label-studio-sdk is imported only when `hf-defer review` runs
     Command("review", "send deferred inputs to Label Studio reviewers (push) and their answers back (pull)",
             "hf_defer.commands.review:main"),

@@ -5,6 +5,8 @@
   `status` `"deferred"` with the `expert` chosen and the model's `suggestion`. With a review project, a deferred input
   becomes a Label Studio task there (keyed by the decision's id: posting the same id again creates nothing) and its
   `status` is `"pending_review"`.
+- `GET /monitor`: the model's promises watched on the decisions made ([`DeferralMonitor`]: rates, the label-free error
+  estimate, their anytime-valid bounds and the alarm), as JSON; `GET /metrics`: the same as Prometheus gauges.
 - `GET /v1/decisions/{id}`: the decision; once a reviewer has answered the task, `status` `"reviewed"` with their
   `answer` and `reviewer` (the latest answer when several reviewers answered).
 
@@ -18,9 +20,12 @@ import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..modeling.surrogate_routing import is_route_only
+from ..monitoring import monitor_for, register_monitor_metrics
 from ..review.client import ReviewProject, ReviewServerError
 from ..review.pulling import pull
 from ..review.pushing import push
@@ -90,6 +95,17 @@ def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None
 
     app = FastAPI(title="hf_defer decisions")
     app.state.decisions = decisions
+    app.state.monitor = monitor = monitor_for(config)  # one per served model: its promises watched on its decisions
+    registry = CollectorRegistry()
+    register_monitor_metrics(registry, {str(getattr(config, "_name_or_path", "") or "model"): monitor})
+
+    @app.get("/monitor")
+    async def monitor_state() -> JSONResponse:
+        return JSONResponse(monitor.state())
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/decide")
     async def decide(request: Request) -> JSONResponse:
@@ -132,6 +148,7 @@ def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None
                 record["key"] = task_key(text, decision_id)
                 record["status"] = "pending_review"
             decisions[decision_id] = record
+            monitor.update([output], ids=[decision_id])
         return JSONResponse(_public(record))
 
     @app.get("/v1/decisions/{decision_id}")
