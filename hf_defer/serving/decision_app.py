@@ -8,6 +8,11 @@
 - `GET /v1/decisions/{id}`: the decision; once a reviewer has answered the task, `status` `"reviewed"` with their
   `answer` and `reviewer` (the latest answer when several reviewers answered).
 
+- `GET /metrics`: the counters of [`DecisionMetrics`] (decisions by status, requests and refusals by client),
+  Prometheus text (`?format=json` for JSON).
+- `GET /health`: `{"status": "ok"}`, the one path open without a client key.
+
+Every request passes the [`AccessGuard`] of `access` first (client keys, rate, size); errors are in OpenAI's shape.
 Decisions are kept in memory (a restart forgets them; the review tasks stay in the project).
 """
 
@@ -17,7 +22,7 @@ import asyncio
 import uuid
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from ..modeling.surrogate_routing import is_route_only
@@ -25,17 +30,19 @@ from ..review.client import ReviewProject, ReviewServerError
 from ..review.pulling import pull
 from ..review.pushing import push
 from ..review.tasks import task_key
+from .access import HEALTH_PATH, AccessGuard, AccessPolicy
+from .errors import install_error_handlers, openai_error, read_json_object
+from .metrics import DecisionMetrics, metrics_response
 
 __all__ = ["build_decision_app"]
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "review_server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status)
+    return openai_error(status, message, None if status < 500 else "review_server_error", param)
 
 
-def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None, max_length: int = 512) -> FastAPI:
+def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None, max_length: int = 512,
+                       access: AccessPolicy | None = None) -> FastAPI:
     """The decision app (see the module's docstring); run it with uvicorn.
 
     Args:
@@ -44,6 +51,8 @@ def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None
         review_project ([`~hf_defer.review.ReviewProject`], *optional*): from `hf_defer.review.connect`; deferred
             inputs become tasks there and `GET /v1/decisions/{id}` reads the reviewers' answers back.
         max_length (`int`, *optional*, defaults to 512): texts are truncated to this many tokens.
+        access ([`~hf_defer.serving.access.AccessPolicy`], *optional*): client keys, rate and size limits; defaults
+            to no keys (keep such an app on a loopback address) and the default size limit.
 
     Example:
 
@@ -88,16 +97,25 @@ def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None
         for row in result.table.to_dict("records"):
             reviews[str(row["item"])] = {"answer": row["answer"], "reviewer": row["annotator"], "time": row["time"]}
 
+    access = AccessPolicy() if access is None else access
+    metrics = DecisionMetrics(access.client_names)
     app = FastAPI(title="hf_defer decisions")
-    app.state.decisions = decisions
+    app.state.decisions, app.state.metrics, app.state.access = decisions, metrics, access
+    install_error_handlers(app)
+    app.add_middleware(AccessGuard, policy=access, metrics=metrics.clients)
+
+    @app.get(HEALTH_PATH)
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics_endpoint(format: str = "prometheus") -> Response:
+        return metrics_response(metrics, format)
 
     @app.post("/v1/decide")
     async def decide(request: Request) -> JSONResponse:
-        try:
-            body = await request.json()
-        except ValueError:
-            return _error(400, "the request body must be JSON: {\"input\": ..., \"id\": ...}.")
-        if not isinstance(body, dict) or "input" not in body:
+        body = await read_json_object(request, '{"input": ..., "id": ...}')
+        if "input" not in body:
             return _error(400, "the request body must be a JSON object with an \"input\" (the text to decide on).",
                           "input")
         model_input, given_id = body["input"], body.get("id")
@@ -132,6 +150,7 @@ def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None
                 record["key"] = task_key(text, decision_id)
                 record["status"] = "pending_review"
             decisions[decision_id] = record
+            metrics.decisions.labels(status=record["status"]).inc()
         return JSONResponse(_public(record))
 
     @app.get("/v1/decisions/{decision_id}")
