@@ -177,13 +177,13 @@ def test_the_strong_call_cap_holds_in_arrival_order(pipe, upstreams, behaviours,
     assert [raw.headers["x-hf-defer-capped"] for raw in raws] == ["true" if c else "false" for c in capped]
     assert [raw.parse().hf_defer["capped"] for raw in raws] == capped
     assert all(raw.parse().hf_defer["routed_to"] == expected[p] for raw, p in zip(raws, PROMPTS))
+    assert metrics["capped"] == {"strong": float(sum(expected[p] == "strong" for p in PROMPTS) - strong)}
     want_streamed = []
     for k in (len(PROMPTS) + 1, len(PROMPTS) + 2):  # the 25th and 26th requests, by the same rule
         go = strong + 1 <= int(rate * k)
         strong += go
         want_streamed.append(("strong", "false") if go else ("weak", "true"))
     assert ("weak", "true") in want_streamed and streamed == want_streamed
-    assert metrics["capped"] == {"strong": float(sum(expected[p] == "strong" for p in PROMPTS) - strong)}
 
 
 def test_concurrent_requests_are_all_answered_by_the_right_model(pipe, upstreams, behaviours, expected):
