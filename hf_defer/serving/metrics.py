@@ -78,6 +78,7 @@ class ClientMetrics:
     """
 
     def __init__(self, registry: CollectorRegistry, client_names: Sequence[str]) -> None:
+        self.registry = registry
         self.requests = Counter("hf_defer_client_requests", "Requests let through, by client key id.", ["client"],
                                 registry=registry)
         self.rejected = Counter("hf_defer_rejected", "Requests refused before the app, by reason and client key id.",
