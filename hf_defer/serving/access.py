@@ -10,7 +10,8 @@ before a request reaches the app ([`AccessGuard`], an ASGI middleware both apps 
 - **Rate.** A token bucket per key (`max_requests_per_minute` = N: a burst of at most N requests, refilled at N a
   minute); a request over it is 429 with `Retry-After` (seconds).
 - **Size.** A request body over `max_request_bytes` is 413: refused from its `Content-Length` before any byte is
-  read, or once the bytes received (a chunked body) pass the limit; the app then gets the body read so far.
+  read, or once the bytes received (a chunked body) pass the limit. A refused request's connection is closed after the
+  answer, so that no more of its body is read.
 
 Each client is known by an id that never is its key: the name given as `NAME:KEY`, else `key-` and the first 8 hex
 digits of the key's SHA-256; `/metrics` counts by that id ([`~hf_defer.serving.metrics.ClientMetrics`]).
@@ -309,6 +310,7 @@ class AccessGuard:
                       response: Any) -> None:
         if self.metrics is not None:
             self.metrics.rejected.labels(reason=reason, client=client).inc()
+        response.headers["connection"] = "close"  # the server reads no more of a body it refused
         await response(scope, receive, send)
 
 

@@ -131,3 +131,43 @@ def test_a_review_project_without_the_models_classes_is_refused(model_folder):
     pipe = pipeline("deferral", model=str(model_folder))
     with pytest.raises(ValueError, match=r"does not offer the model's classes \['abusive'\]"):
         build_decision_app(pipe, review_project=FakeProject(["ok", "spam"]))
+
+
+def test_serve_model_behind_keys_with_long_inputs_and_bad_bodies(model_folder, monkeypatch):
+    """`hf-defer serve --model` with client keys: the keys open /v1/decide, /v1/decisions and /metrics (not
+    /health); a text longer than the encoder's 32 positions is truncated to them (as predict does), not refused; a
+    body of the wrong shape is 400 in OpenAI's shape; nothing refused becomes a decision."""
+    from fastapi.testclient import TestClient
+
+    from hf_defer.commands.serve import build_app
+
+    key = "sk-reviews-0123456789abcdef"
+    monkeypatch.setenv("HF_DEFER_TEST_KEYS", f"frontend:{key}")
+    app, _ = build_app(["--model", str(model_folder), "--auth_keys_env", "HF_DEFER_TEST_KEYS",
+                        "--max_request_bytes", "2000", "--max_requests_per_minute", "600"])
+    bearer = {"Authorization": f"Bearer {key}"}
+    long_text = " ".join(TEXTS) * 4
+    with TestClient(app) as http:
+        refused = [http.post("/v1/decide", json={"input": TEXTS[0], "id": "a"}),
+                   http.post("/v1/decide", json={"input": TEXTS[0], "id": "a"}, headers={"Authorization": "Bearer "
+                                                                                          + "k" * len(key)}),
+                   http.post(f"/v1/decide?api_key={key}", json={"input": TEXTS[0], "id": "a"}),
+                   http.get("/v1/decisions/a"), http.get("/metrics")]
+        health = http.get("/health")
+        long = http.post("/v1/decide", json={"input": long_text, "id": "long"}, headers=bearer)
+        bad = [http.post("/v1/decide", json=body, headers=bearer) for body in (
+            {"input": ["a", "list"]}, {"input": {"text": "x"}}, {"input": "kind", "id": ["x"]}, [1, 2],
+            {"input": "kind", "available_experts": 7})]
+        huge = http.post("/v1/decide", json={"input": "kind " * 1000}, headers=bearer)
+        nested = http.post("/v1/decide", content=b"[" * 1900, headers=bearer)
+        metrics = http.get("/metrics", params={"format": "json"}, headers=bearer).json()
+        missing = http.get("/v1/decisions/a", headers=bearer)
+    assert [r.status_code for r in refused] == [401] * 5 and health.json() == {"status": "ok"}
+    assert all(r.json()["error"]["code"] == "invalid_api_key" for r in refused)
+    assert long.status_code == 200 and long.json()["status"] in ("answered", "deferred")
+    assert [r.status_code for r in bad] == [400] * 5, [r.text for r in bad]
+    assert all(set(r.json()["error"]) == {"message", "type", "param", "code"} for r in bad)
+    assert huge.status_code == 413 and nested.status_code == 400 and "nested too deeply" in nested.text
+    assert missing.status_code == 404  # the refused posts made no decision
+    assert sum(metrics["decisions"].values()) == 1 and metrics["client_requests"] == {"frontend": 8.0}
+    assert metrics["rejected"] == {"too_large": {"frontend": 1.0}, "unauthorized": {"-": 5.0}}

@@ -108,3 +108,72 @@ def test_hf_defer_serve_runs_and_answers_the_openai_client(router_folder):
             process.wait(timeout=30)
     assert completion.choices[0].message.content == answer_text(completion.hf_defer["model"], PROMPTS[0])
     assert len(behaviours[completion.hf_defer["model"]].received) == 1
+
+
+KEY = "sk-serve-test-0123456789abcdef"
+
+
+@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("127.3.2.1", True), ("::1", True),
+                                            ("[::1]", True), ("localhost", True), ("0.0.0.0", False),
+                                            ("::", False), ("", False), ("10.0.0.7", False),
+                                            ("no-such-host.invalid", False)])
+def test_loopback_addresses_are_told_apart(host, loopback):
+    from hf_defer.commands.serve import is_loopback
+
+    assert is_loopback(host) is loopback
+
+
+def test_an_open_server_beyond_loopback_is_refused_unless_asked_for(router_folder, monkeypatch, capsys):
+    monkeypatch.setenv("HF_DEFER_TEST_KEYS", f"ci:{KEY}")
+    for app_flags in (["--router", str(router_folder), *URLS], ["--model", str(router_folder)]):
+        assert hf_defer_main(["serve", *app_flags, "--host", "0.0.0.0"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--host 0.0.0.0 serves beyond this machine" in err
+        assert "--auth_keys_env VAR" in err and "--allow_unauthenticated" in err
+    app, _ = build_app(["--router", str(router_folder), *URLS, "--host", "0.0.0.0", "--allow_unauthenticated"])
+    warning = capsys.readouterr().err
+    assert "warning: serving 0.0.0.0:8000 without client keys" in warning
+    assert "call the upstream models with their API keys" in warning and "read /metrics" in warning
+    assert not app.state.access.authenticated
+    app, _ = build_app(["--router", str(router_folder), *URLS, "--host", "0.0.0.0", "--auth_keys_env",
+                        "HF_DEFER_TEST_KEYS", "--max_requests_per_minute", "90", "--max_request_bytes", "5000"])
+    policy = app.state.access
+    assert [key.name for key in policy.client_keys] == ["ci"] and capsys.readouterr().err == ""
+    assert (policy.max_requests_per_minute, policy.max_request_bytes) == (90, 5000)
+    assert KEY not in repr(policy)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--auth_keys_env", "HF_DEFER_NO_SUCH_VARIABLE"], "--auth_keys_env HF_DEFER_NO_SUCH_VARIABLE: that environment "
+                                                       "variable is not set"),
+    (["--auth_keys_env", KEY + ",x"], "takes the NAME of an environment variable"),
+    (["--auth_keys_env", "HF_DEFER_TEST_SHORT"], "key 1 has 5 characters"),
+    (["--metrics_key_env", "HF_DEFER_NO_SUCH_VARIABLE"], "--metrics_key_env HF_DEFER_NO_SUCH_VARIABLE"),
+    (["--port", "70000"], "argument --port: expected a port number from 1 to 65535, got '70000'"),
+    (["--port", "http"], "argument --port: expected a port number from 1 to 65535, got 'http'"),
+    (["--max_length", "0"], "argument --max_length: expected a positive integer, got '0'"),
+    (["--max_requests_per_minute", "-1"], "argument --max_requests_per_minute: expected a positive number"),
+    (["--max_request_bytes", "1e9"], "argument --max_request_bytes: expected a positive integer"),
+])
+def test_access_and_port_mistakes_are_one_line(router_folder, monkeypatch, capsys, flags, words):
+    monkeypatch.setenv("HF_DEFER_TEST_SHORT", "short")
+    assert hf_defer_main(["serve", "--router", str(router_folder), *URLS, *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
+    assert "short" not in err.replace("HF_DEFER_TEST_SHORT", "") and KEY not in err.replace(KEY + ",x", "")
+
+
+def test_max_length_is_capped_at_the_encoders_positions(router_folder, capsys):
+    """The tiny router's encoder has 32 positions and its tokenizer no limit of its own: as `predict`, serve truncates
+    to 32 tokens by default and when asked for more (a long prompt is routed, not refused)."""
+    app, _ = build_app(["--router", str(router_folder), *URLS])
+    assert app.state.router.max_length == 32 and capsys.readouterr().err == ""
+    long_prompt = " ".join(PROMPTS) * 3
+    assert len(long_prompt.split()) > 100
+    assert app.state.router.decide([long_prompt])[0]["expert"] in ("weak", "strong")  # routed, not an error
+    app, _ = build_app(["--router", str(router_folder), *URLS, "--max_length", "512"])
+    assert app.state.router.max_length == 32
+    assert "--max_length 512 is more than the model takes; inputs are truncated to its 32 tokens" in \
+        capsys.readouterr().err
+    app, _ = build_app(["--router", str(router_folder), *URLS, "--max_length", "8"])
+    assert app.state.router.max_length == 8
