@@ -6,6 +6,7 @@ OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, which the `op
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -80,13 +81,22 @@ def install_error_handlers(app: FastAPI) -> None:
                             "details.", "server_error")
 
 
+class _NotJSON(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJSON(f"{name} is not a JSON number")
+
+
 async def read_json_object(request: Request, example: str) -> dict[str, Any]:
     """The request's body as a JSON object, or a [`RequestError`] that says what came instead (not JSON, not UTF-8,
-    nested too deeply to parse, not an object)."""
+    `NaN` or `Infinity`, which JSON has not and no upstream reads, nested too deeply to parse, not an object)."""
     try:
-        body = await request.json()
+        body = json.loads(await request.body(), parse_constant=_no_constant)
     except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
-        reason = "is nested too deeply" if isinstance(error, RecursionError) else "is not valid JSON"
+        reason = "is nested too deeply" if isinstance(error, RecursionError) else "is not valid JSON" + (
+            f" ({error})" if isinstance(error, _NotJSON) else "")
         raise RequestError(f"the request body {reason}: expected a JSON object such as {example}.") from None
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object such as {example}, got {type(body).__name__}.")

@@ -148,6 +148,10 @@ def parse_upstreams(expert_names: Sequence[str], models: Mapping[str, str], mode
     return upstreams
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _describe(response_text: str, limit: int = 300) -> str:
     """The upstream's own error message when it sent OpenAI's error shape, else the start of its body."""
     try:
@@ -181,7 +185,7 @@ async def complete(client: httpx.AsyncClient, upstream: Upstream, body: Mapping[
     if response.status_code >= 400:
         raise _status_error(upstream, response.status_code, response.text)
     try:
-        answer = response.json()
+        answer = json.loads(response.content, parse_constant=_no_constant)  # NaN would make the answer unsendable
     except ValueError:
         raise UpstreamError(upstream.name, 502, f"upstream model {upstream.name!r} answered HTTP "
                             f"{response.status_code} with a body that is not JSON: "

@@ -204,6 +204,8 @@ def test_the_openai_client_sending_a_wrong_model_type_gets_a_bad_request(served,
     (b"[" * 15_000, "nested too deeply"),
     (b'{"messages": "\xff\xfe"}', "is not valid JSON"),
     (b"not json", "is not valid JSON"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}', "Infinity is not a JSON number"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "model": NaN}', "NaN is not a JSON number"),
     (b"[1, 2]", "must be a JSON object"),
     (b"x" * 20_001, "larger than the server's limit of 20000 bytes"),
 ])
@@ -234,7 +236,7 @@ def test_a_huge_streamed_body_is_cut_off(served, behaviours):
     assert httpx.get(url + "/health").status_code == 200
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
                     max_leaves=8)
 MESSAGE = st.fixed_dictionaries({}, optional={"role": st.sampled_from(["user", "system"]) | JSON,
