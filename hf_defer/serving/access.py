@@ -83,7 +83,8 @@ def parse_client_keys(value: str | None, source: str) -> tuple[ClientKey, ...]:
 
     ```python
     >>> from hf_defer.serving.access import parse_client_keys
-    >>> [key.name for key in parse_client_keys("team-a:sk-0123456789abcdef, sk-fedcba9876543210", "--auth_keys_env KEYS")]
+    >>> keys = parse_client_keys("team-a:sk-0123456789abcdef, sk-fedcba9876543210", "--auth_keys_env KEYS")
+    >>> [key.name for key in keys]
     ['team-a', 'key-284673d4']
 
     ```

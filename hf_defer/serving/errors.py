@@ -33,8 +33,9 @@ def openai_error(status: int, message: str, kind: str | None = None, param: str 
     ```python
     >>> from hf_defer.serving.errors import openai_error
     >>> response = openai_error(400, "messages must be a list.", param="messages")
-    >>> response.status_code, response.body.decode()
-    (400, '{"error":{"message":"messages must be a list.","type":"invalid_request_error","param":"messages","code":400}}')
+    >>> import json
+    >>> response.status_code, json.loads(response.body)["error"]["type"], json.loads(response.body)["error"]["param"]
+    (400, 'invalid_request_error', 'messages')
 
     ```
     """

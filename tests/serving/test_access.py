@@ -141,7 +141,8 @@ def test_keys_open_every_path_but_the_health_check():
     app, metrics, sizes = echo_app(AccessPolicy(keys))
     bearer = {"Authorization": f"Bearer {KEY_A}"}
     responses = call(app, ("POST", "/v1/echo", {"content": b"{}"}),
-                     ("POST", "/v1/echo", {"content": b"{}", "headers": {"Authorization": "Bearer " + "x" * len(KEY_A)}}),
+                     ("POST", "/v1/echo", {"content": b"{}",
+                                           "headers": {"Authorization": "Bearer " + "x" * len(KEY_A)}}),
                      ("POST", f"/v1/echo?api_key={KEY_A}", {"content": b"{}"}),
                      ("POST", "/v1/echo", {"content": b"{}", "headers": {"x-api-key": KEY_A, "api-key": KEY_A}}),
                      ("POST", "/v1/echo", {"content": b"{}", "headers": {"Authorization": f"Basic {KEY_A}"}}),
@@ -152,7 +153,8 @@ def test_keys_open_every_path_but_the_health_check():
                      ("GET", "/no/such/path", {"headers": bearer}))
     for response in responses[:7]:
         assert_openai_error(response, 401, "API key")
-        assert response.headers["www-authenticate"] == "Bearer" and response.json()["error"]["code"] == "invalid_api_key"
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert response.json()["error"]["code"] == "invalid_api_key"
     assert "no API key" in responses[0].json()["error"]["message"]
     assert responses[7].json() == {"status": "ok"}
     assert [r.json() for r in responses[8:10]] == [{"client": "team-a", "size": 2}] * 2

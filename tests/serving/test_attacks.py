@@ -34,7 +34,8 @@ PRICES = {"strong": 30.0, "weak": 1.0}
 @pytest.fixture(scope="module")
 def expected(router_folder) -> dict[str, str]:
     threshold = EncoderForDeferral.from_pretrained(router_folder).config.defer_threshold
-    return {p: "strong" if m > threshold else "weak" for p, m in zip(PROMPTS, margins_by_forward(router_folder, PROMPTS))}
+    margins = margins_by_forward(router_folder, PROMPTS)
+    return {p: "strong" if m > threshold else "weak" for p, m in zip(PROMPTS, margins)}
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +237,8 @@ def test_a_huge_streamed_body_is_cut_off(served, behaviours):
     assert httpx.get(url + "/health").status_code == 200
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5),
+SCALAR = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5)
+JSON = st.recursive(SCALAR,
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
                     max_leaves=8)
 MESSAGE = st.fixed_dictionaries({}, optional={"role": st.sampled_from(["user", "system"]) | JSON,
