@@ -1,13 +1,13 @@
 """The FastAPI app of `hf-defer serve --model`: a deferral model with people as experts, as a decision endpoint.
 
-- `POST /v1/decide` with `{"input": TEXT (or a feature vector for a head-only model), "id": ..., "available_experts":
-  [...]}` (`id` and `available_experts` optional): the model's answer (`status` `"answered"`, `answer` its class), or
-  `status` `"deferred"` with the `expert` chosen and the model's `suggestion`. With a review project, a deferred input
-  becomes a Label Studio task there (keyed by the decision's id: posting the same id again creates nothing) and its
-  `status` is `"pending_review"`.
+- `POST /v1/decide` with `{"input": TEXT, "id": ..., "available_experts": [...]}` (`id` and `available_experts`
+  optional; a feature vector for a head-only model, a base64 data URL `data:image/png;base64,...` for an image
+  model, never a path or URL for the server to read): the model's answer (`status` `"answered"`, `answer` its
+  class), or `status` `"deferred"` with the `expert` chosen and the model's `suggestion`. With a review project, a
+  deferred input becomes a Label Studio task there (keyed by the decision's id: posting the same id again creates
+  nothing) and its `status` is `"pending_review"`.
 - `GET /v1/decisions/{id}`: the decision; once a reviewer has answered the task, `status` `"reviewed"` with their
   `answer` and `reviewer` (the latest answer when several reviewers answered).
-
 - `GET /metrics`: the counters of [`DecisionMetrics`] (decisions by status, requests and refusals by client),
   Prometheus text (`?format=json` for JSON).
 - `GET /health`: `{"status": "ok"}`, the one path open without a client key.
@@ -31,7 +31,7 @@ from ..review.pulling import pull
 from ..review.pushing import push
 from ..review.tasks import task_key
 from .access import HEALTH_PATH, AccessGuard, AccessPolicy
-from .errors import install_error_handlers, openai_error, read_json_object
+from .errors import RequestError, install_error_handlers, openai_error, read_json_object
 from .metrics import DecisionMetrics, metrics_response
 
 __all__ = ["build_decision_app"]
@@ -81,7 +81,7 @@ def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None
         kwargs = dict(options)
         if available is not None:
             kwargs["available_experts"] = available
-        return pipe(model_input, **kwargs)
+        return pipe(_readable(pipe.input_kind, model_input), **kwargs)
 
     def send_for_review(key_id: str, text: str, output: dict[str, Any]) -> int | None:
         report = push(review_project, [text], [output], expert_names=list(config.expert_names),
@@ -119,8 +119,7 @@ def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None
             return _error(400, "the request body must be a JSON object with an \"input\" (the text to decide on).",
                           "input")
         model_input, given_id = body["input"], body.get("id")
-        if pipe.input_kind == "text" and (not isinstance(model_input, str) or not model_input.strip()):
-            return _error(400, f"input must be a non-empty text for this model, got {model_input!r:.60}.", "input")
+        _check_input(pipe.input_kind, model_input)
         if given_id is not None and (not isinstance(given_id, (str, int)) or isinstance(given_id, bool)
                                      or not str(given_id).strip()):
             return _error(400, f"id must be a non-empty string or an integer, got {given_id!r:.60}.", "id")
@@ -171,6 +170,39 @@ def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None
         return JSONResponse(_public(record))
 
     return app
+
+
+def _check_input(kind: str, value: Any) -> None:
+    """A [`RequestError`] unless `value` is one input of the model's kind: a non-empty text; a list of numbers (a
+    feature vector); an image as a base64 data URL (`data:image/png;base64,...`), never a path or a URL, which the
+    server would read or fetch for the client."""
+    if kind == "text" and (not isinstance(value, str) or not value.strip()):
+        raise RequestError(f"input must be a non-empty text for this model, got {value!r:.60}.", "input")
+    if kind == "features" and (not isinstance(value, list) or not value or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+        raise RequestError(f"input must be a feature vector (a list of numbers) for this model, got {value!r:.60}.",
+                           "input")
+    if kind == "image" and (not isinstance(value, str) or not value.startswith("data:image/")
+                            or ";base64," not in value[:100]):
+        raise RequestError("input must be an image as a base64 data URL (data:image/png;base64,...) for this model; "
+                           "the server reads no path or URL for a client.", "input")
+
+
+def _readable(kind: str, value: Any) -> Any:
+    """The input as the pipeline reads it: an image data URL decoded here (a bad one is a `ValueError`)."""
+    if kind != "image":
+        return value
+    import base64
+    import binascii
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(base64.b64decode(value.split(";base64,", 1)[1], validate=True)))
+        return image.convert("RGB")
+    except (binascii.Error, UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"input is not a readable base64 image ({type(error).__name__}).") from None
 
 
 def _public(record: dict[str, Any]) -> dict[str, Any]:
