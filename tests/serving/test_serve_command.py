@@ -81,31 +81,40 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_hf_defer_serve_runs_and_answers_the_openai_client(router_folder):
+    """The command itself, with a client key from the environment: the openai client with the key is answered,
+    without it refused, and /health answers without a key (what a load balancer probes)."""
+    key = "sk-subprocess-0123456789abcdef"
     behaviours = {name: UpstreamBehaviour(name) for name in ("weak", "strong")}
     port = _free_port()
     with serve_in_thread(fake_upstream_app(behaviours["weak"])) as weak, \
             serve_in_thread(fake_upstream_app(behaviours["strong"])) as strong:
         process = subprocess.Popen(
             [sys.executable, "-m", "hf_defer", "serve", "--router", str(router_folder), "--model", f"weak={weak}/v1",
-             "--model", f"strong={strong}/v1", "--port", str(port)], env={**os.environ, "HF_HUB_OFFLINE": "1"},
+             "--model", f"strong={strong}/v1", "--port", str(port), "--auth_keys_env", "HF_DEFER_TEST_KEYS"],
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DEFER_TEST_KEYS": f"ci:{key}"},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.monotonic() + 600  # imports take minutes on a loaded machine
             while True:
                 try:
-                    httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).raise_for_status()
+                    httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).raise_for_status()
                     break
                 except httpx.HTTPError:
                     if process.poll() is not None or time.monotonic() > deadline:
                         process.kill()  # communicate() would wait for a server that never exits
                         raise AssertionError(f"hf-defer serve did not start: {process.communicate()[0][-2000:]}")
                     time.sleep(0.5)
-            chat = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+            chat = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=120)
             completion = chat.chat.completions.create(model="hf-defer-router",
                                                       messages=[{"role": "user", "content": PROMPTS[0]}])
+            stranger = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-" + "0" * 27, max_retries=0)
+            with pytest.raises(openai.AuthenticationError):
+                stranger.chat.completions.create(model="strong", messages=[{"role": "user", "content": PROMPTS[0]}])
         finally:
             process.terminate()
             process.wait(timeout=30)
+    log = process.stdout.read()
+    assert key not in log and "warning" not in log and "401" in log  # uvicorn's access log, with no key in it
     assert completion.choices[0].message.content == answer_text(completion.hf_defer["model"], PROMPTS[0])
     assert len(behaviours[completion.hf_defer["model"]].received) == 1
 
