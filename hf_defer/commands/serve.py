@@ -177,8 +177,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
                        help="The router's margin (default: the calibrated one saved with the router).")
     group.add_argument("--max_strong_rate", type=float, default=None,
                        help="At most this share of routed requests goes to a model other than the router's default "
-                            "one (a hard cap, in arrival order); with --calibration_file also the budget the "
-                            "threshold is calibrated to at start-up.")
+                            "one (a hard cap, in arrival order; a capped answer says so: hf_defer.capped and the "
+                            "header x-hf-defer-capped); with --calibration_file also the budget the threshold is "
+                            "calibrated to at start-up.")
     group.add_argument("--calibration_file", default=None,
                        help="Held-out prompts (txt: one per line; csv/json/jsonl/parquet: --text_column_name) to "
                             "calibrate the threshold to --max_strong_rate at start-up.")
