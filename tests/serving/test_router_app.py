@@ -120,7 +120,8 @@ def test_a_pinned_model_is_not_routed_and_an_unknown_model_is_refused(pipe, upst
 
 
 @pytest.mark.parametrize("mode, status, words", [("error", 502, "answered HTTP 500: strong is overloaded"),
-                                                 ("slow", 504, "did not answer in time")])
+                                                 ("slow", 504, "did not answer in time"),
+                                                 ("nan", 502, "a body that is not JSON")])
 def test_an_upstream_failure_is_a_clear_error_without_fallback(pipe, upstreams, behaviours, expected, mode, status,
                                                                words):
     prompt = next(p for p in PROMPTS if expected[p] == "strong")
