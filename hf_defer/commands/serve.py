@@ -191,6 +191,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
                        help="On an upstream error or timeout, try the next model of the router's ranking instead of "
                             "answering 502/504.")
     group.add_argument("--timeout", type=float, default=60.0, help="Seconds an upstream may take (default 60).")
+    group.add_argument("--routed_only", action="store_true",
+                       help="Route every request: a request naming one of the models (skipping the router and "
+                            "--max_strong_rate) is 404, and /v1/models lists the router only.")
     group.add_argument("--router_name", default="hf-defer-router",
                        help="The `model` clients name to be routed (default hf-defer-router).")
     group.add_argument("--max_batch_size", type=int, default=32, help="Prompts routed per forward pass.")
@@ -254,7 +257,7 @@ def _router_app(options: argparse.Namespace, policy: Any) -> Any:
         raise ValueError(f"--timeout must be a positive number of seconds, got {options.timeout}.")
     _warn_if_open(options, policy, "call the upstream models with their API keys (at your cost)")
     return build_router_app(router, upstreams, fallback=options.fallback, timeout=options.timeout,
-                            router_name=options.router_name, access=policy)
+                            router_name=options.router_name, access=policy, pinning=not options.routed_only)
 
 
 def _decision_app(options: argparse.Namespace, policy: Any) -> Any:
@@ -266,7 +269,8 @@ def _decision_app(options: argparse.Namespace, policy: Any) -> Any:
                          f"upstreams go with --router. Got {options.model}.")
     routing_only = [flag for flag in ("encoder", "upstream_model", "price", "api_key_env", "defer_threshold",
                                       "max_strong_rate", "calibration_file", "confidence")
-                    if getattr(options, flag) is not None] + (["fallback"] if options.fallback else [])
+                    if getattr(options, flag) is not None] + [flag for flag in ("fallback", "routed_only")
+                                                              if getattr(options, flag)]
     if routing_only:
         raise ValueError(f"--{routing_only[0]} is for a routing endpoint (--router FOLDER).")
     pipe = load_pipeline(options.model[0])

@@ -2,10 +2,11 @@
 model the router picks.
 
 - `POST /v1/chat/completions`: the request's `model` is the router's name (`hf-defer-router` by default; routed on
-  the last user message) or one of the upstream models' names (sent there, not routed). The answer is the upstream's,
-  with the field `hf_defer` (`model`: who answered, `routed_to`: the router's pick before the strong-call cap,
-  `capped`: whether the cap (`max_strong_rate`) sent it elsewhere, `margin`, `fallback_from`) and the headers
-  `x-hf-defer-model`, `x-hf-defer-routed-to`, `x-hf-defer-capped` (`true` / `false`), `x-hf-defer-routing-ms`.
+  the last user message) or one of the upstream models' names (sent there, not routed; not with `pinning=False`).
+  The answer is the upstream's, with the field `hf_defer` (`model`: who answered, `routed_to`: the router's pick
+  before the strong-call cap, `capped`: whether the cap (`max_strong_rate`) sent it elsewhere, `margin`,
+  `fallback_from`) and the headers `x-hf-defer-model`, `x-hf-defer-routed-to`, `x-hf-defer-capped` (`true` /
+  `false`), `x-hf-defer-routing-ms`.
   `"stream": true` streams the upstream's server-sent events through unchanged (the headers say who answers).
 - `GET /v1/models`: the router and the upstream models.
 - `GET /metrics`: the counters of [`RouterMetrics`], Prometheus text (`?format=json` for JSON).
@@ -128,7 +129,8 @@ def check_chat_request(body: Mapping[str, Any]) -> None:
 
 def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *, fallback: bool = False,
                      timeout: float = 60.0, router_name: str = DEFAULT_ROUTER_NAME,
-                     max_connections: int = 1000, access: AccessPolicy | None = None) -> FastAPI:
+                     max_connections: int = 1000, access: AccessPolicy | None = None,
+                     pinning: bool = True) -> FastAPI:
     """The OpenAI-compatible routing app (see the module's docstring); run it with uvicorn.
 
     Args:
@@ -142,6 +144,8 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
         max_connections (`int`, *optional*, defaults to 1000): connections kept open to the upstreams.
         access ([`~hf_defer.serving.access.AccessPolicy`], *optional*): client keys, rate and size limits; defaults
             to no keys (keep such an app on a loopback address) and the default size limit.
+        pinning (`bool`, *optional*, defaults to `True`): a request may name an upstream model and go there unrouted;
+            with `False` every request is routed (and counted by the strong-call cap), and naming a model is 404.
 
     Example:
 
@@ -184,7 +188,7 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        names = [router_name, *upstreams]
+        names = [router_name, *upstreams] if pinning else [router_name]
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "hf_defer"}
                                            for name in names]}
 
@@ -199,9 +203,10 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
         body = await read_json_object(request, '{"model": ..., "messages": [...]}')
         check_chat_request(body)
         requested = body.get("model") or router_name
-        if requested != router_name and requested not in upstreams:
-            return openai_error(404, f"model {requested!r:.80} is not served here: name {router_name!r} to be "
-                                f"routed, or one of {list(upstreams)}.", param="model")
+        if requested != router_name and (requested not in upstreams or not pinning):
+            served = f"name {router_name!r} to be routed" + (f", or one of {list(upstreams)}" if pinning else
+                                                             " (this server routes every request)")
+            return openai_error(404, f"model {requested!r:.80} is not served here: {served}.", param="model")
         try:
             prompt = last_user_message(body.get("messages"))
         except ValueError as error:

@@ -320,3 +320,27 @@ def test_a_burst_over_the_rate_is_429_for_that_key_only(router_folder, fakes):
     assert caught.value.status_code == 429 and 29 <= int(caught.value.response.headers["retry-after"]) <= 30
     assert served_b.choices[0].message.content.endswith(PROMPTS[2])
     assert metrics.json()["rejected"] == {"rate_limited": {"team-a": 1.0}}
+
+
+def test_routed_only_leaves_key_holders_no_way_around_the_router(router_folder, fakes, expected):
+    """With `pinning=False` (`--routed_only`) even a key holder cannot name the strong model: 404, nothing sent there,
+    and the cap counts every request."""
+    behaviours, urls = fakes
+    for behaviour in behaviours.values():
+        behaviour.mode = "ok"
+        behaviour.received.clear()
+    router = PromptRouter(load_router_pipeline(str(router_folder)), max_strong_rate=0.0)
+    upstreams = parse_upstreams(router.expert_names, urls)
+    policy = AccessPolicy(parse_client_keys(KEY_A, "K"))
+    with serve_in_thread(build_router_app(router, upstreams, access=policy, pinning=False)) as url:
+        chat = client(url, KEY_A)
+        prompt = next(p for p in PROMPTS if expected[p] == "strong")
+        for model in ("strong", "weak"):
+            with pytest.raises(openai.NotFoundError, match="this server routes every request"):
+                ask(chat, prompt, model=model)
+        answer = ask(chat, prompt)
+        models = [m.id for m in chat.models.list().data]
+    assert behaviours["strong"].received == [] and len(behaviours["weak"].received) == 1
+    assert answer.hf_defer == {"model": "weak", "routed_to": "strong", "capped": True, "margin": answer.hf_defer[
+        "margin"], "fallback_from": []}
+    assert models == ["hf-defer-router"]

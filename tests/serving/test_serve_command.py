@@ -13,6 +13,7 @@ import time
 import httpx
 import openai
 import pytest
+from fastapi.testclient import TestClient
 
 from fake_upstream import UpstreamBehaviour, answer_text, fake_upstream_app, serve_in_thread
 from hf_defer.commands.cli import main as hf_defer_main
@@ -28,6 +29,8 @@ def test_the_router_app_gets_the_flags(router_folder):
     up = app.state.upstreams
     assert (up["strong"].model_id, up["strong"].price, up["weak"].price) == ("gpt-4o", 5.0, 0.2)
     assert app.state.router.max_strong_rate == 0.3 and options.port == 8123 and options.host == "127.0.0.1"
+    routed_only, _ = build_app(["--router", str(router_folder), *URLS, "--routed_only"])
+    assert [m["id"] for m in TestClient(routed_only).get("/v1/models").json()["data"]] == ["hf-defer-router"]
 
 
 @pytest.mark.parametrize("flags, words", [
@@ -52,6 +55,8 @@ def test_decision_flag_mistakes_are_named(router_folder, capsys):
         build_app(["--model", str(router_folder)])
     with pytest.raises(ValueError, match="--max_strong_rate is for a routing endpoint"):
         build_app(["--model", str(router_folder), "--max_strong_rate", "0.2"])
+    with pytest.raises(ValueError, match="--routed_only is for a routing endpoint"):
+        build_app(["--model", str(router_folder), "--routed_only"])
     assert hf_defer_main(["serve", "--model", str(router_folder), "--review_url", "http://127.0.0.1:9"]) == 2
     assert "--review_url and --review_project go together" in capsys.readouterr().err
 
