@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all test-slow test-explore demo reproduce cascade mmlu-routing convabuse guarantees clean
+.PHONY: install test test-all test-slow test-explore lint demo reproduce cascade mmlu-routing convabuse guarantees clean
+.PHONY: monitoring
 .PHONY: test-latest test-oldest review-server review-demo test-review docs docs-serve test-docs
 
 $(STAMP): pyproject.toml constraints.txt
@@ -22,6 +23,11 @@ test: install
 
 test-all: install
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+# The linter ([tool.ruff] in pyproject.toml: pyflakes and pycodestyle's errors, 120 columns) over the whole checkout.
+# It only checks: nothing is rewritten (`ruff format` is not run over the tree).
+lint: install
+	$(VENV)/bin/ruff check .
 
 # The slow tests alone (several processes, FSDP, end-to-end experiment runs): CI runs them after `make test`.
 test-slow: install
@@ -72,7 +78,8 @@ clean:
 	rm -rf $(VENV) $(LATEST_VENV) $(OLDEST_VENV) .pytest_cache .hypothesis
 
 # The main job: HateSpeech end to end (embeddings are cached under $HF_HOME/hf_defer, ~/.cache/huggingface/hf_defer by default); writes demo_model/.
-# A quick form: make demo DEMO_ARGS="--max-rows 3000" (writes demo_model_3000rows/; a fuller demo_model/ is never replaced)
+# A quick form: make demo DEMO_ARGS="--max-rows 3000" (writes demo_model/ too, or demo_model_3000rows/ next to a fuller
+# demo_model/, which is never replaced). Git ignores both.
 DEMO_ARGS ?=
 demo: install
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(PY) scripts/demo.py $(DEMO_ARGS)
@@ -113,6 +120,21 @@ convabuse: install
 GUARANTEES_ARGS ?=
 guarantees: install
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) scripts/guarantees.py $(GUARANTEES_ARGS)
+
+# Watching the promises on streams that shift at a known row (results/monitoring.md, .json, .png): hf_defer's monitor
+# against a repeated window test, and its label-free error estimate against NannyML's CBPE, run in its own venv
+# (NANNYML_VENV, created on first use: nannyml 0.13 pins what the training stack does not). ImageNet-16H needs its
+# folder (not shipped): MONITORING_ARGS="--imagenet16h PATH"; committed results are kept unless it holds --overwrite.
+NANNYML_VENV ?= .venv-nannyml
+MONITORING_ARGS ?=
+
+$(NANNYML_VENV)/bin/python:
+	$(PYTHON) -m venv $(NANNYML_VENV)
+	$(NANNYML_VENV)/bin/python -m pip install --quiet nannyml==0.13.1 statsmodels==0.15.0
+
+monitoring: install $(NANNYML_VENV)/bin/python
+	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) scripts/monitoring.py \
+		--nannyml-python $(NANNYML_VENV)/bin/python $(MONITORING_ARGS)
 
 # From deferral to reviewers and back (README): hf_defer.review with label-studio-sdk in .venv, the Label Studio server
 # in its own venv (LS_VENV, created on first use: its pins differ from the training stack). The admin's API token comes

@@ -197,8 +197,7 @@ def run_side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     import transformers
     from transformers import AutoTokenizer, TrainerCallback, TrainingArguments
 
-    if str(ROOT) not in sys.path:  # research/ is not installed: import it from this checkout
-        sys.path.insert(0, str(ROOT))
+    # research/ is not installed: benchmarks/research links to it (this script's folder is on sys.path)
     from hf_defer import DeferralTrainer
     from research.device_report import environment, resolve_device, write_json
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -66,8 +65,7 @@ def main() -> None:
         parser.error(f"--batch-sizes must be >= 1, got {args.batch_sizes}.")
     if args.output is not None and args.output.exists() and not args.overwrite:
         parser.error(f"{args.output} exists; pass --overwrite to replace it or choose another --output.")
-    if str(ROOT) not in sys.path:  # research/ is not installed: import it from this checkout
-        sys.path.insert(0, str(ROOT))
+    # research/ is not installed: benchmarks/research links to it (this script's folder is on sys.path)
     from research.device_report import environment, resolve_device, write_json
 
     torch.set_num_threads(args.threads)

@@ -195,9 +195,7 @@ def rates(args: argparse.Namespace) -> dict[str, Any]:
     """Rows/s of `predict_file` (twice, in this process), of `pipeline("deferral")` on a list (text model) and of
     `python -m hf_defer predict` in a fresh process, for the MiniLM text model and the head-only model; the JSON
     `args.output` is rewritten after each measurement. Returns what it wrote."""
-    root = Path(__file__).resolve().parents[1]
-    if str(root) not in sys.path:  # research/ is not installed: import it from this checkout
-        sys.path.insert(0, str(root))
+    # research/ is not installed: benchmarks/research links to it (this script's folder is on sys.path)
     from research.device_report import environment, resolve_device, write_json
 
     device = resolve_device(args.device)

@@ -7,99 +7,81 @@ guarantees), `data` (preparation and the shipped loaders), `experts` (simulated 
 says what lives there and what it may import, and its `__all__` lists its public names. The experiments are not part
 of the package (the repository's `research/`). This module re-exports what users call (the config, the models, the
 pipeline, the trainer, the collator, data preparation, the metrics, calibration, the hub, the cascade and the shipped
-loaders) and registers the model type, the auto classes and the pipeline task.
+loaders).
+
+Importing it is cheap: each name is imported from its module when first read (`hf_defer._lazy`), so
+`import hf_defer` loads neither torch nor transformers. The model type `"deferral"` and the pipeline tasks are
+registered with transformers by the modules that define them (`configuration_deferral`, `modeling_deferral`,
+`hub.auto`, `cascade.pipeline_cascade`) when those are imported; after `import hf_defer`, transformers' auto classes
+and `pipeline` import them when transformers' own registries are first imported ([`register_on_import`]).
 """
 
-from .modeling.configuration_deferral import DeferralConfig
-from .modeling.modeling_deferral import DeferralOutput, EncoderForDeferral, EncoderForRouting
-from .modeling.saving_deferral import DeferralSavingMixin
-from .hub.auto import AutoModelForDeferral
-from .training.trainer import DeferralTrainer
-from .data import DataCollatorForDeferral, load_convabuse, load_hatespeech, load_imagenet16h, load_routellm_mmlu
-from .data.preparation import PreparedDeferralData, prepare_deferral_dataset
-from .data.annotations import aggregate_labels, annotations_to_columns
-from .evaluation.metrics import DeferralMetrics, deferral_metrics
-from .evaluation.evaluate_metric import load_metric
-from .evaluation.thresholds import calibrate_deferral
-from .evaluation.guarantees import DeferralGuarantee
-from .cascade import DeferralCascade
-from .hub import push_to_hub, save_for_hub
-from .onnx import ORTModelForDeferral  # onnxruntime itself is imported only when an ONNX model is loaded
+from typing import TYPE_CHECKING
 
-def _register_auto_classes() -> None:
-    """Library mode: `AutoConfig`, `AutoModel` and `AutoModelForDeferral` load folders of model type "deferral".
-    Remote-code mode: with the classes registered for auto classes (here, once), `save_pretrained` copies the code
-    modules next to the weights and writes `auto_map`, so `AutoModel.from_pretrained(path, trust_remote_code=True)`
-    works without hf_defer."""
-    from transformers import AutoConfig, AutoModel
-
-    AutoConfig.register(DeferralConfig.model_type, DeferralConfig, exist_ok=True)
-    # One model class per config class: EncoderForDeferral, whose loaders build an EncoderForRouting for a route-only
-    # config (DeferralPreTrainedModel.class_for_config); AutoModelForDeferral asks that method first.
-    AutoModel.register(DeferralConfig, EncoderForDeferral, exist_ok=True)
-    AutoModelForDeferral.register(DeferralConfig, EncoderForDeferral, exist_ok=True)
-    DeferralConfig.register_for_auto_class()
-    EncoderForDeferral.register_for_auto_class("AutoModel")
-    EncoderForRouting.register_for_auto_class("AutoModel")  # a router's folder: auto_map names EncoderForRouting
-
-
-_register_auto_classes()
-
-from .modeling.pipeline_deferral import DeferralPipeline  # noqa: E402
-
-
-def _register_pipeline() -> None:
-    """Library mode: `pipeline("deferral", model=...)` builds a [`DeferralPipeline`] over `AutoModelForDeferral`, and
-    `pipeline("deferral-cascade", model=cascade_folder, experts=...)` a [`DeferralCascadePipeline`] (stage 1 at the
-    folder's root, stage 2 and cascade_config.json read by the pipeline)."""
-    from transformers.pipelines import PIPELINE_REGISTRY
-
-    from .cascade import CASCADE_TASK, DeferralCascadePipeline
-
-    for task, pipeline_class in (("deferral", DeferralPipeline), (CASCADE_TASK, DeferralCascadePipeline)):
-        if PIPELINE_REGISTRY.supported_tasks.get(task, {}).get("impl") is not pipeline_class:
-            PIPELINE_REGISTRY.register_pipeline(task, pipeline_class=pipeline_class, pt_model=AutoModelForDeferral)
-    from .experts.model_experts import answer_with_model_experts
-
-    DeferralPipeline.model_expert_runner = staticmethod(answer_with_model_experts)  # experts= (library mode)
-
-
-_register_pipeline()
-
-# `model.push_to_hub(...)` writes the deferral card through hf_defer.push_to_hub (library mode only: the saved folder's
-# code never imports hf_defer).
-DeferralSavingMixin.card_pusher = staticmethod(push_to_hub)
+from ._lazy import lazy_exports, register_on_import
 
 __version__ = "0.1.0"
 
-__all__ = [
+_EXPORTS = {
     # the model: config, model, pipeline
-    "AutoModelForDeferral",
-    "DeferralConfig",
-    "DeferralOutput",
-    "DeferralPipeline",
-    "EncoderForDeferral",
-    "EncoderForRouting",
-    "ORTModelForDeferral",
+    "AutoModelForDeferral": "hub.auto",
+    "DeferralConfig": "modeling.configuration_deferral",
+    "DeferralOutput": "modeling.modeling_deferral",
+    "DeferralPipeline": "modeling.pipeline_deferral",
+    "EncoderForDeferral": "modeling.modeling_deferral",
+    "EncoderForRouting": "modeling.modeling_deferral",
+    "ORTModelForDeferral": "onnx.modeling_ort",  # needs the onnx extra only when a model is loaded
     # training and data preparation
-    "DataCollatorForDeferral",
-    "DeferralTrainer",
-    "PreparedDeferralData",
-    "aggregate_labels",
-    "annotations_to_columns",
-    "prepare_deferral_dataset",
+    "DataCollatorForDeferral": "data.collator",
+    "DeferralTrainer": "training.trainer",
+    "PreparedDeferralData": "data.preparation",
+    "aggregate_labels": "data.annotations",
+    "annotations_to_columns": "data.annotations",
+    "prepare_deferral_dataset": "data.preparation",
     # metrics and calibration
-    "DeferralGuarantee",
-    "DeferralMetrics",
-    "calibrate_deferral",
-    "deferral_metrics",
-    "load_metric",
+    "DeferralGuarantee": "evaluation.guarantees",
+    "DeferralMetrics": "evaluation.metrics",
+    "calibrate_deferral": "evaluation.thresholds",
+    "deferral_metrics": "evaluation.metrics",
+    "load_metric": "evaluation.evaluate_metric",
+    "DeferralMonitor": "monitoring.monitor",
     # the hub, the cascade, the shipped loaders
-    "DeferralCascade",
-    "push_to_hub",
-    "save_for_hub",
-    "load_convabuse",
-    "load_hatespeech",
-    "load_imagenet16h",
-    "load_routellm_mmlu",
-]
+    "DeferralCascade": "cascade.modeling_cascade",
+    "push_to_hub": "hub.sharing",
+    "save_for_hub": "hub.sharing",
+    "load_convabuse": "data.convabuse",
+    "load_hatespeech": "data.hatespeech",
+    "load_imagenet16h": "data.imagenet16h",
+    "load_routellm_mmlu": "data.routellm_mmlu",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+# transformers' registry module -> the hf_defer modules that register themselves in it when imported
+register_on_import({
+    "transformers.models.auto.configuration_auto": ("hf_defer.modeling.configuration_deferral",),
+    "transformers.models.auto.modeling_auto": ("hf_defer.modeling.modeling_deferral",),
+    "transformers.pipelines": ("hf_defer.hub.auto", "hf_defer.cascade.pipeline_cascade"),
+})
+
+if TYPE_CHECKING:
+    from .cascade.modeling_cascade import DeferralCascade
+    from .data.annotations import aggregate_labels, annotations_to_columns
+    from .data.collator import DataCollatorForDeferral
+    from .data.convabuse import load_convabuse
+    from .data.hatespeech import load_hatespeech
+    from .data.imagenet16h import load_imagenet16h
+    from .data.preparation import PreparedDeferralData, prepare_deferral_dataset
+    from .data.routellm_mmlu import load_routellm_mmlu
+    from .evaluation.evaluate_metric import load_metric
+    from .evaluation.guarantees import DeferralGuarantee
+    from .evaluation.metrics import DeferralMetrics, deferral_metrics
+    from .evaluation.thresholds import calibrate_deferral
+    from .monitoring.monitor import DeferralMonitor
+    from .hub.auto import AutoModelForDeferral
+    from .hub.sharing import push_to_hub, save_for_hub
+    from .modeling.configuration_deferral import DeferralConfig
+    from .modeling.modeling_deferral import DeferralOutput, EncoderForDeferral, EncoderForRouting
+    from .modeling.pipeline_deferral import DeferralPipeline
+    from .onnx.modeling_ort import ORTModelForDeferral
+    from .training.trainer import DeferralTrainer

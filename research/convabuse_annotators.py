@@ -286,6 +286,13 @@ def train_head(features: np.ndarray, labels: np.ndarray, targets: np.ndarray, su
     return logits.float().numpy(), seconds, len(rows)
 
 
+def _assigned(scored: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Who may be deferred to on each item: the annotators assigned to it (those who answered it). This experiment
+    decides among the annotators of each item, so it passes that availability to `deferral_metrics` explicitly (which,
+    since issue 41, no longer infers it from the answers)."""
+    return np.asarray(scored).reshape(len(labels), -1) != IGNORE_INDEX
+
+
 def item_errors(logits: np.ndarray, labels: np.ndarray, targets: np.ndarray, surrogate: str) -> dict[str, np.ndarray]:
     """Per test item with a label: the system's error, whether it deferred, to whom, and the errors of the available
     experts (NaN where unavailable), under the decision of [`deferral_metrics`] (availability = a scored answer)."""
@@ -366,12 +373,14 @@ def run_convabuse(arguments: ConvAbuseArguments, output: Path) -> dict[str, Any]
                 labels, correct = data.targets[target]["test"]
                 _, scored = experts_of(method, correct, choice)
                 run["metrics"][target] = deferral_metrics(logits, labels, surrogate=surrogate, num_experts=len(names),
-                                                          expert_correct=scored, expert_names=names)
+                                                          expert_correct=scored, expert_names=names,
+                                                          available=_assigned(scored, labels))
             labels, correct = data.targets["leave_one_out"]["test"]
             _, scored = experts_of(method, correct, choice)
             run["metrics"]["leave_one_out"] |= {f"margin_{key}": value for key, value in deferral_metrics(
                 logits, labels, surrogate=surrogate, num_experts=len(names), expert_correct=scored,
-                expert_names=names, budget_ranking="margin").items() if key.startswith("budgeted_error")}
+                expert_names=names, budget_ranking="margin", available=_assigned(scored, labels)).items()
+                if key.startswith("budgeted_error")}
             decisions = item_errors(logits, labels, scored, surrogate)
             run["routing"] = routing(decisions)
             errors[method].append(decisions["error"])

@@ -35,7 +35,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hf_defer.modeling.surrogate_base import IGNORE_INDEX
 
 SIZES = (100, 300, 1000, 3000)
 """Calibration sizes n; a size is run only where the pool holds at least 2n inputs (the rest is then at least n)."""

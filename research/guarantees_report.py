@@ -260,12 +260,12 @@ def findings(record: dict[str, Any]) -> list[str]:
                    f"{over('selective_mapie')}.")
         both = [(p["name"], n, rules["selective_mapie"]["pool"], rules["selective_ltt"]["pool"])
                 for p in pools for n, rules in p["sizes"].items() if "selective_mapie" in rules]
-        both = [(name, n, m["deferral_rate"], l["deferral_rate"]) for name, n, m, l in both
-                if m["refused"] < 0.1 and l["refused"] < 0.1]
+        both = [(name, n, m["deferral_rate"], t["deferral_rate"]) for name, n, m, t in both
+                if m["refused"] < 0.1 and t["refused"] < 0.1]
         if both:
             out.append("  Where both certified in at least 90 % of the draws, the mean deferral rate of MAPIE against "
-                       "Learn-then-Test: " + "; ".join(f"{name} n={n}: {_pct(m)} against {_pct(l)}"
-                                                       for name, n, m, l in both) + ".")
+                       "Learn-then-Test: " + "; ".join(f"{name} n={n}: {_pct(m)} against {_pct(t)}"
+                                                       for name, n, m, t in both) + ".")
         gaps = []
         for p in pools:
             for n, rules in p["sizes"].items():

@@ -383,7 +383,7 @@ def _findings(record: dict[str, Any]) -> list[str]:
             findings.append(f"{ROUTERS[name]} against {ROUTERS[other]}: {label} difference "
                             f"{mean:+.3f} (paired 95 % interval [{low:.3f}, {high:.3f}]): "
                             + ("ahead, the interval excludes 0." if wins else "**not ahead**: the interval does not "
-                               f"exclude 0 on the side that would make it better (lower CPT, higher APGR is better)."))
+                               "exclude 0 on the side that would make it better (lower CPT, higher APGR is better)."))
     for name, result in fitted.items():
         free = [p for p in result.get("cost_sweep", []) if p["price"] == 0]
         if free:

@@ -14,9 +14,10 @@ The data is the copy of HateSpeech shipped inside hf_defer (MIT license; the twe
 The saved card states the licenses: the model under --license (default apache-2.0, the encoder's), the data MIT.
 
 Usage: python scripts/demo.py [--output-dir DIR] [--epochs 50] [--max-rows N] [--overwrite]
-The full run writes demo_model/, a quick one (--max-rows N) demo_model_<N>rows/ unless --output-dir says otherwise.
-A folder the demo wrote before is replaced by a run at least as full (as many tweets and epochs); a fuller model there,
-or any folder the demo did not write, needs --overwrite.
+Every run writes demo_model/ (the folder the Quick start's `pipeline("deferral", model="demo_model")` loads), unless
+--output-dir says otherwise or demo_model/ holds a fuller model: a quick run (--max-rows N) then writes
+demo_model_<N>rows/ and says so. A folder the demo wrote before is replaced by a run at least as full (as many tweets
+and epochs); a fuller model there, or any folder the demo did not write, needs --overwrite.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from transformers import AutoTokenizer, pipeline
 
 import hf_defer
 from hf_defer.data import HATESPEECH_CITATION, HATESPEECH_HUB_ID, load_hatespeech
+from hf_defer.commands.progress import progress_bars_disabled, quiet_progress_bars_unless_terminal
 from hf_defer.experts.embeddings import add_embeddings, resolve_sentence_encoder
 from research.table2_hatespeech import DEFAULT_ENCODER, Protocol, training_arguments
 from hf_defer.evaluation.metrics import metric_name_and_meaning
@@ -50,10 +52,15 @@ METRICS = ("system_error", "coverage", "classifier_error", "expert_ece", "budget
            "budgeted_error_30")
 
 
-def default_output_dir(max_rows: int | None) -> str:
-    """`demo_model` for the full run; a quick run gets a folder of its own, `demo_model_<N>rows`, so that it never
-    takes the place of the full model."""
-    return "demo_model" if max_rows is None else f"demo_model_{max_rows}rows"
+DEFAULT_OUTPUT_DIR = "demo_model"
+
+
+def default_output_dir(max_rows: int | None, epochs: float = DEFAULT_EPOCHS) -> str:
+    """`demo_model`, the folder the guides load, unless a quick run (`max_rows`) would find a fuller model there: the
+    quick run then gets a folder of its own, `demo_model_<N>rows`, and never takes the place of the fuller model."""
+    if max_rows is None or output_refusal(Path(DEFAULT_OUTPUT_DIR), max_rows, epochs, overwrite=False) is None:
+        return DEFAULT_OUTPUT_DIR
+    return f"{DEFAULT_OUTPUT_DIR}_{max_rows}rows"
 
 
 def output_refusal(output_dir: Path, max_rows: int | None, epochs: float, overwrite: bool) -> str | None:
@@ -73,10 +80,11 @@ def output_refusal(output_dir: Path, max_rows: int | None, epochs: float, overwr
     rows, ran = before.get("max_rows"), float(before.get("epochs", DEFAULT_EPOCHS))
     fewer_rows = (rows is None and max_rows is not None) or (None not in (rows, max_rows) and max_rows < rows)
     if fewer_rows or epochs < ran:
+        quick = "" if max_rows is None else f" (a quick run writes {DEFAULT_OUTPUT_DIR}_{max_rows}rows then)"
         return (f"{output_dir} holds a fuller demo model ({'all' if rows is None else rows} tweets, {ran:g} epochs) "
                 "than this run would train "
-                f"({'all' if max_rows is None else max_rows} tweets, {epochs:g} epochs); choose another --output-dir "
-                f"(a quick run writes {default_output_dir(max_rows)} by default), or pass --overwrite to replace it.")
+                f"({'all' if max_rows is None else max_rows} tweets, {epochs:g} epochs); choose another --output-dir"
+                f"{quick}, or pass --overwrite to replace it.")
     return None
 
 
@@ -88,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="use a random subset of this many tweets (a quick run; the splits keep their shares)")
     parser.add_argument("--encoder", default=DEFAULT_ENCODER)
     parser.add_argument("--output-dir", default=None,
-                        help="where to save the model (default: demo_model, or demo_model_<N>rows with --max-rows N)")
+                        help="where to save the model (default: demo_model, or demo_model_<N>rows with --max-rows N "
+                             "when demo_model holds a fuller model)")
     parser.add_argument("--epochs", type=float, default=DEFAULT_EPOCHS)
     parser.add_argument("--surrogate", default="asm", choices=hf_defer.modeling.SURROGATES)
     parser.add_argument("--seed", type=int, default=0)
@@ -96,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--license", default="apache-2.0", help="license of the saved model, for its card")
     options = parser.parse_args(argv)
 
-    output_dir = Path(options.output_dir or default_output_dir(options.max_rows))
+    quiet_progress_bars_unless_terminal()  # bars where a person watches, none in a log file (as hf-defer does)
+    output_dir = Path(options.output_dir or default_output_dir(options.max_rows, options.epochs))
     refusal = output_refusal(output_dir, options.max_rows, options.epochs, options.overwrite)
     if refusal:
         print(refusal, file=sys.stderr)
@@ -113,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     print({name: len(split) for name, split in splits.items()})
 
     print(f"2/4 Embedding tweets with {options.encoder} (cached after the first run)")
-    splits = add_embeddings(splits, options.encoder, text_column="text", column="features")
+    splits = add_embeddings(splits, options.encoder, text_column="text", column="features",
+                            show_progress_bar=not progress_bars_disabled())
     feature_size = len(splits["train"][0]["features"])
 
     display_name = surrogate_class(options.surrogate).display_name
@@ -129,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = tempfile.TemporaryDirectory(prefix="hf_defer_demo_")  # the Trainer's output_dir; nothing is kept
     args = training_arguments(  # the paper's protocol, as in scripts/reproduce_hatespeech.py
         scratch.name, options.seed, Protocol(epochs=options.epochs), logging_strategy="steps", logging_steps=500,
-        disable_tqdm=not sys.stdout.isatty())
+        disable_tqdm=not sys.stdout.isatty() or progress_bars_disabled())
     trainer = hf_defer.DeferralTrainer(
         model=model, args=args, train_dataset=splits["train"], eval_dataset=splits["validation"]
     )

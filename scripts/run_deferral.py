@@ -39,9 +39,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 if __name__ == "__main__":
     # As `hf-defer train`: mistakes (unknown flags, missing files, a folder of your own as --output_dir) are answered
-    # in one line with exit status 2, before torch is imported; a bare --debug shows the traceback instead.
-    import hf_defer_cli
+    # in one line with exit status 2 (before torch is imported once a first run saved the flags); a bare --debug shows
+    # the traceback instead.
+    from hf_defer.commands.cli import run_script
 
-    status = hf_defer_cli.command_module().run_script(sys.argv[1:], prog=os.path.basename(sys.argv[0]))
+    status = run_script(sys.argv[1:], prog=os.path.basename(sys.argv[0]))
     if status:
         raise SystemExit(status)

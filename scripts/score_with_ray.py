@@ -86,28 +86,67 @@ class DeferralScorer:
         return result
 
 
+def check_arguments(model: str, input_path: str, output: str, columns: Sequence[str]) -> None:
+    """What can be checked before Ray starts, each error naming the flag and the file or folder: `--input` an existing
+    .parquet or .csv file holding `columns` (a CSV in UTF-8), `--output` a new folder, `--model` a deferral model
+    (a folder hf_defer saved, or a Hub id) whose config loads."""
+    import hf_defer  # noqa: F401  (registers the deferral model type)
+    from transformers import AutoConfig
+
+    from hf_defer.commands.inputs import scan_text_file
+    from hf_defer.hub.model_source import check_model_source
+
+    path = Path(input_path)
+    suffix = path.suffix.lower()
+    if suffix not in (".parquet", ".csv"):
+        raise ValueError(f"--input must be a .parquet or .csv file, got {input_path!r}.")
+    if not path.is_file():
+        raise FileNotFoundError(f"--input {input_path!r} does not exist" + (" (it is a folder)." if path.is_dir()
+                                                                            else "."))
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            found = list(pq.read_schema(path).names)
+        except Exception as error:  # noqa: BLE001  (pyarrow's errors for a file that is not Parquet)
+            raise ValueError(f"--input {input_path!r} cannot be read as Parquet: {error}") from None
+    else:
+        import csv
+
+        scan_text_file(input_path, "--input", "csv")  # UTF-8, cells of any length: named by line
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            found = next(csv.reader(handle), [])
+    missing = [name for name in columns if name not in found]
+    if missing:
+        raise ValueError(f"{missing} are not columns of --input {input_path}; its columns are {found}.")
+    if Path(output).exists():
+        raise ValueError(f"--output {output!r} exists: choose a new folder (nothing is overwritten).")
+    check_model_source(model, "--model")
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError, KeyError) as error:
+        reason = " ".join(str(error).split())[:300]
+        raise ValueError(f"--model {model!r} is not a model that can be loaded: {reason}") from None
+    if getattr(config, "model_type", None) != "deferral":
+        raise ValueError(f"--model {model!r} holds a {getattr(config, 'model_type', None)!r} model, not a deferral "
+                         "model: give the folder `hf-defer train` or `save_for_hub` wrote, or its Hub id.")
+
+
 def score(model: str, input_path: str, output: str, id_column: str, text_columns: Sequence[str] | None = None,
           features_column: str | None = None, copy_columns: Sequence[str] = (), batch_size: int = 32,
           concurrency: int = 1, num_gpus: float = 0, preserve_order: bool = False, address: str | None = None,
           num_cpus: int | None = None, cpus_per_actor: float = 1.0) -> None:
     """Writes the deferral decisions of every row of `input_path` (Parquet or CSV) to the folder `output`
     (Parquet files, one per block), through `ray.data` `map_batches` with [`DeferralScorer`] actors."""
+    needed = [id_column, *(text_columns or ()), *([features_column] if features_column else []), *copy_columns]
+    check_arguments(model, input_path, output, needed)  # before Ray starts: each mistake named by its flag
     import ray
 
-    if Path(output).exists():
-        raise ValueError(f"--output {output!r} exists: choose a new folder (nothing is overwritten).")
     if not ray.is_initialized():
         ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().execution_options.preserve_order = preserve_order
-    suffix = Path(input_path).suffix.lower()
-    if suffix not in (".parquet", ".csv"):
-        raise ValueError(f"--input must be a .parquet or .csv file, got {input_path!r}.")
-    read = ray.data.read_parquet if suffix == ".parquet" else ray.data.read_csv
+    read = ray.data.read_parquet if Path(input_path).suffix.lower() == ".parquet" else ray.data.read_csv
     dataset = read(input_path)
-    missing = [name for name in [id_column, *(text_columns or ()), *([features_column] if features_column else []),
-                                 *copy_columns] if name not in dataset.columns()]
-    if missing:
-        raise ValueError(f"{missing} are not columns of --input {input_path}; its columns are {dataset.columns()}.")
     scored = dataset.map_batches(
         DeferralScorer, batch_size=batch_size, batch_format="numpy", concurrency=concurrency, num_gpus=num_gpus,
         num_cpus=cpus_per_actor,
@@ -141,9 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batch_size < 1 or args.concurrency < 1:
         parser.error("--batch_size and --concurrency must be positive numbers.")
     split = lambda value: [part for part in (value or "").split(",") if part]  # noqa: E731
-    score(args.model, args.input, args.output, args.id_column_name, split(args.text_column_names) or None,
-          args.features_column_name, split(args.copy_columns), args.batch_size, args.concurrency, args.num_gpus,
-          args.preserve_order, args.address, args.num_cpus, args.cpus_per_actor)
+    try:
+        score(args.model, args.input, args.output, args.id_column_name, split(args.text_column_names) or None,
+              args.features_column_name, split(args.copy_columns), args.batch_size, args.concurrency, args.num_gpus,
+              args.preserve_order, args.address, args.num_cpus, args.cpus_per_actor)
+    except (ValueError, OSError) as error:  # the user's input or flags: one line, exit status 2, as hf-defer does
+        print(f"{parser.prog}: error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -7,14 +7,17 @@ function), so a lazy import counts as much as a top-level one."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import hf_defer
 
 PACKAGE = Path(hf_defer.__file__).resolve().parent
-# Lower number = lower layer. A module may import its own layer or lower ones; modeling imports nothing else.
-LAYERS = {"modeling": 0, "inspection": 1, "evaluation": 1, "data": 1, "experts": 1, "cascade": 2, "training": 2,
-          "hub": 2, "onnx": 2, "commands": 3, "review": 3, "serving": 3}
+# Lower number = lower layer. A module may import its own layer or lower ones; modeling imports nothing else but the
+# ground floor, hf_defer/_lazy.py (the lazy packages: standard library only).
+GROUND = -1
+LAYERS = {"_lazy": GROUND, "modeling": 0, "inspection": 1, "evaluation": 1, "data": 1, "experts": 1, "cascade": 2, "training": 2,
+          "hub": 2, "monitoring": 2, "onnx": 2, "commands": 3, "review": 3, "serving": 3}
 
 
 def module_name(path: Path) -> str:
@@ -64,7 +67,7 @@ def test_the_subpackages_are_the_layers_and_each_says_what_it_may_import():
     for folder in folders:
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text())) or ""
         assert "import" in doc.lower(), f"hf_defer/{folder}/__init__.py must say what it may import"
-    assert sorted(path.name for path in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py"]
+    assert sorted(path.name for path in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py", "_lazy.py"]
 
 
 def test_no_module_imports_a_higher_layer_and_modeling_imports_only_itself():
@@ -77,9 +80,34 @@ def test_no_module_imports_a_higher_layer_and_modeling_imports_only_itself():
             if target == "hf_defer" and own == max(LAYERS.values()):  # entry points import the package to register it
                 continue
             other = layer(target)
-            if other is None or other > own or (own == 0 and other != 0):
+            if other is None or other > own or (own == 0 and other not in (0, GROUND)):
                 wrong.append(f"{name} -> {target}")
     assert not wrong, wrong
+
+
+def test_the_ground_floor_imports_only_the_standard_library():
+    imports = [node for node in ast.walk(ast.parse((PACKAGE / "_lazy.py").read_text()))
+               if isinstance(node, (ast.Import, ast.ImportFrom))]
+    names = {alias.name for node in imports if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module for node in imports if isinstance(node, ast.ImportFrom)}
+    assert {name.split(".")[0] for name in names} <= sys.stdlib_module_names | {"__future__"}, names
+
+
+def test_modeling_reaches_above_itself_only_through_library_function_and_only_in_library_mode():
+    """The three calls up, by name at call time (a saved folder's copy has no library above it): the pipeline's model
+    experts, `push_to_hub`'s deferral card and the loaders' name resolution. Each target exists and is public."""
+    import importlib
+
+    calls = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "library_function":
+                assert layer(name) == 0, name
+                calls.add(tuple(arg.value for arg in node.args))
+    assert calls == {("experts.model_experts", "answer_with_model_experts"), ("hub.sharing", "push_to_hub"),
+                     ("hub.model_source", "resolve_model_name")}
+    for module, function in calls:
+        assert callable(getattr(importlib.import_module(f"hf_defer.{module}"), function))
 
 
 def test_no_import_circles():

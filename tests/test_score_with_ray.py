@@ -44,7 +44,7 @@ def _compare(scored: pd.DataFrame, expected: pd.DataFrame, id_column: str) -> No
 
 
 @pytest.mark.slow
-def test_ray_scores_equal_predict_for_a_text_and_a_feature_model(local_ray, tmp_path):
+def test_ray_scores_equal_predict_for_a_text_and_a_feature_model(local_ray, tmp_path, capsys):
     score = runpy.run_path(str(SCRIPT))["main"]
     rng = np.random.default_rng(0)
     # a text model: tiny BERT under a deferral head with two experts
@@ -81,6 +81,46 @@ def test_ray_scores_equal_predict_for_a_text_and_a_feature_model(local_ray, tmp_
                   "--copy_columns", "note", "--batch_size", "4", "--preserve_order"]) == 0
     scored = pd.read_parquet(tmp_path / "vec-ray")
     _compare(scored, pd.read_parquet(tmp_path / "vec.parquet"), "key")
-    with pytest.raises(ValueError, match="exists"):
-        score(["--model", str(features_model), "--input", str(vectors_table), "--output", str(tmp_path / "vec-ray"),
-               "--id_column_name", "key", "--features_column_name", "features"])
+    capsys.readouterr()
+    assert score(["--model", str(features_model), "--input", str(vectors_table), "--output", str(tmp_path / "vec-ray"),
+                  "--id_column_name", "key", "--features_column_name", "features"]) == 2  # one line, exit status 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("__main__.py: error: --output ") and "vec-ray' exists" in last, last
+
+
+def test_a_missing_input_or_a_bad_model_folder_is_named_before_ray_starts(tmp_path, capsys, monkeypatch):
+    """Each mistake is one line naming the flag and the file or folder, exit status 2, and Ray never starts."""
+    main = runpy.run_path(str(SCRIPT))["main"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started before the arguments were checked"))
+    config = DeferralConfig(feature_size=2, num_labels=2, num_experts=1, expert_names=["a"])
+    save_for_hub(EncoderForDeferral(config), tmp_path / "model")
+    pd.DataFrame({"id": [1, 2], "features": [[0.0, 1.0], [1.0, 0.0]]}).to_parquet(tmp_path / "in.parquet")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    (tmp_path / "latin.csv").write_bytes(b"id,text\n1,caf\xe9\n")
+    (tmp_path / "taken").mkdir()
+    good = ["--model", str(tmp_path / "model"), "--input", str(tmp_path / "in.parquet"), "--features_column_name",
+            "features", "--output", str(tmp_path / "out")]
+
+    def refused(changes: dict[str, str], *expected: str) -> None:
+        argv = list(good)
+        for flag, value in changes.items():
+            argv[argv.index(flag) + 1] = value
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "Traceback" not in err, err
+        for words in expected:
+            assert words in err, err
+
+    refused({"--input": str(tmp_path / "nope.parquet")}, "--input", "nope.parquet' does not exist")
+    refused({"--input": str(tmp_path / "notes.txt")}, "--input must be a .parquet or .csv file")
+    refused({"--input": str(tmp_path / "latin.csv")}, "--input", "latin.csv', line 2: not UTF-8 text")
+    refused({"--features_column_name": "vectors"}, "['vectors'] are not columns of --input")
+    refused({"--output": str(tmp_path / "taken")}, "--output", "taken' exists")
+    refused({"--model": str(tmp_path / "nope")}, "--model", "nope")
+    refused({"--model": str(tmp_path / "empty")}, "--model", "empty' is not a model that can be loaded")
+    refused({"--model": str(tmp_path / "bert")}, "--model", "bert' holds a 'bert' model, not a deferral model")
+    assert not (tmp_path / "out").exists()

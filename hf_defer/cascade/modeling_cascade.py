@@ -428,7 +428,17 @@ def read_cascade_config(folder: str | os.PathLike) -> dict[str, Any]:
 
 def cascade_stage_folders(folder: str | os.PathLike, config: Mapping[str, Any] | None = None) -> tuple[Path, Path]:
     """Stage 1's and stage 2's folders inside a cascade folder (`config`: its [`read_cascade_config`], read when
-    `None`)."""
+    `None`). A stage whose folder holds no `config.json` is a `FileNotFoundError` naming the cascade folder and the
+    missing stage (before any loading, which would report it as a problem of the stage's config)."""
     stages = (config if config is not None else read_cascade_config(folder))["stages"]
     root = Path(folder)
-    return root / stages[0], root / stages[1]  # Path("cascade") / "." is Path("cascade")
+    paths = (root / stages[0], root / stages[1])  # Path("cascade") / "." is Path("cascade")
+    for number, (stage, path) in enumerate(zip(stages, paths), start=1):
+        if not (path / "config.json").is_file():
+            where = "at its root" if Path(stage) == Path(".") else f"in {stage}/"
+            if number == 1 and list(stages) == list(OLD_STAGE_FOLDERS):  # neither layout's stage 1
+                where = f"at its root (or {where}, where cascades saved before stage 1 moved to the root keep it)"
+            raise FileNotFoundError(f"cascade folder {str(root)!r} is missing stage {number}: no config.json {where}. "
+                                    "Restore the stage's files, or save the cascade again "
+                                    "(DeferralCascade.save_pretrained).")
+    return paths

@@ -2,10 +2,12 @@
 
 A cascade folder keeps stage 1 at its root (the `config.json` and weights that `pipeline()` loads as the pipeline's
 model), stage 2 in `stage2/` and `cascade_config.json`; the pipeline reads the last two from the folder stage 1 was
-loaded from (`model.name_or_path`). `import hf_defer` registers the task (library mode only: the code copied next to
-the weights knows only the single-model ``"deferral"`` task, which refuses a cascade folder).
+loaded from (`model.name_or_path`). Importing this module registers the task (after `import hf_defer`, importing
+`transformers.pipelines` imports it; library mode only: the code copied next to the weights knows only the
+single-model ``"deferral"`` task, which refuses a cascade folder).
 
-Imports `hf_defer.modeling` (the model class and the pipeline's option checks) and `.modeling_cascade`.
+Imports `hf_defer.modeling` (the model class and the pipeline's option checks), `hf_defer.hub.auto` (the model class
+of the task) and `.modeling_cascade`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .modeling_cascade import (DeferralCascade, cascade_options, cascade_stage_f
 __all__ = ["CASCADE_TASK", "DeferralCascadePipeline"]
 
 CASCADE_TASK = "deferral-cascade"
-"""The task name `import hf_defer` registers for [`DeferralCascadePipeline`]."""
+"""The task name this module registers for [`DeferralCascadePipeline`]."""
 _NOT_OPTIONS = ("batch_size", "num_workers")  # the whole batch goes through the cascade at once
 
 
@@ -289,3 +291,18 @@ class DeferralCascadePipeline(Pipeline):
             f"push_to_hub of the {CASCADE_TASK!r} pipeline is not supported (it would upload stage 1 alone): save the "
             "cascade with save_pretrained(folder) and upload the whole folder with huggingface_hub.upload_folder."
         )
+
+
+def _register() -> None:
+    """`pipeline("deferral-cascade", model=cascade_folder, experts=...)` builds a [`DeferralCascadePipeline`] (stage 1
+    at the folder's root, stage 2 and cascade_config.json read by the pipeline)."""
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    from ..hub.auto import AutoModelForDeferral
+
+    if PIPELINE_REGISTRY.supported_tasks.get(CASCADE_TASK, {}).get("impl") is not DeferralCascadePipeline:
+        PIPELINE_REGISTRY.register_pipeline(CASCADE_TASK, pipeline_class=DeferralCascadePipeline,
+                                            pt_model=AutoModelForDeferral)
+
+
+_register()

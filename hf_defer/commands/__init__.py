@@ -4,20 +4,17 @@ May import every other subpackage (modeling, inspection, evaluation, data, exper
 serving); nothing imports from here but `hf_defer.__main__`.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-__all__ = ["main", "run_deferral"]
+from .._lazy import lazy_exports
 
+_EXPORTS = {
+    "main": "cli",
+    "run_deferral": "run",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-def __getattr__(name: str) -> Any:
-    """`main` (the `hf-defer` command) and `run_deferral` (a training run from its argument dataclasses), imported
-    when asked for: `hf-defer --help` must not import torch."""
-    if name == "main":
-        from .cli import main
-
-        return main
-    if name == "run_deferral":
-        from .run import run_deferral
-
-        return run_deferral
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+if TYPE_CHECKING:
+    from .cli import main
+    from .run import run_deferral

@@ -104,6 +104,18 @@ def write_training_file(annotations_file: str, item_column: str, annotator_colum
     if commas:
         raise ValueError(f"--annotator_column {annotator_column!r}: annotator(s) {commas[:5]} hold a comma, which "
                          "`hf-defer train --expert_column_names` reads as a separator; rename them.")
+    # `hf-defer train` strips the names of --expert_column_names: the columns are named as it will read them, and two
+    # annotators that only spaces tell apart (or one that becomes a kept column's name) are refused here, not there
+    read_as: dict[str, list[str]] = {}
+    for name in [item_column, *keep_columns, *experts]:
+        read_as.setdefault(name.strip(), []).append(name)
+    collide = next((names for names in read_as.values() if len(names) > 1), None)
+    if collide is not None:
+        raise ValueError(f"--annotator_column {annotator_column!r}: {collide!r} differ only in the spaces around them, "
+                         "and `hf-defer train --expert_column_names` strips those, so they would be one column; give "
+                         f"each annotator one id in {source} (e.g. strip the ids).")
+    wide = wide.rename(columns={name: name.strip() for name in experts})
+    experts = [name.strip() for name in experts]
     if method == "leave_one_out" and len(experts) < 2:
         raise ValueError(f"--method leave_one_out needs two or more annotators; {source} has {experts}.")
     unannotated = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from .inputs import pipeline_inputs, read_table
 from .outputs import check_output_file
 from .predict import input_column, input_length_limit, load_pipeline, parse_expert_costs
 
-__all__ = ["calibrate_file", "parse_rates", "run_calibrate"]
+__all__ = ["calibrate_file", "parse_rates", "run_calibrate", "write_config_card"]
 
 
 def parse_rates(value: str | None, expert_names: Sequence[str]) -> float | dict[str, float] | None:
@@ -122,6 +123,29 @@ def calibrate_file(model: str, input_path: str, *, confidence: float | None = No
     return pipe, summary
 
 
+def write_config_card(model: Any, folder: Path, source: Path | None = None) -> Path | None:
+    """Rewrites the deferral model card in ``folder`` from ``model``'s config (threshold, costs, guarantee), so that
+    the card describes the config next to it; the license and language of the card in ``source`` (the folder the
+    model came from) are kept. The metrics of a former card are dropped: they were measured at another threshold.
+    A ``README.md`` that hf_defer did not write is left alone (returns `None`); else returns the card's path."""
+    from huggingface_hub import ModelCard
+
+    from ..hub.model_card import DeferralModelCardData, render_model_card
+
+    kept: dict[str, Any] = {}
+    for readme in (source / "README.md" if source is not None else None, folder / "README.md"):
+        if readme is not None and readme.is_file():
+            data = ModelCard.load(readme).data
+            kept = {key: getattr(data, key) for key in ("license", "language") if getattr(data, key, None)}
+            break
+    card = DeferralModelCardData.from_model(model, model_name=folder.resolve().name, **kept)
+    try:
+        render_model_card(card, folder)
+    except FileExistsError:
+        return None
+    return folder / "README.md"
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     """`hf-defer calibrate`: the calibrated threshold and guarantee as JSON on stdout; the model saved with them
     (`--output_dir`, or the `--model` folder itself with `--overwrite`)."""
@@ -134,8 +158,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if in_place and not os.path.isdir(args.model):
         raise ValueError(f"--model {args.model} is not a local folder: give --output_dir to save the calibrated model.")
     if output.exists() and any(output.iterdir()) and not args.overwrite:
+        other = "--output_dir for a copy" if in_place else "another --output_dir"
         raise ValueError(f"{'--model' if in_place else '--output_dir'} {output} holds a saved model: calibrating "
-                         "changes its config.json; pass --overwrite to replace it (or --output_dir for a copy).")
+                         f"changes its config.json; pass --overwrite to replace it (or {other}).")
     names = [name.strip() for name in args.text_column_names.split(",")] if args.text_column_names else None
     experts = [name.strip() for name in args.expert_column_names.split(",")] if args.expert_column_names else None
     pipe, summary = calibrate_file(
@@ -149,6 +174,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
         pipe.model.config.save_pretrained(output)  # only config.json changes: the threshold, costs and guarantee
     else:
         pipe.save_pretrained(output, overwrite=args.overwrite)
+    card = write_config_card(pipe.model, output, Path(args.model))
+    print(f"hf-defer calibrate: the calibrated model is in {output.resolve()}"
+          + (f" (config.json and {card.name} rewritten)" if card else " (config.json rewritten; its README.md, not "
+             "written by hf_defer, was left as it is: it may describe the former threshold)"), file=sys.stderr)
     text = json.dumps(summary, indent=2)
     print(text)
     if args.output:

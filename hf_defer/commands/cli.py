@@ -5,7 +5,7 @@
 - `hf-defer train ...`: the flags of `scripts/run_deferral.py` (see [`run_deferral`]), or one JSON file of them;
   `--json` prints only the run's final JSON on stdout (the Trainer's tables go to stderr).
 - `hf-defer predict --model PATH_OR_ID --input FILE`: the deferral pipeline's decision for every row of a file,
-  written as CSV (`predictions.csv` by default).
+  written as CSV, JSON Lines or Parquet (`predictions.csv` by default).
 - `hf-defer evaluate --model PATH_OR_ID --input FILE`: the deferral metrics of a saved model on a labelled file.
 - `hf-defer serve --router FOLDER --model NAME=URL ...` / `--model FOLDER`: an HTTP endpoint (`hf_defer.commands.serve`;
   `pip install 'hf-defer[serve]'`).
@@ -16,10 +16,10 @@
 - `hf-defer review push|pull ...`: the review loop with Label Studio (`hf_defer.commands.review`; `pip install
   'hf-defer[review]'`).
 
-This module imports the standard library only: `hf-defer --help`, `--version`, a mistyped command or flag (named with
-the closest known one) and `train`'s mistakes that need no data read answer without loading torch (the `hf-defer`
-launcher, `hf_defer_cli.py`, runs this file before the `hf_defer` package is imported).
-A command imports what it needs when it runs. A mistake (a missing file, a wrong flag value, data that does not fit)
+Importing this module (and the lazy `hf_defer` package above it) loads neither torch nor transformers: `hf-defer
+--help`, `--version`, a mistyped command or flag (named with the closest known one) answer at once, and so do `train
+--help` and `train`'s mistyped flags, missing data files and refused `--output_dir` once a first `train` has saved
+its parser's flags ([`hf_defer.commands.flags.TrainFlags`]). A command imports what it needs when it runs. A mistake (a missing file, a wrong flag value, data that does not fit)
 ends with one line on stderr that names the flag and the fix, and exit status 2; `--debug` shows the traceback.
 A new command is one more [`Command`] in `COMMANDS`.
 """
@@ -29,13 +29,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import importlib.util
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["COMMANDS", "Command", "build_parser", "main", "run_script"]
+from ..modeling.validators import MISSING_EXPERT_MODES  # standard library only
+from .flags import TrainFlags, check_run_flags, in_flags, unknown_flags, unknown_flags_message
+from .progress import quiet_progress_bars_unless_terminal
+
+__all__ = ["COMMANDS", "Command", "build_parser", "main", "run_script", "run_train", "train_parser"]
 
 PROG = "hf-defer"
 USER_ERRORS = (ValueError, OSError, ImportError)
@@ -124,7 +126,7 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Route-only models: each expert's correctness (0/1, booleans) or score in [0, 1], "
                              "matched by name as --expert_column_names (default: columns named as the experts); no "
                              "label column.")
-    parser.add_argument("--missing_expert", default="error", choices=_light("flag_check").missing_expert_modes(),
+    parser.add_argument("--missing_expert", default="error", choices=MISSING_EXPERT_MODES,
                         help="What to do with a missing annotation (default: error; mask: keep the row, and that "
                              "expert is not deferred to there).")
     parser.add_argument("--output", default=None, help="Also write the metrics to this JSON file.")
@@ -185,12 +187,32 @@ def _annotations_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
 
 
+def _monitor_arguments(parser: argparse.ArgumentParser) -> None:
+    """`monitor`: see `hf_defer.commands.monitor`."""
+    parser.add_argument("--model", required=True, help="The calibrated model (folder or Hub id): its promises.")
+    parser.add_argument("--log", required=True, help="The decision log, in decision order: hf-defer predict's output.")
+    parser.add_argument("--labels", default=None, help="True labels of some rows (e.g. hf-defer review pull's "
+                        "answers.csv): every deferred row, and kept rows drawn at random (--audit_rate).")
+    parser.add_argument("--audit_rate", type=float, default=None,
+                        help="The chance each kept row had to be drawn for a label (default: 0, deferred rows only).")
+    parser.add_argument("--confidence", type=float, default=None,
+                        help="1 - the false-alarm probability of all alarms together (default: the guarantee's).")
+    parser.add_argument("--id_column", default=None, help="The log's id column (default: id, row or item).")
+    parser.add_argument("--labels_id_column", default=None, help="The labels' id column (default: item, id or row).")
+    parser.add_argument("--label_column", default=None, help="The labels' column (default: label, labels or answer).")
+    parser.add_argument("--expert_answer_column", default=None,
+                        help="The expert's own answer on deferred rows (default: the label is the expert's answer).")
+    parser.add_argument("--output", default=None, help="Also write the state as JSON to this file.")
+    parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
+    parser.add_argument("--fail_on_alarm", action="store_true", help="Exit with status 1 when an alarm is raised.")
+
+
 COMMANDS: dict[str, Command] = {command.name: command for command in (
     Command("annotations", "a labelling tool's long export (item, annotator, answer) as the wide CSV that train reads",
             "hf_defer.commands.annotations:run_annotations", _annotations_arguments),
     Command("train", "train, evaluate, calibrate and save a deferral model (the flags of scripts/run_deferral.py)",
             "hf_defer.commands.cli:run_train"),
-    Command("predict", "decisions of a saved deferral model for every row of a file, as CSV",
+    Command("predict", "decisions of a saved deferral model for every row of a file, as CSV, JSON Lines or Parquet",
             "hf_defer.commands.predict:run_predict", _predict_arguments),
     Command("evaluate", "deferral metrics of a saved model on a labelled file",
             "hf_defer.commands.evaluate:run_evaluate", _evaluate_arguments),
@@ -200,6 +222,8 @@ COMMANDS: dict[str, Command] = {command.name: command for command in (
             "hf_defer.commands.export:run_export", _export_arguments),
     Command("calibrate", "set a saved model's deferral threshold on a calibration file, with a stated confidence",
             "hf_defer.commands.calibrate:run_calibrate", _calibrate_arguments),
+    Command("monitor", "check a decision log (and labels) against the model's certified promises, with an alarm",
+            "hf_defer.commands.monitor:run_monitor", _monitor_arguments),
     # named here as a string: label-studio-sdk is imported only when `hf-defer review` runs
     Command("review", "send deferred inputs to Label Studio reviewers (push) and their answers back (pull)",
             "hf_defer.commands.review:main"),
@@ -231,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog=PROG, description="Learning to defer on the Hugging Face stack: train a model that answers or hands an "
         "input to the expert more likely to be right, and use it on files.",
-        epilog=f"`{PROG} <command> --help` lists the flags of a command.")
+        epilog=f"{PROG} <command> --help lists the flags of a command.")
     parser.add_argument("--version", action=_VersionAction, help="show the version of hf_defer and exit")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", title="commands", metavar="{" + ",".join(COMMANDS) + "}",
@@ -265,6 +289,22 @@ def _bare_debug(argv: list[str]) -> tuple[list[str], bool]:
 
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def _in_flags(message: str, prog: str) -> str:
+    """`message` with the Python keyword arguments it names written as the flags of the command `prog` runs
+    ([`flags.in_flags`]: `missing_expert='drop'` as `--missing_expert drop`)."""
+    name = prog.split()[-1]
+    command = COMMANDS.get(name)
+    if command is not None and command.add_arguments is not None:
+        sub = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+        flags = list(sub.choices[name]._option_string_actions)
+    elif name == "train" or (command is None and prog == name):  # train, scripts/run_deferral.py: the run's flags
+        saved = TrainFlags.load(prog)  # saved by the run's own full parse, which came before any library error
+        flags = list(saved.options if saved is not None else train_parser(prog)._option_string_actions)
+    else:  # review's own parsers say their errors themselves
+        return message
+    return in_flags(message, flags)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -310,10 +350,9 @@ def _main(argv: list[str]) -> int:
     else:
         sub = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction)).choices[
             command.name]
-        flags = _light("flag_check")
-        unknown = flags.unknown_flags(rest, sub._option_string_actions)
+        unknown = unknown_flags(rest, sub._option_string_actions)
         if unknown:  # before the missing-flag errors argparse gives first: the mistyped flag is the news
-            sub.error(flags.unknown_flags_message(unknown, sub._option_string_actions))
+            sub.error(unknown_flags_message(unknown, sub._option_string_actions))
         args = parser.parse_args(argv)
         debug = args.debug
         call = lambda: _resolve(command.run)(args)  # noqa: E731
@@ -322,12 +361,13 @@ def _main(argv: list[str]) -> int:
 
 def _guarded(call: Callable[[], int], prog: str, debug: bool) -> int:
     """`call()`, a user's mistake ([`USER_ERRORS`]) shown as one line and exit status 2 (raised with `debug`)."""
+    quiet_progress_bars_unless_terminal()  # no progress bars in a log file
     try:
         return call()
     except USER_ERRORS as error:
         if debug:
             raise
-        print(f"{prog}: error: {_one_line(error)} (--debug shows the traceback)", file=sys.stderr)
+        print(f"{prog}: error: {_in_flags(_one_line(error), prog)} (--debug shows the traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT (a run's record says so too)
         if debug:
@@ -343,41 +383,43 @@ def run_script(argv: Sequence[str], prog: str) -> int:
     return _guarded(lambda: run_train(rest, prog=prog), prog, debug)
 
 
-def _light(name: str) -> Any:
-    """`hf_defer.commands.<name>`, a module of the standard library only, without importing the hf_defer package
-    (torch, transformers) when that is not imported yet: loaded from its file under a private name."""
-    if "hf_defer" in sys.modules:
-        return importlib.import_module(f"hf_defer.commands.{name}")
-    private = f"_hf_defer_light_{name}"
-    if private not in sys.modules:
-        spec = importlib.util.spec_from_file_location(private, os.path.join(os.path.dirname(__file__), f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[private] = module
-        spec.loader.exec_module(module)
-    return sys.modules[private]
-
-
-def run_train(argv: list[str], prog: str = f"{PROG} train") -> int:
-    """`hf-defer train [--json] FLAGS | CONFIG.json`: [`run_deferral`] with the flags of `scripts/run_deferral.py`.
-    The run's final JSON goes to `<output_dir>/hf_defer_run.json`; with `--json` it is all that stdout gets.
-
-    Unknown flags (with the closest known one), missing data files, the flags' own checks and an `--output_dir`
-    holding files no hf_defer run or save wrote are reported before torch and transformers are imported
-    ([`hf_defer.commands.flag_check`])."""
-    json_only = "--json" in argv
-    argv = [arg for arg in argv if arg != "--json"]
-    problem = _light("flag_check").check_run_flags(
-        argv, check_output_dir=lambda path: _light("outputs").OutputFolder(path).check())
-    if problem:
-        print(f"{prog}: error: {problem} (see `{prog} --help`)", file=sys.stderr)
-        return 2
-    from .arguments import build_run_parser, parse_run_arguments
+def train_parser(prog: str = f"{PROG} train") -> argparse.ArgumentParser:
+    """The parser of `hf-defer train` (imports transformers): `build_run_parser`'s, with `--json`."""
+    from .arguments import build_run_parser
 
     parser = build_run_parser(prog=prog)
     group = parser.add_argument_group("command")
     group.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                        help="print only the run's final JSON on stdout (everything else goes to stderr); a bare "
                             "--debug (no value, unlike TrainingArguments' --debug MODE) shows the traceback of an error")
+    return parser
+
+
+def run_train(argv: list[str], prog: str = f"{PROG} train") -> int:
+    """`hf-defer train [--json] FLAGS | CONFIG.json`: [`run_deferral`] with the flags of `scripts/run_deferral.py`.
+    The run's final JSON goes to `<output_dir>/hf_defer_run.json`; with `--json` it is all that stdout gets.
+
+    Once a run has saved its parser's flags ([`TrainFlags`]), `--help`, `--help-all`, unknown flags (with the closest
+    known one), missing data files and an `--output_dir` holding files no hf_defer run or save wrote are answered
+    before torch and transformers are imported; the full parse checks the rest."""
+    json_only = "--json" in argv
+    argv = [arg for arg in argv if arg != "--json"]
+    saved = TrainFlags.load(prog)
+    if saved is not None:
+        from .outputs import OutputFolder  # standard library only
+
+        problem = check_run_flags(argv, saved, check_output_dir=lambda path: OutputFolder(path).check())
+        if problem:
+            print(f"{prog}: error: {problem} (see `{prog} --help`)", file=sys.stderr)
+            return 2
+        if "--help-all" in argv or any(arg in ("-h", "--help") for arg in argv):
+            print(saved.full_help if "--help-all" in argv else saved.short_help, end="")
+            return 0
+    from .arguments import parse_run_arguments
+
+    parser = train_parser(prog)
+    if saved is None:
+        TrainFlags.from_parser(parser).save(prog)
     redirect = contextlib.redirect_stdout(sys.stderr) if json_only else contextlib.nullcontext()
     with redirect:
         model_args, data_args, training_args = parse_run_arguments(argv, parser=parser)

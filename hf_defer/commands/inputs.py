@@ -8,17 +8,18 @@ before the first training step with one message naming the flag or file, the spl
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
-import math
-import numbers
 import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import datasets
 
-__all__ = ["TableStream", "check_splits", "empty_text_rows", "join_text_columns", "load_raw_datasets",
-           "pipeline_inputs", "read_table", "split_sources"]
+__all__ = ["CSV_FIELD_LIMIT", "TableStream", "allow_large_csv_fields", "check_splits", "empty_text_rows",
+           "join_text_columns", "load_raw_datasets", "pipeline_inputs", "read_table", "scan_text_file", "split_sources"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +40,96 @@ def _checked_extension(path: str, flag: str) -> str:
     return extension
 
 
+CSV_FIELD_LIMIT = min(sys.maxsize, 2**31 - 1)
+"""The largest CSV cell the `csv` module reads here (its default, 128 KiB, refuses a long document in one cell; a C
+`long` bounds it, 2**31 - 1 on every platform)."""
+
+
+def allow_large_csv_fields() -> None:
+    """Lets the `csv` module read cells up to [`CSV_FIELD_LIMIT`] characters (pandas and pyarrow have no limit)."""
+    if csv.field_size_limit() < CSV_FIELD_LIMIT:
+        csv.field_size_limit(CSV_FIELD_LIMIT)
+
+
+def scan_text_file(path: str, flag: str, extension: str) -> int:
+    """One pass over a csv, json, jsonl or txt file, before a reader sees it: every line must be UTF-8 text (a
+    byte-order mark at the start, as Excel's "CSV UTF-8" writes, is allowed), else a `ValueError` naming `flag`, the
+    file and the line. Returns the number of records: a CSV's records (header included, quoted cells over several
+    lines counted once), the non-blank lines of any other file.
+
+    Example:
+
+    ```python
+    >>> import os, tempfile
+    >>> from hf_defer.commands.inputs import scan_text_file
+    >>> path = os.path.join(tempfile.mkdtemp(), "latin1.csv")
+    >>> _ = open(path, "wb").write(b"id,text\\n1,ok\\n2,caf\\xe9\\n")
+    >>> scan_text_file(path, "--input", "csv")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: --input '...latin1.csv', line 3: not UTF-8 text (byte 0xe9 at column 6); ...
+
+    ```
+    """
+    allow_large_csv_fields()
+    where = {"line": 0}
+    hint = ' (Excel: "CSV UTF-8")' if extension == "csv" else ""
+
+    def lines() -> Iterator[str]:
+        with open(path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                where["line"] = number
+                try:
+                    yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                except UnicodeDecodeError as error:
+                    raise ValueError(f"{flag} {path!r}, line {number}: not UTF-8 text (byte {raw[error.start]:#04x} at "
+                                     f"column {error.start + 1}); save the file as UTF-8{hint}.") \
+                        from None
+
+    if extension != "csv":
+        return sum(1 for line in lines() if line.strip())
+    try:
+        return sum(1 for record in csv.reader(lines()) if record)
+    except csv.Error as error:
+        raise ValueError(f"{flag} {path!r}, line {where['line']}: {error}.") from None
+
+
+def _bad_json_line(path: str) -> str | None:
+    """Where a JSON Lines (or JSON) file stops being JSON: `line N: <reason>`, or None when every line is JSON."""
+    with open(path, encoding="utf-8-sig", errors="replace") as handle:
+        document = handle.read(4096).lstrip().startswith("[")
+        handle.seek(0)
+        located = None if document else _first_bad_json_line(handle)
+        if document or (located is not None and located.startswith("line 1: not valid JSON")
+                        and os.path.getsize(path) <= 1 << 28):  # one (pretty-printed) JSON document, read whole
+            handle.seek(0)
+            try:
+                json.loads(handle.read())
+            except ValueError as error:
+                return f"line {getattr(error, 'lineno', '?')}: not valid JSON ({getattr(error, 'msg', error)})"
+            return None
+        return located
+
+
+def _first_bad_json_line(lines: Iterator[str]) -> str | None:
+    """`line N: <reason>` for the first line of JSON Lines that is not a JSON object, read line by line."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as error:
+            return f"line {number}: not valid JSON ({getattr(error, 'msg', error)}): {line.strip()!r:.60}"
+        if not isinstance(row, dict):
+            return f"line {number}: a JSON {type(row).__name__}, not an object of column values: {line.strip()!r:.60}"
+    return None
+
+
 def _unreadable(flag: str, path: str, extension: str, error: Exception) -> ValueError:
-    """The error for a file `datasets` could not read: the reader's own reason (pandas, pyarrow), which `datasets`
-    wraps in its own error."""
+    """The error for a file `datasets` could not read: for JSON, the first line that is not a JSON object; else the
+    reader's own reason (pandas, pyarrow), which `datasets` wraps in its own error."""
+    located = _bad_json_line(path) if extension in ("json", "jsonl") else None
+    if located is not None:
+        return ValueError(f"{flag} {path!r}, {located}; fix or remove the line.")
     cause = error.__cause__ or error
     reason = " ".join(str(cause).split())[:300] or type(cause).__name__
     return ValueError(f"{flag} {path!r} cannot be read as {extension}: {reason}")
@@ -64,8 +152,10 @@ def read_table(path: str, flag: str = "--input") -> datasets.Dataset:
     ```
     """
     extension = _checked_extension(path, flag)
+    if extension != "parquet":
+        scan_text_file(path, flag, extension)  # not UTF-8: named by line, before a reader fails (or reads it wrong)
     if extension == "txt":
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:
             table = datasets.Dataset.from_dict({"text": [line.rstrip("\n") for line in handle if line.strip()]})
     else:
         try:
@@ -104,12 +194,13 @@ class TableStream:
         self.path, self.flag, self.chunk_size = str(path), flag, chunk_size
         self.extension = extension = _checked_extension(path, flag)
         options: dict[str, Any] = {}
+        self._records = None if extension == "parquet" else scan_text_file(path, flag, extension)
         if extension == "csv":
-            import csv
-
-            with open(path, newline="", encoding="utf-8") as handle:
+            with open(path, newline="", encoding="utf-8-sig") as handle:  # Excel's "CSV UTF-8" starts with a BOM
                 names = next(csv.reader(handle), [])
             options["features"] = datasets.Features({name: datasets.Value("string") for name in names})
+        if extension == "txt":
+            options["encoding"] = "utf-8-sig"
         if extension == "parquet":  # Arrow batches of a chunk, not of a row group (pandas writes up to 1Mi rows in one)
             options["batch_size"] = chunk_size
         builder = "text" if extension == "txt" else _BUILDERS[extension]
@@ -154,18 +245,13 @@ class TableStream:
 
     def _count_rows(self) -> int | None:
         """The row count for the progress bar: Parquet's metadata, the lines of a JSON Lines or text file, the records
-        of a CSV file (one pass of the C `csv` reader); None where it cannot be known cheaply."""
+        of a CSV file ([`scan_text_file`]'s pass)."""
         if self.extension == "parquet":
             import pyarrow.parquet as pq
 
             return pq.ParquetFile(self.path).metadata.num_rows
-        if self.extension in ("json", "jsonl", "txt"):
-            with open(self.path, "rb") as handle:
-                return sum(1 for line in handle if line.strip())
-        import csv
-
-        with open(self.path, newline="", encoding="utf-8", errors="replace") as handle:
-            return max(sum(1 for record in csv.reader(handle) if record) - 1, 0)
+        assert self._records is not None  # counted by the UTF-8 check that opening the file made
+        return max(self._records - 1, 0) if self.extension == "csv" else self._records
 
 
 def split_sources(data_args: Any) -> dict[str, str]:
@@ -322,30 +408,23 @@ def side_feature_rows(inputs: list[Any], chunk: Mapping[str, list[Any]], names: 
                       key: str = "text", start: int = 0) -> list[Any]:
     """One chunk's pipeline inputs with the row's side features for a model with `config.side_features`: each input a
     dict with its `key` (`"text"`, or `"features"` for a head-only model) and the values of the chunk's columns named
-    in `names` (name -> numeric). A CSV streams as text, so a numeric feature's cell is read as a float here. A missing
-    value (empty, NaN), or a numeric feature's cell that is no finite number, is a `ValueError` naming the column and
-    the row (counted from `start`, the chunk's first row)."""
+    in `names` (name -> numeric), each read by `side_feature_value` (a CSV streams as text, so a numeric feature's
+    cell is read as a float; a category is matched by what it means, so a Parquet float `1.0` is the category `"1"`).
+    A missing value (`is_missing_side_value`: None, NaN, blank), a numeric feature's cell that is no finite number,
+    or a list or dict is a `ValueError` naming the column and the row (counted from `start`, the chunk's first
+    row)."""
     if not names:
         return inputs
+    from ..modeling.side_features import is_missing_side_value, side_feature_value  # torch: only with side features
 
     def value(name: str, row: int) -> Any:
-        cell = chunk[name][row]
-        if cell is None or (isinstance(cell, float) and math.isnan(cell)) or (isinstance(cell, str)
-                                                                              and not cell.strip()):
-            raise ValueError(f"side feature column {name!r}, row {start + row}: the value is missing; the model needs "
-                             "every side feature of every row.")
-        if names[name]:
-            number = cell
-            if isinstance(cell, str):
-                try:
-                    number = float(cell)
-                except ValueError:
-                    number = None
-            if isinstance(number, bool) or not isinstance(number, numbers.Real) or not math.isfinite(number):
-                raise ValueError(f"side feature column {name!r}, row {start + row}: the model reads {name!r} as a "
-                                 f"number, got {cell!r:.40}.")
-            return number
-        return cell
+        try:
+            return side_feature_value({"name": name, "kind": "numeric" if names[name] else "categorical"},
+                                      chunk[name][row])
+        except ValueError as error:
+            ending = "; the model needs every side feature of every row." if is_missing_side_value(chunk[name][row]) \
+                else "."
+            raise ValueError(f"side feature column {name!r}, row {start + row}: {error}{ending}") from None
 
     return [{**(item if isinstance(item, dict) else {key: item}),
              **{name: value(name, row) for name in names}} for row, item in enumerate(inputs)]

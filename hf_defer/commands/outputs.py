@@ -19,9 +19,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RUN_SUMMARY", "OutputFolder", "PredictionWriter", "check_output_file", "format_summary",
-           "prediction_format", "prediction_header", "prediction_values", "resume_predictions", "spreadsheet_safe",
-           "write_predictions"]
+__all__ = ["RUN_SUMMARY", "OutputFolder", "PredictionWriter", "check_output_file", "check_provenance",
+           "file_digest", "format_summary", "prediction_format", "prediction_header", "prediction_values",
+           "provenance_path", "read_provenance", "remove_provenance", "resume_predictions", "spreadsheet_safe",
+           "write_predictions", "write_provenance"]
 
 RUN_SUMMARY = "hf_defer_run.json"
 """The final JSON of a run in its `--output_dir`: where everything went, the threshold, the metrics by stage, and the
@@ -259,6 +260,9 @@ def resume_predictions(path: str | os.PathLike, header: Sequence[str]) -> tuple[
 
     ```
     """
+    from .inputs import allow_large_csv_fields  # a copied column may hold cells over the csv module's 128 KiB
+
+    allow_large_csv_fields()
     path = str(path)
     data_format = prediction_format(path)
     if data_format == "parquet":
@@ -332,6 +336,109 @@ def _resume_csv(handle: Any, path: str, header: Sequence[str], digest: Any) -> t
             digest.update(record[0].encode("utf-8", "surrogateescape") + b"\x1f")
         kept, count = consumed["end"], count + 1
     return None if kept is None else (kept, count)
+
+
+PROVENANCE_SUFFIX = ".hf_defer.json"
+"""The record `hf-defer predict` writes beside its output (`<output>.hf_defer.json`): what wrote the file."""
+PROVENANCE_KEYS = (("defer_threshold", "the deferral threshold"), ("expert_costs", "the expert costs"),
+                   ("model", "the model"), ("input", "the input"), ("options", "the options"),
+                   ("columns", "the columns"))
+"""What a resumed run must share with the run that wrote the file, in the order a mismatch is reported."""
+
+
+def provenance_path(output: str | os.PathLike) -> Path:
+    """Where the record of what wrote a predictions file lives: `<output>.hf_defer.json`, beside it."""
+    return Path(str(output) + PROVENANCE_SUFFIX)
+
+
+def file_digest(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """`sha256` of a file's bytes (read in 1 MiB blocks: memory does not grow with the file)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_provenance(output: str | os.PathLike, record: Mapping[str, Any]) -> Path:
+    """Writes `record` (JSON: the model, its threshold and costs, the input, the options, the columns) beside
+    `output` as `<output>.hf_defer.json`, atomically (a temporary file in the same folder, then `os.replace`): a run
+    killed while writing it leaves the previous record or the new one, never half of one."""
+    target = provenance_path(output)
+    content = json.dumps({"written_by": "hf_defer predict", **record}, indent=2, sort_keys=True, default=str) + "\n"
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temporary.write_text(content, encoding="utf-8")
+    os.replace(temporary, target)
+    return target
+
+
+def read_provenance(output: str | os.PathLike) -> dict[str, Any] | None:
+    """The record beside `output` when hf_defer wrote one, else None (missing, unreadable, or not hf_defer's)."""
+    try:
+        record = json.loads(provenance_path(output).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("written_by") == "hf_defer predict" else None
+
+
+def remove_provenance(output: str | os.PathLike) -> None:
+    """Removes the record beside `output` (its file was removed)."""
+    provenance_path(output).unlink(missing_ok=True)
+
+
+def check_provenance(output: str | os.PathLike, record: Mapping[str, Any] | None = None) -> None:
+    """Refuses to continue (`--resume`) a predictions file that hf_defer cannot prove it wrote, or that it wrote with
+    another model, threshold, costs, input or options than `record` says this run uses (None: only that the file is
+    hf_defer's). The proof is the record [`write_provenance`] left beside it; a file without one -- the user's own
+    notes, a file from another program or an older hf_defer -- is never continued: `ValueError` naming the file and
+    the fix, and the file is left as it was.
+
+    Example:
+
+    ```python
+    >>> import os, tempfile
+    >>> from hf_defer.commands.outputs import check_provenance, write_provenance
+    >>> output = os.path.join(tempfile.mkdtemp(), "notes.csv")
+    >>> _ = open(output, "w").write("my own notes")
+    >>> check_provenance(output)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: --resume: --output '...notes.csv' has no record that hf-defer predict wrote it (...
+    >>> _ = write_provenance(output, {"defer_threshold": 0.0, "expert_costs": [0.1]})
+    >>> check_provenance(output, {"defer_threshold": 0.2, "expert_costs": [0.1]})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: --resume: --output '...notes.csv' was written with the deferral threshold 0.0, this run uses 0.2; ...
+
+    ```
+    """
+    output = str(output)
+    found = read_provenance(output)
+    if found is None:
+        raise ValueError(f"--resume: --output {output!r} has no record that hf-defer predict wrote it "
+                         f"({provenance_path(output).name} is missing or not hf_defer's), so it may be your own file; "
+                         "it was left as it is. Choose another --output, or pass --overwrite to replace it.")
+    if record is None:
+        return
+    for key, what in PROVENANCE_KEYS:
+        old, new = _canonical(found.get(key)), _canonical(record.get(key))
+        if old != new:
+            raise ValueError(f"--resume: --output {output!r} was written with {what} {_shown(found.get(key))}, this "
+                             f"run uses {_shown(record.get(key))}; one file would hold the decisions of both. Give "
+                             "the same ones, choose another --output, or pass --overwrite to start again.")
+
+
+def _canonical(value: Any) -> str:
+    """A recorded value as compared: a model or input by its digests, not by the name it was given by."""
+    if isinstance(value, Mapping):
+        value = {key: item for key, item in value.items() if key != "name"}
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _shown(value: Any) -> str:
+    """A recorded value, short: a model or input by its name and digests."""
+    if isinstance(value, Mapping) and "name" in value:
+        digests = ", ".join(f"{key} {str(item)[:12]}" for key, item in sorted(value.items()) if key != "name")
+        return f"{value['name']!r} ({digests})"
+    return _canonical(value)[:200]
 
 
 def check_output_file(output: str | os.PathLike, inputs: Sequence[str | os.PathLike], flag: str = "--output",

@@ -15,10 +15,16 @@ from .inputs import TableStream, empty_text_rows, join_text_columns, read_table,
 from .outputs import (
     PredictionWriter,
     check_output_file,
+    check_provenance,
+    file_digest,
     prediction_format,
     prediction_header,
     prediction_values,
+    provenance_path,
+    read_provenance,
+    remove_provenance,
     resume_predictions,
+    write_provenance,
 )
 from ..modeling.surrogate_routing import is_route_only
 
@@ -168,6 +174,29 @@ def _feature_vectors(values: list[Any], start: int, column: str, flag_input: str
     return vectors
 
 
+_UNRECORDED_CONFIG = ("_name_or_path", "transformers_version", "_commit_hash", "_attn_implementation_autoset",
+                      "_attn_implementation_internal", "defer_threshold", "expert_costs")
+"""Config entries that say where or how a model was loaded, not what it decides (the threshold and costs are recorded
+as the run used them)."""
+
+
+def model_fingerprint(model: str, pipe: Any) -> dict[str, str]:
+    """What identifies a loaded deferral model: the name it was given by, `sha256` of its config (where and how it was
+    loaded left out) and of its weights (each tensor's name, dtype, shape and bytes, in name order: the same for
+    a copy of the folder, another file format or a moved file)."""
+    import torch
+
+    config = {key: value for key, value in pipe.model.config.to_dict().items() if key not in _UNRECORDED_CONFIG}
+    weights = hashlib.sha256()
+    for name, tensor in sorted(pipe.model.state_dict().items()):
+        tensor = tensor.detach().to("cpu").contiguous().reshape(-1)
+        weights.update(f"{name}|{tensor.dtype}|{tensor.numel()}|".encode())
+        weights.update(tensor.view(torch.uint8).numpy().tobytes())
+    return {"name": model,
+            "config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest(),
+            "weights_sha256": weights.hexdigest()}
+
+
 def _column_types(stream: TableStream, names: Sequence[str]) -> dict[str, Any]:
     """The `pyarrow` types of the id and copied columns (the row number: int64), for a Parquet output."""
     import pyarrow as pa
@@ -194,9 +223,14 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
 
     The input (csv, json, jsonl, parquet or txt) is read in chunks of `chunk_size` rows by `datasets` in streaming
     mode and each chunk's decisions are written, in input order, as soon as they are made, in whole rows: memory does
-    not grow with the file. With `resume`, the whole rows that a killed run left in a CSV or JSON Lines `output`
-    are kept (a partial last row is cut off), their ids checked against the input's first rows, and the run goes on
-    from the next row: the file ends as an uninterrupted run's would. A progress bar with rate and ETA goes to stderr.
+    not grow with the file. Beside `output`, `<output>.hf_defer.json` records what wrote it (written atomically
+    before the first row): the model (its name, and `sha256` of its config and of its weights), the deferral
+    threshold and expert costs the decisions used, the input (name, size, `sha256` of its bytes), the options and
+    the columns. With `resume`, an `output` without that record (the user's own file) is refused and left as it is,
+    and so is one written with another model, threshold, costs, input or options; otherwise the whole rows that a
+    killed run left in a CSV or JSON Lines `output` are kept (a partial last row is cut off), their ids checked
+    against the input's first rows, and the run goes on from the next row: the file ends as an uninterrupted run's
+    would. A progress bar with rate and ETA goes to stderr.
 
     Started by `accelerate launch` on several processes (or `hf-defer predict --num_processes N`), each chunk is
     split between the processes (`PartialState.split_between_processes`; one GPU each when there are GPUs) and the
@@ -227,6 +261,8 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
     state = _distributed_state()
     main = state is None or state.is_main_process
     _on_main(state, lambda: check_output_file(output, [input_path], overwrite=overwrite or resume))
+    resuming = resume and os.path.exists(output)
+    _on_main(state, lambda: _check_record(output, resuming, overwrite))  # before the model: a user's own file
     if isinstance(text_column_names, str):
         text_column_names = [text_column_names]
     stream = TableStream(input_path, chunk_size=max(chunk_size, batch_size))
@@ -271,7 +307,28 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
     if missing:
         raise ValueError(f"the model routes on the side features {list(side)}: {flag_input} lacks the column(s) "
                          f"{missing}; its columns are {stream.column_names}.")
-    found = _on_main(state, lambda: resume_predictions(output, header) if resume and os.path.exists(output) else None)
+    record = {"defer_threshold": float(pipeline_kwargs.get("defer_threshold", config.defer_threshold)),
+              "expert_costs": [float(cost) for cost in pipeline_kwargs.get("expert_costs")
+                               or getattr(config, "expert_costs", None) or [0.0] * config.num_experts],
+              "input": {"name": os.path.basename(input_path), "size": os.path.getsize(input_path)},
+              "options": {"text_column_names": list(text_column_names or []) or None,
+                          "text_pair_column_name": text_pair_column_name, "image_column_name": image_column_name,
+                          "text_column_delimiter": text_column_delimiter, "features_column_name": features_column_name,
+                          "pipeline": {key: value for key, value in sorted(pipeline_kwargs.items())
+                                       if key not in ("defer_threshold", "expert_costs")}},
+              "columns": header}
+
+    def start_output() -> tuple[int, str] | None:  # on the main process: it reads and writes the output
+        record["model"] = model_fingerprint(model, pipe)
+        record["input"]["sha256"] = file_digest(input_path)
+        found = None
+        if resuming:
+            check_provenance(output, record)  # the same model, threshold, costs, input and options, or nothing
+            found = resume_predictions(output, header)
+        write_provenance(output, record)
+        return found
+
+    found = _on_main(state, start_output)
     done, written_digest = found if found is not None else (0, None)
     writer = None
     if main:
@@ -279,8 +336,11 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
                                   append=found is not None)
     from tqdm.auto import tqdm
 
+    from .progress import progress_bars_disabled
+
     progress = tqdm(total=stream.num_rows, initial=done, desc="Deciding", unit="row", dynamic_ncols=True,
-                    disable=disable_progress_bar or not main or (stream.num_rows or 0) < batch_size)
+                    disable=disable_progress_bar or not main or (stream.num_rows or 0) < batch_size
+                    or progress_bars_disabled())
     start, written, skipped = 0, 0, hashlib.sha256()
     try:
         for chunk in stream:
@@ -314,6 +374,7 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
             writer.close()
             if written == 0 and found is None:
                 os.remove(output)  # nothing but a header: leave no file that a rerun would have to --overwrite
+                remove_provenance(output)
         raise
     finally:
         progress.close()
@@ -323,6 +384,17 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
     if writer is not None:
         writer.close()
     return start
+
+
+def _check_record(output: str, resuming: bool, overwrite: bool) -> None:
+    """Before the model is loaded: a file to `--resume` must be one hf_defer wrote (its record beside it); a record
+    file that is not hf_defer's is never replaced without `--overwrite`."""
+    if resuming:
+        check_provenance(output)
+    elif not overwrite and os.path.exists(provenance_path(output)) and read_provenance(output) is None:
+        raise FileExistsError(f"{str(provenance_path(output))!r}, where hf-defer predict records what wrote --output, "
+                              "exists and is not hf_defer's; pass --overwrite to replace it, or choose another "
+                              "--output.")
 
 
 def _decide(pipe: Any, inputs: list[Any], batch_size: int, state: Any, **kwargs: Any) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..review.client import DEFAULT_TOKEN_ENV, ReviewServerError
+from .flags import PlainRawDescriptionHelpFormatter
 
 __all__ = ["add_review_parser", "main"]
 
@@ -34,7 +35,7 @@ def _server_options(parser: argparse.ArgumentParser) -> None:
 def add_review_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add `review` (with `push` and `pull`) to the `hf-defer` subcommands; `main` runs the parsed namespace."""
     review = subparsers.add_parser("review", help="send deferred inputs to Label Studio reviewers, pull answers back",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   description=__doc__, formatter_class=PlainRawDescriptionHelpFormatter)
     actions = review.add_subparsers(dest="review_command", required=True, metavar="{push,pull}")
     push = actions.add_parser("push", help="send the inputs a saved deferral model defers to a Label Studio project")
     _server_options(push)

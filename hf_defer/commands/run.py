@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import numpy as np
 import transformers
 from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, TrainingArguments, set_seed
+from transformers.trainer_callback import PrinterCallback
 
 from .arguments import DataTrainingArguments, ModelArguments
 from .inputs import check_splits, join_text_columns, load_raw_datasets, pipeline_inputs, split_sources
@@ -29,8 +31,7 @@ from ..evaluation.thresholds import calibrate_deferral
 from ..modeling.configuration_deferral import DeferralConfig
 from ..experts.embeddings import head_on_sentence_encoder, sentence_encoder_max_length, sentence_encoder_pooling
 from ..experts.simulated import annotator_expert, class_subset_expert
-from ..hub.model_source import check_model_source
-from ..hub.hub_ids import offline_model_path
+from ..hub.model_source import resolve_model_name
 from ..hub.sharing import push_to_hub, save_for_hub
 from ..modeling.modeling_deferral import EncoderForDeferral, EncoderForRouting
 from ..modeling.surrogate_routing import is_route_only
@@ -156,11 +157,94 @@ def _tokenize(splits: datasets.DatasetDict, tokenizer: Any, data_args: DataTrain
                       load_from_cache_file=not data_args.overwrite_cache, desc="Running tokenizer on dataset")
 
 
+def _complete_rows(split: datasets.Dataset, label: str | None, expert_columns: list[str],
+                   data_args: DataTrainingArguments) -> list[int]:
+    """The rows of ``split`` that `--missing_expert drop` keeps (every expert answered), by the preparation's own rule:
+    calibration then uses the rows the metrics are scored on."""
+    marked = prepare_deferral_dataset(split.select_columns([column for column in split.column_names if column in (
+        [label] if label is not None else []) + list(expert_columns) + list(data_args.correct_columns)]), label,
+        expert_columns, label_names=data_args.classes, missing_expert="mask",
+        expert_correct_columns=data_args.correct_columns).dataset.with_format("numpy")
+    targets = marked["expert_correct" if "expert_correct" in marked.column_names else "expert_labels"]
+    targets = np.asarray(targets).reshape(len(split), -1)
+    return np.flatnonzero((targets != -100).all(axis=1)).tolist()
+
+
+def majority_class_warning(metrics: dict[str, Any], stage: str) -> str | None:
+    """A warning when the classifier's error on a stage is no better than always answering the majority class."""
+    error, baseline = metrics.get(f"{stage}_classifier_error"), metrics.get(f"{stage}_majority_class_error")
+    if error is None or baseline is None or error < baseline:
+        return None
+    return (f"{stage}: the classifier errs {error:.4f}, no better than always answering the most frequent class "
+            f"({baseline:.4f}): it has learned nothing usable. Train longer or with a larger --learning_rate, or "
+            "check the labels.")
+
+
 def _record(trainer: DeferralTrainer, stage: str, metrics: dict[str, float], results: dict[str, float]) -> None:
-    """Logs and saves the metrics of a stage as the Trainer does (`<stage>_results.json`, `all_results.json`)."""
-    trainer.log_metrics(stage, metrics)
+    """Saves the metrics of a stage as the Trainer does (`<stage>_results.json`, `all_results.json`), and warns when
+    the classifier does no better than the majority class; the run prints the metrics once, at the end, in one table
+    ([`format_metrics_table`])."""
+    baseline = majority_class_warning(metrics, stage) if stage != "calibrated_eval" else None  # eval's classifier
+    if baseline:
+        logger.warning(baseline)
     trainer.save_metrics(stage, metrics)
     results.update(metrics)
+
+
+class TrainingLogPrinter(PrinterCallback):
+    """The Trainer's `PrinterCallback` (its log lines when `--disable_tqdm`) without the logs of `trainer.evaluate`
+    after training: the run prints those metrics once, in its table ([`format_metrics_table`])."""
+
+    def on_log(self, args: TrainingArguments, state: Any, control: Any, logs: dict | None = None,
+               **kwargs: Any) -> None:
+        evaluation = any(key.startswith(("eval_", "calibrated_eval_", "test_")) for key in logs or {})
+        if not evaluation or state.global_step < state.max_steps:  # an evaluation during training: its own numbers
+            super().on_log(args, state, control, logs=logs, **kwargs)
+
+
+_BOOKKEEPING = ("runtime", "per_second", "samples", "epoch", "flos")
+"""Metric names ending so are the Trainer's bookkeeping: kept in the JSON files, not in the printed table."""
+
+
+def format_metrics_table(metrics: dict[str, dict[str, float]]) -> str:
+    """The metrics of the evaluated stages as one table, each number once: a row per metric, a column per stage
+    (`eval`: the validation split before calibrating, `calibrated_eval`: after, `test`: the saved model); the
+    training loss and times are the Trainer's own log line. Empty when no stage was evaluated.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.commands.run import format_metrics_table
+    >>> print(format_metrics_table({"eval": {"system_error": 0.25, "runtime": 0.1}, "test": {"system_error": 0.3,
+    ...                                                                                   "coverage": 0.5}}))
+    Metrics: eval = validation split, test = saved model
+                    eval    test
+      system_error  0.2500  0.3000
+      coverage              0.5000
+
+    ```
+    """
+    stages = [stage for stage in STAGES if stage != "train" and metrics.get(stage)]
+    names: list[str] = []
+    for stage in stages:
+        names += [name for name in metrics[stage] if name not in names and not name.endswith(_BOOKKEEPING)]
+    if not names:
+        return ""
+    meaning = {"eval": "eval = validation split", "calibrated_eval": "calibrated_eval = after calibrating",
+               "test": "test = saved model"}
+    width = max(map(len, names))
+    columns = [max(len(stage), 6) for stage in stages]
+
+    def cell(value: Any, size: int) -> str:
+        text = "" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+        return f"{text:<{size}}"
+
+    lines = ["Metrics: " + ", ".join(meaning[stage] for stage in stages),
+             " " * (width + 4) + "  ".join(cell(stage, size) for stage, size in zip(stages, columns))]
+    for name in names:
+        lines.append(f"  {name:<{width}}  " + "  ".join(cell(metrics[stage].get(name), size)
+                                                       for stage, size in zip(stages, columns)))
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
@@ -180,7 +264,7 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
 
     Before anything is loaded: `--do_eval` / `--do_predict` without `--do_train` are refused ([`check_stages`]: the
     head would be untrained), and the model's name must be a folder here or a Hub id that can be loaded
-    ([`check_model_source`]). With no stage flag, the run trains, evaluates and predicts on the splits it has
+    ([`resolve_model_name`]). With no stage flag, the run trains, evaluates and predicts on the splits it has
     ([`default_stages`]). `hf_defer_run.json` ends `completed`, or `failed` with the error, or `interrupted`; an upload
     that fails leaves the saved folder and ends in a `ConnectionError` that names it.
 
@@ -209,13 +293,10 @@ def run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments,
     output = OutputFolder(training_args.output_dir, overwrite=data_args.overwrite_output_dir)
     output.check()  # every process, before anything is written
     check_stages(training_args)
-    for flag, name in (("--model_name_or_path", model_args.model_name_or_path),
-                       ("--config_name", model_args.config_name), ("--tokenizer_name", model_args.tokenizer_name)):
-        if name:  # a mistyped local folder fails now, not after the data is prepared or a minute of Hub retries
-            check_model_source(name, flag, model_args.token, model_args.model_revision, model_args.cache_dir)
-    for flag in ("model_name_or_path", "config_name", "tokenizer_name"):  # offline: fail fast, or the shipped copy
-        if getattr(model_args, flag):
-            setattr(model_args, flag, offline_model_path(getattr(model_args, flag), f"--{flag}",
+    for flag in ("model_name_or_path", "config_name", "tokenizer_name"):
+        if getattr(model_args, flag):  # a mistyped folder fails now, not after the data or a minute of Hub retries;
+            # offline, the shipped MiniLM: the resolution the Python API uses (hf_defer.hub.resolve_model_name)
+            setattr(model_args, flag, resolve_model_name(getattr(model_args, flag), f"--{flag}", model_args.token,
                                                          model_args.model_revision, model_args.cache_dir))
     with output.recording():  # hf_defer_run.json says how the run ended: completed, failed (and why) or interrupted
         return _run_deferral(model_args, data_args, training_args, output)
@@ -335,6 +416,9 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
         model=model, args=training_args, processing_class=None if frozen_text else processor,
         train_dataset=splits.get("train") if training_args.do_train else None,
         eval_dataset=splits.get("validation") if training_args.do_eval else None)
+    if training_args.disable_tqdm:  # the Trainer's log lines without the metrics the run's table prints once
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(TrainingLogPrinter)
     results: dict[str, float] = {}
     flat = None  # a warning at the end when training did not move the loss
     if training_args.do_train:
@@ -369,12 +453,18 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
                 raise ValueError("--max_error needs every validation row: use --missing_expert mask, not drop.")
             rows = splits["validation"].with_format("numpy")
             promises.update(labels=rows["labels"], expert_labels=rows["expert_labels"])
-        threshold = calibrate_deferral(final, pipeline_inputs(raw["validation"], *columns), data_args.max_deferral_rate,
+        calibration = raw["validation"]
+        if len(splits["validation"]) != len(calibration):  # --missing_expert drop: the rows the metrics score
+            calibration = calibration.select(_complete_rows(calibration, label, expert_columns, data_args))
+            logger.warning(f"--missing_expert drop: the deferral budget is calibrated on the {len(calibration)} of "
+                           f"{len(raw['validation'])} validation rows with every answer, the rows the metrics score.")
+        threshold = calibrate_deferral(final, pipeline_inputs(calibration, *columns), data_args.max_deferral_rate,
                                        batch_size=training_args.per_device_eval_batch_size,
                                        tokenizer=None if image_column else processor,
                                        image_processor=processor if image_column else None, **promises, **call_kwargs)
         model.config.defer_threshold = threshold
         model.config.deferral_guarantee = final.config.deferral_guarantee
+        model.config.calibrated_expert_costs = final.config.calibrated_expert_costs
         results["defer_threshold"] = threshold
         logger.info(f"deferral threshold {threshold:.4f}; guarantee: {final.config.deferral_guarantee}")
         if training_args.do_eval:
@@ -418,7 +508,8 @@ def _run_deferral(model_args: ModelArguments, data_args: DataTrainingArguments, 
                                if stage_metrics(results, stage)},
                    "summary_file": str(folder / RUN_SUMMARY)}
         output.write_summary(summary)
-        print(format_summary(summary))
+        table = format_metrics_table(summary["metrics"])
+        print((table + "\n" if table else "") + format_summary({**summary, "metrics": {}}))  # each number once
         if flat:
             logger.warning(flat)
         if push:

@@ -19,12 +19,19 @@ import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from ..modeling.side_features import check_side_features, side_feature_specs, side_feature_tensors
+from ..modeling.side_features import (
+    check_side_features,
+    is_missing_side_value,
+    side_feature_specs,
+    side_feature_tensors,
+    side_feature_value,
+)
 from ..modeling.surrogate_base import IGNORE_INDEX
 from .labels import LabelMap as _LabelMap  # the label rules live there, stated once
 from .labels import class_names as _class_names
 from .labels import training_split as _training_split
 from .labels import is_missing
+from ..modeling.validators import is_number
 from ..modeling.validators import MISSING_EXPERT_MODES  # defined with the other shared rules; re-exported
 
 __all__ = ["MISSING_EXPERT_MODES", "PreparedDeferralData", "check_side_feature_columns", "prepare_deferral_dataset"]
@@ -165,12 +172,6 @@ def _expert_scores(split: datasets.Dataset, columns: list[str], split_name: Any)
     return out
 
 
-def _is_side_missing(value: Any) -> bool:
-    """A missing side-feature value: `None`, NaN or a blank string (-1 is a number like any other here)."""
-    return value is None or (isinstance(value, float) and math.isnan(value)) or \
-        (isinstance(value, str) and not value.strip())
-
-
 def _as_number(value: Any) -> float | None:
     """`value` as a float when it is a real number (not a bool) or a string holding one, else None."""
     if isinstance(value, (bool, np.bool_)):
@@ -188,7 +189,7 @@ def _as_number(value: Any) -> float | None:
 def check_side_feature_columns(split: datasets.Dataset, side_features: Sequence[Any],
                                  categorical: Sequence[str] = (), where: str = "") -> dict[str, list[Any]]:
     """The values of the side-feature columns of `split` (name -> values), checked: every column present, no value
-    missing (`None`, NaN, a blank string), and, for a numeric side feature (a spec of a model's
+    missing (`is_missing_side_value`: `None`, NaN, a blank string), none a list or dict, and, for a numeric side feature (a spec of a model's
     `config.side_features`), every value a finite number. With column names (no specs yet), a column of text whose
     values are mostly numbers is refused too (a stray word in a column of numbers would make every number a category),
     unless it is named in `categorical`. Each `ValueError` names the column, the row and the value.
@@ -219,12 +220,20 @@ def check_side_feature_columns(split: datasets.Dataset, side_features: Sequence[
             raise ValueError(f"side feature column {name!r}{where} holds lists or dicts: give one value per row "
                              "(a number, or a category such as a subject).")
         values = split[name][:]
-        absent = [row for row, value in enumerate(values) if _is_side_missing(value)]
+        absent = [row for row, value in enumerate(values) if is_missing_side_value(value)]
         if absent:
             raise ValueError(f"side feature column {name!r}{where}, row {absent[0]}: the value is missing (None, NaN or "
                              f"empty) in {len(absent)} row(s); fill them in (e.g. 'unknown' for a category, 0 for a "
                              "number) or remove the rows.")
         numeric_spec = isinstance(spec, Mapping) and spec.get("kind") == "numeric"
+        for row, value in enumerate(values):  # one value per row: a list or dict inside a column of objects
+            if not numeric_spec:
+                try:
+                    side_feature_value({"name": name, "kind": "categorical"}, value)
+                except ValueError as error:
+                    if isinstance(value, (str, bool)) or is_number(value):
+                        continue  # an infinite number: named below, with the other numbers
+                    raise ValueError(f"side feature column {name!r}{where}, row {row}: {error}.") from None
         as_numbers = [_as_number(value) for value in values]
         if numeric_spec:
             bad = [row for row, number in enumerate(as_numbers) if number is None or not math.isfinite(number)] or \
@@ -502,8 +511,8 @@ def prepare_deferral_dataset(
             column = sources[int(np.argmax(absent[row]))]
             raise ValueError(
                 f"expert column {column!r}{where}, row {row}: the annotation is missing (None, -1 or NaN) in "
-                f"{int(missing.sum())} row(s); pass missing_expert='drop' to drop them, or 'mask' to keep them "
-                "without that expert's answer."
+                f"{int(missing.sum())} row(s); pass missing_expert='drop' to drop them, or missing_expert='mask' "
+                "to keep them without that expert's answer."
             )
         if missing_expert == "mask" and absent.any():
             logger.info(f"prepare_deferral_dataset: rows{where} answered per expert (of {len(split)}): "

@@ -190,13 +190,21 @@ def deferral_metrics(
       writes the percentage exactly (``budgeted_error_10`` for 0.1, ``budgeted_error_9.6`` for 0.096), so two
       budgets never share a key.
 
-    Sparse answers: an expert is *available* on a row exactly where its answer is present (``expert_labels`` or
-    ``expert_correct`` not -100), and, given ``available``, where that mask allows it too. The decision defers only to
-    available experts (none available: the classifier answers), so no deferral is ever scored against a missing
-    answer; the budgets rank among these deferrals; each expert's ECE is over the rows it answered (an expert with none
-    gets no ``expert_ece_<name>`` and stays out of ``expert_ece``). With scores (``expert_correct`` in [0, 1]), a
-    deferred input counts ``1 - score`` as its error (the expected error) and the ECE compares the estimates with the
-    mean score per bin. Per-expert keys use the expert names ([`expert_keys`]) of ``expert_names`` or of the config.
+    * ``majority_class_error``: the error of always answering the most frequent class of these labels, the baseline
+      that ``classifier_error`` should beat.
+
+    Sparse answers (an expert's answer -100 on some row): the decisions are those the pipeline makes on these inputs,
+    with no knowledge of who answered (at decision time nobody knows): an expert is deferred to where ``available``
+    allows it (all experts when not given; none available: the classifier answers), whether or not its answer was
+    recorded. ``coverage`` and ``deferral_rate_<name>`` are the rates of these decisions, on all rows. A deferral to an
+    expert with no recorded answer cannot be scored: it is counted in ``unscored_deferrals`` (and
+    ``unscored_deferrals_<name>`` per expert with ``M > 1``), never turned into a classifier answer, and
+    ``system_error`` and the budgeted errors are the means over the rows they can score (``scored_rows`` of them for
+    ``system_error``; `nan` when none). These three keys appear only when some answer is missing. Each expert's ECE is
+    over the rows it answered (an expert with none gets no ``expert_ece_<name>`` and stays out of ``expert_ece``).
+    With scores (``expert_correct`` in [0, 1]), a deferred input counts ``1 - score`` as its error (the expected error)
+    and the ECE compares the estimates with the mean score per bin. Per-expert keys use the expert names
+    ([`expert_keys`]) of ``expert_names`` or of the config.
 
     Args:
         logits (`np.ndarray` or `torch.Tensor` of shape `[N, K + M]`): model outputs.
@@ -215,7 +223,8 @@ def deferral_metrics(
         budget_ranking (`str`, *optional*, defaults to `"expert_accuracy"`): `"expert_accuracy"` or `"margin"`.
         expert_correct (array-like of shape `[N]` or `[N, M]`, *optional*): instead of `expert_labels`, whether each
             expert was right (bool, 0/1) or its score in [0, 1]; -100 where there is none.
-        available (bool array-like `[N, M]` or `[M]`, *optional*): who may be deferred to, besides having answered.
+        available (bool array-like `[N, M]` or `[M]`, *optional*): who may be deferred to (the pipeline's
+            ``available_experts``); all experts when not given.
         expert_names (list of `str`, *optional*): names for the per-expert keys; defaults to the config's.
 
     Returns:
@@ -260,12 +269,14 @@ def deferral_metrics(
                                      logits.shape[0])
     budgets = _check_budgets(budgets)
     logits, y, correct, observed = logits[valid], y[valid], correct[valid], observed[valid]
-    allowed = observed if allowed is None else allowed[valid] & observed
+    # Who may be asked is what the pipeline is told (`available`), never who happened to answer: at decision time
+    # nobody knows that. A deferral to an expert without a recorded answer is counted apart (unscored).
+    allowed = None if allowed is None else allowed[valid]
     n = int(y.shape[0])
     if n == 0:
         raise ValueError("labels has no row to evaluate: every label is -100.")
-    if bool(allowed.all()):
-        allowed = None  # every expert answered every row and may be asked: the decision of a model with no mask
+    if allowed is not None and bool(allowed.all()):
+        allowed = None  # every expert may be asked: the decision of a model with no mask
 
     # The logits were checked above: the unchecked forms, so each is read once.
     paid = scorer.check_costs(costs)
@@ -275,20 +286,30 @@ def deferral_metrics(
     y, correct, observed = y.numpy(), correct.double().numpy(), observed.numpy()
     rows = np.arange(n)
     classifier_wrong = (prediction != y).astype(np.float64)
-    chosen_wrong = 1.0 - correct[rows, expert]  # read only where deferred: there the chosen expert answered
+    chosen_wrong = 1.0 - correct[rows, expert]  # read only where deferred and the chosen expert answered
+    chosen_answered = observed[rows, expert]
     if budget_ranking == "margin":
         rank_score = scorer._margin(logits, paid, allowed)[0].numpy()
     else:
         rank_score = accuracy[rows, expert]
 
     def system_error(deferred: np.ndarray) -> float:
-        return float(np.mean(np.where(deferred, chosen_wrong, classifier_wrong)))
+        scored = ~deferred | chosen_answered  # an unscored deferral is neither right nor wrong: left out
+        if not scored.any():
+            return float("nan")
+        return float(np.mean(np.where(deferred, chosen_wrong, classifier_wrong)[scored]))
 
+    unscored = defer & ~chosen_answered
     metrics: dict[str, Any] = {
         "system_error": system_error(defer),
         "coverage": float(1.0 - defer.mean()),
         "classifier_error": float(1.0 - (prediction == y).mean()),  # as computed before: the same float bits
+        "majority_class_error": float(1.0 - np.bincount(y).max() / n),
     }
+    sparse = not bool(observed.all())
+    if sparse:  # some answer is missing: how many deferrals could not be scored, and on how many rows the error is
+        metrics["unscored_deferrals"] = int(unscored.sum())
+        metrics["scored_rows"] = int(n - unscored.sum())
     soft = expert_correct is not None  # scores: the ECE compares the estimate with the mean score of each bin
     diagrams = [reliability_bins(accuracy[observed[:, j], j], correct[observed[:, j], j], n_bins, soft=soft)
                 for j in range(M)]
@@ -300,6 +321,8 @@ def deferral_metrics(
             metrics[f"expert_ece_{keys[j]}"] = ece
         for j in range(M):
             metrics[f"deferral_rate_{keys[j]}"] = float(np.mean(defer & (expert == j)))
+            if sparse:
+                metrics[f"unscored_deferrals_{keys[j]}"] = int(np.sum(unscored & (expert == j)))
     if paid is not None:  # what the decisions cost: a deferred input pays its expert's price
         metrics["mean_cost"] = mean_cost(defer, expert, paid.tolist())
     for budget in budgets:
@@ -396,6 +419,9 @@ METRIC_NAMES: dict[str, tuple[str, str]] = {
     "classifier_error": ("Classifier error", "error of the classifier alone, on all inputs"),
     "expert_ece": ("Expert ECE", "calibration error of the expert-accuracy estimate (15 bins)"),
     "mean_cost": ("Mean cost", "mean price paid per input (a deferred input pays its expert's cost)"),
+    "majority_class_error": ("Majority-class error", "error of always answering the most frequent class (baseline)"),
+    "unscored_deferrals": ("Unscored deferrals", "inputs deferred to an expert with no recorded answer (not scored)"),
+    "scored_rows": ("Scored rows", "inputs the system error is measured on (all but the unscored deferrals)"),
 }
 """Display name and meaning of each fixed key of [`deferral_metrics`]; [`metric_name_and_meaning`] adds the keys
 that carry a budget or an expert (``budgeted_error_10``, ``expert_ece_alice``, ``deferral_rate_1``)."""
@@ -426,7 +452,8 @@ def metric_name_and_meaning(key: str, expert_names: Sequence[str] | None = None)
     """
     if key in METRIC_NAMES:
         return METRIC_NAMES[key]
-    match = re.fullmatch(r"(budgeted_error|expert_ece|deferral_rate)_(\w+?|\d+\.\d+)", key) if isinstance(key, str) else None
+    match = re.fullmatch(r"(budgeted_error|expert_ece|deferral_rate|unscored_deferrals)_(\w+?|\d+\.\d+)", key) \
+        if isinstance(key, str) else None
     suffix = match.group(2) if match else ""
     if not match or (match.group(1) == "budgeted_error" and not re.fullmatch(r"\d+(\.\d+)?", suffix)):
         raise ValueError(f"key must be a key of deferral_metrics (e.g. {tuple(METRIC_NAMES)}), got {key!r}.")
@@ -436,4 +463,6 @@ def metric_name_and_meaning(key: str, expert_names: Sequence[str] | None = None)
     who = names.get(suffix, f"expert {suffix}" if suffix.isdigit() else suffix)
     if match.group(1) == "expert_ece":
         return f"Expert ECE ({who})", f"calibration error of {who}'s accuracy estimate, on the inputs {who} answered"
+    if match.group(1) == "unscored_deferrals":
+        return f"Unscored deferrals ({who})", f"inputs deferred to {who} where {who} has no recorded answer"
     return f"Deferral rate ({who})", f"share of inputs deferred to {who}"

@@ -37,12 +37,13 @@ def route_only_metrics(
 ) -> dict[str, Any]:
     """Evaluates a route-only model from its logits ``[N, M]`` and each expert's correctness or score ``[N, M]``.
 
-    An expert other than the default can be chosen for a row only where its correctness is known (and ``available``
-    allows it), so no route is scored against a missing answer; the default expert is the fallback. Keys:
+    The routes are those the pipeline takes on these inputs: any expert ``available`` allows (all when not given) may
+    be chosen, whether or not its correctness is known there (nobody knows at decision time). Keys:
 
     * ``system_error``: ``1 -`` the mean target (correctness or score) of the chosen expert, over the rows where it is
-      known (all rows, unless the default expert's answer is missing on rows it keeps: then ``scored_share`` says
-      which share of rows was scored).
+      known; where some is missing, ``scored_share`` (the share of rows scored), ``scored_rows`` (their number) and
+      ``unscored_deferrals`` (``unscored_deferrals_<name>``: inputs routed away from the default expert to an expert
+      whose correctness is missing there) say what was left out.
     * ``coverage``: share of inputs the default expert answers; ``deferral_rate_<name>``: share sent to each other
       expert (the "% of strong-model calls" of RouteLLM for a pair).
     * ``expert_ece`` (mean) and ``expert_ece_<name>``: ECE of each expert's estimate over the rows it answered.
@@ -82,9 +83,9 @@ def route_only_metrics(
                          f"{targets.dtype} ({targets.ravel()[:3].tolist()}...).")
     _, correct, observed, _ = scorer.check_expert_targets(expert_correct=torch.as_tensor(targets.astype(np.float32)),
                                                           batch_size=n)
+    # Who may be routed to is what the pipeline is told, never who happened to answer (nobody knows at decision time):
+    # a route to an expert with no known correctness is counted apart (unscored).
     allowed = scorer.check_available(None if available is None else torch.as_tensor(np.asarray(available)), n)
-    # a missing answer keeps the others from being routed to (unscored), not the default: it was not asked, yet free
-    allowed = (torch.ones_like(observed) if allowed is None else allowed) & (observed | (torch.arange(M) == d))
     keys = list(expert_names) if expert_names is not None else [str(j) for j in range(M)]
     paid = scorer.check_costs(expert_costs)
     defer, chosen, _ = (t.numpy() for t in scorer._decide(logits, paid, defer_threshold, allowed))
@@ -103,8 +104,12 @@ def route_only_metrics(
 
     error, share = system_error(defer)
     metrics: dict[str, Any] = {"system_error": error, "coverage": float(1.0 - defer.mean())}
+    unscored = defer & ~observed[rows, expert]
     if share < 1.0:
         metrics["scored_share"] = share
+    if not observed.all():  # some correctness is missing: the routes that could not be scored, and the rows that were
+        metrics["unscored_deferrals"] = int(unscored.sum())
+        metrics["scored_rows"] = int(round(share * n))
     soft = bool(((correct > 0) & (correct < 1)).any())
     diagrams = [reliability_bins(accuracy[observed[:, j], j], correct[observed[:, j], j], n_bins, soft=soft)
                 for j in range(M)]
@@ -116,6 +121,8 @@ def route_only_metrics(
     for j in range(M):
         if j != d:
             metrics[f"deferral_rate_{keys[j]}"] = float(np.mean(defer & (chosen == j)))
+            if not observed.all():
+                metrics[f"unscored_deferrals_{keys[j]}"] = int(np.sum(unscored & (chosen == j)))
     if paid is not None:  # every input pays the expert it goes to, the default one included
         metrics["mean_cost"] = mean_cost(np.ones(n, dtype=bool), chosen, paid.tolist())
     for key, rate in dict(budgets or {}).items():

@@ -29,13 +29,31 @@ def agg_figure(**kwargs: Any) -> Any:
     return figure
 
 
-def plot_reliability_diagram(reliability: Any, path: str | os.PathLike, expert_names: list[str] | None = None) -> None:
-    """Draws the reliability diagram(s) of the expert-accuracy estimates of one model into a PNG.
+def _draw_bins(axes: Any, edges: Sequence[float], accuracy: Sequence[float], counts: Sequence[int],
+               **bar_kwargs: Any) -> None:
+    """The bars of a reliability diagram, each bin's observed accuracy, with the number of inputs the bin holds written
+    above it (none above an empty bin): a tall bar over 3 inputs says less than one over 3,000."""
+    edges = np.asarray(edges, dtype=np.float64)
+    bars = axes.bar(edges[:-1], np.nan_to_num(np.asarray(accuracy, dtype=np.float64)), width=np.diff(edges),
+                    align="edge", edgecolor="black", **bar_kwargs)
+    axes.bar_label(bars, labels=[f"{int(count)}" if count else "" for count in counts], padding=2, fontsize=7,
+                   rotation=90, color="dimgray")
+    axes.set(xlim=(0, 1), ylim=(0, 1.18))  # room above a full bar for its count
+    axes.set_yticks(np.linspace(0, 1, 6))
+
+
+def plot_reliability_diagram(reliability: Any, path: str | os.PathLike,
+                             expert_names: list[str] | None = None) -> Any:
+    """Draws the reliability diagram(s) of the expert-accuracy estimates of one model into a PNG: per bin of the
+    estimate, the share of its inputs the expert got right, and above each bar how many inputs the bin holds.
 
     Args:
         reliability (`dict` or `list[dict]`): [`reliability_bins`] output, one per expert.
         path (`str` or `os.PathLike`): the PNG file.
         expert_names (`list[str]`, *optional*): panel titles.
+
+    Returns:
+        `matplotlib.figure.Figure`: the figure written.
 
     Example:
 
@@ -44,7 +62,9 @@ def plot_reliability_diagram(reliability: Any, path: str | os.PathLike, expert_n
     >>> from hf_defer.evaluation import reliability_bins
     >>> from hf_defer.evaluation.plotting import plot_reliability_diagram
     >>> path = os.path.join(tempfile.mkdtemp(), "diagram.png")
-    >>> plot_reliability_diagram(reliability_bins([0.2, 0.9, 0.8], [0, 1, 1], n_bins=5), path)
+    >>> figure = plot_reliability_diagram(reliability_bins([0.2, 0.9, 0.8], [0, 1, 1], n_bins=5), path)
+    >>> [text.get_text() for text in figure.axes[0].texts if text.get_text()]  # inputs per non-empty bin
+    ['1', '2']
     >>> open(path, "rb").read(8) == b"\\x89PNG\\r\\n\\x1a\\n"
     True
 
@@ -54,17 +74,16 @@ def plot_reliability_diagram(reliability: Any, path: str | os.PathLike, expert_n
     figure = agg_figure(figsize=(4 * len(diagrams), 4), dpi=100)
     for j, diagram in enumerate(diagrams):
         axes = figure.add_subplot(1, len(diagrams), j + 1)
-        edges = diagram["bin_edges"]
-        lefts, widths = edges[:-1], [b - a for a, b in zip(edges[:-1], edges[1:])]
-        accuracy = [0.0 if a is None or math.isnan(a) else a for a in diagram["accuracy"]]
-        axes.bar(lefts, accuracy, width=widths, align="edge", edgecolor="black", alpha=0.7, label="observed accuracy")
+        accuracy = [math.nan if a is None else a for a in diagram["accuracy"]]
+        _draw_bins(axes, diagram["bin_edges"], accuracy, diagram["counts"], alpha=0.7, label="observed accuracy")
         axes.plot([0, 1], [0, 1], linestyle="--", color="gray", label="perfect calibration")
-        axes.set(xlim=(0, 1), ylim=(0, 1), xlabel="estimated expert accuracy", ylabel="observed expert accuracy")
+        axes.set(xlabel="estimated expert accuracy", ylabel="observed expert accuracy")
         title = expert_names[j] if expert_names and j < len(expert_names) else f"expert {j}"
-        axes.set_title(f"{title} (n = {sum(diagram['counts'])})")
-        axes.legend(loc="upper left")
+        axes.set_title(f"{title}: {sum(diagram['counts'])} inputs\n(above each bar: how many in its bin)", fontsize=10)
+        axes.legend(loc="upper left", fontsize="small")
     figure.tight_layout()
     figure.savefig(path, format="png")
+    return figure
 
 
 def plot_pooled_reliability(
@@ -78,7 +97,8 @@ def plot_pooled_reliability(
     Args:
         diagrams (`Mapping[str, Sequence[dict]]`): panel title -> the [`reliability_bins`] data of each run.
         path (`str` or `os.PathLike`): the PNG file.
-        min_count (`int`, *optional*, defaults to 30): bins with fewer inputs are drawn pale.
+        min_count (`int`, *optional*, defaults to 30): bins with fewer inputs are drawn pale; every bin's number of
+            inputs is written above its bar.
 
     Returns:
         `dict`: the pooled reliability data drawn, per panel title.
@@ -101,20 +121,16 @@ def plot_pooled_reliability(
     drawn = {}
     for axis, name in zip(axes[0], names):
         bins = drawn[name] = pool_reliability(diagrams[name])
-        edges = np.asarray(bins["bin_edges"])
         counts = np.asarray(bins["counts"])
-        accuracy = np.nan_to_num(np.asarray(bins["accuracy"], dtype=np.float64))
         colors = ["tab:blue" if count >= min_count else "lightsteelblue" for count in counts]
-        axis.bar(edges[:-1], accuracy, width=np.diff(edges), align="edge", edgecolor="black", color=colors,
-                 label="observed accuracy")
+        _draw_bins(axis, bins["bin_edges"], bins["accuracy"], counts, color=colors, label="observed accuracy")
         axis.plot([0, 1], [0, 1], "--", color="tab:red", label="perfect calibration")
         axis.set_title(f"{name} (ECE {100 * reliability_ece(bins):.2f} %)")
         axis.set_xlabel("estimated expert accuracy")
-        axis.set_xlim(0, 1)
-        axis.set_ylim(0, 1)
     axes[0][0].set_ylabel("share of tweets the expert got right")
     axes[0][-1].legend(loc="lower right", fontsize="small")
-    figure.suptitle(f"Reliability of the expert-accuracy estimates (pale: bins with fewer than {min_count} tweets)")
+    figure.suptitle(f"Reliability of the expert-accuracy estimates (above each bar: tweets in the bin, pale if "
+                    f"fewer than {min_count})", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     return drawn

@@ -10,6 +10,7 @@ from datetime import date
 from typing import Any
 
 import numpy as np
+from huggingface_hub.utils import are_progress_bars_disabled
 from tqdm.auto import tqdm
 
 from .guarantees import MARGIN_TOLERANCE, certify_threshold, empirical_budget_threshold  # noqa: F401
@@ -97,8 +98,9 @@ def calibrate_deferral(
       chosen expert where it defers) at most ``alpha``, with the fewest deferrals that certify it (Learn-then-Test);
       ``selective=True``: the classifier's error on the inputs it keeps. Needs labels and the experts' answers: the
       dataset's ``labels`` (or ``label``) and ``expert_labels`` (or ``expert_correct``) columns, or the arguments of
-      those names; rows labelled -100 are left out, and an expert without an answer (-100) on a row is not
-      available there (as [`deferral_metrics`] scores it). A `ValueError` names the smallest ``alpha`` certifiable.
+      those names; rows labelled -100 are left out. The decisions are the pipeline's, made with no knowledge of
+      who answered: an input deferred to an expert with no recorded answer (-100) counts as an error, so the bound
+      holds whatever that expert would have said. A `ValueError` names the smallest ``alpha`` certifiable.
     * ``max_mean_cost=P``: the mean price per input (``expert_costs``) at most ``P``.
 
     What was certified is recorded in ``model.config.deferral_guarantee`` (claims, ``n``, date, costs, experts and
@@ -208,20 +210,22 @@ def calibrate_deferral(
             raise ValueError("max_error needs a model with a class head; a route-only model takes a budget "
                              "(max_deferral_rate, max_mean_cost).")
         targets = _targets(dataset, labels, expert_labels, expert_correct, count, len(names))
-    inputs, availability = _with_experts(inputs, count, available_experts, names, targets)
+    inputs, availability = _with_experts(inputs, count, available_experts, names)
     if availability is not None:
         processor_kwargs = {**processor_kwargs, "available_experts": availability}
     # At threshold 0 the pipeline's own decisions (today's rule); certifying, a threshold below every margin names the
     # expert each input would go to.
     with warnings.catch_warnings():  # calibrating is not deciding: a former guarantee has nothing to say about it
         warnings.filterwarnings("ignore", message="this call is not covered by the model's deferral guarantee")
+        warnings.filterwarnings("ignore", message="this call decides with .* was calibrated")
         outputs = pipe(inputs, batch_size=batch_size, expert_costs=costs,
                        defer_threshold=-1e300 if certified else 0.0, return_margin=True, **processor_kwargs)
     margins, deferred = np.empty(count), np.empty(count, dtype=bool)
     chosen, predicted = np.full(count, -1), np.full(count, -1)
     index = {name: j for j, name in enumerate(names)}
     classes = {name: k for k, name in (config.id2label or {}).items()}
-    for i, out in enumerate(tqdm(outputs, total=count, desc="Calibrating deferral", disable=count < 1000)):
+    for i, out in enumerate(tqdm(outputs, total=count, desc="Calibrating deferral",
+                                 disable=count < 1000 or are_progress_bars_disabled())):
         margins[i], deferred[i] = out["margin"], out["defer"]
         chosen[i] = index.get(out["expert"], -1)
         predicted[i] = classes.get(out.get("class_label"), -1)
@@ -237,6 +241,8 @@ def calibrate_deferral(
     config.defer_threshold = threshold
     if costs is not None:
         config.expert_costs = [float(cost) for cost in costs]
+    # What the threshold was calibrated at: a call with other costs (or another threshold) warns.
+    config.calibrated_expert_costs = [float(cost) for cost in (costs or [0.0] * len(names))]
     for name in ("defer_threshold", "expert_costs"):  # values fixed at construction would override the config's
         pipe._postprocess_params.pop(name, None)
     return threshold
@@ -280,16 +286,14 @@ def _targets(dataset: Any, labels: Any, expert_labels: Any, expert_correct: Any,
     return y.astype(np.int64), correct, answered
 
 
-def _with_experts(inputs: Iterator[Any], count: int, available_experts: Any, names: list[str],
-                  targets: tuple | None) -> tuple[Iterator[Any], Any]:
-    """The input stream and the whole call's ``available_experts``: per-input availability (given per input, or the
-    experts who answered, for an error target) rides with each input."""
+def _with_experts(inputs: Iterator[Any], count: int, available_experts: Any,
+                  names: list[str]) -> tuple[Iterator[Any], Any]:
+    """The input stream and the whole call's ``available_experts``: per-input availability rides with each input."""
     per_input, mask = (False, None) if available_experts is None else parse_available_experts(available_experts, names)
     if per_input and mask.shape[0] != count:
         raise ValueError(f"available_experts has {mask.shape[0]} rows (one per input), but dataset has {count} inputs.")
-    if targets is not None:  # an expert without an answer is not available there (as deferral_metrics scores it)
-        mask = targets[2] & (np.ones(len(names), dtype=bool) if mask is None else mask)
-        per_input = True
+    # Who answered is not known at decision time: the decisions are the pipeline's (an input deferred to an expert
+    # with no recorded answer counts as an error of the guarantee, which stays an upper bound).
     if not per_input:
         return inputs, mask
     return (InputWithAvailability(item, row) for item, row in zip(inputs, mask)), None

@@ -6,9 +6,24 @@ Imports `hf_defer.modeling` (the pipeline's answer marker, and the model a head 
 on) and the libraries; never data, evaluation, training, hub or commands.
 """
 
-from .embeddings import add_embeddings, embed_texts
-from .model_experts import model_expert
-from .simulated import annotator_accuracy, annotator_expert, class_subset_expert, dialect_biased_expert, stack_experts
+from typing import TYPE_CHECKING
 
-__all__ = ["add_embeddings", "annotator_accuracy", "annotator_expert", "class_subset_expert",
-           "dialect_biased_expert", "embed_texts", "model_expert", "stack_experts"]
+from .._lazy import lazy_exports
+
+_EXPORTS = {
+    "add_embeddings": "embeddings",
+    "annotator_accuracy": "simulated",
+    "annotator_expert": "simulated",
+    "class_subset_expert": "simulated",
+    "dialect_biased_expert": "simulated",
+    "embed_texts": "embeddings",
+    "model_expert": "model_experts",
+    "stack_experts": "simulated",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from .embeddings import add_embeddings, embed_texts
+    from .model_experts import model_expert
+    from .simulated import annotator_accuracy, annotator_expert, class_subset_expert, dialect_biased_expert, stack_experts

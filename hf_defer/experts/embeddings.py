@@ -30,6 +30,7 @@ import numpy as np
 
 from ..modeling.modeling_deferral import DeferralPreTrainedModel, EncoderForDeferral
 from ..modeling.validators import check_positive_int
+from .cache import hf_defer_cache_dir
 
 __all__ = ["DEFAULT_SENTENCE_ENCODER", "add_embeddings", "default_embedding_cache_dir", "embed_texts",
            "head_on_sentence_encoder", "resolve_sentence_encoder", "sentence_encoder_max_length",
@@ -126,11 +127,7 @@ def default_embedding_cache_dir() -> Path:
 
     ```
     """
-    root = os.environ.get("HF_DEFER_CACHE")
-    if root:
-        return Path(root).expanduser() / "embeddings"
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
-    return Path(home).expanduser() / "hf_defer" / "embeddings"
+    return hf_defer_cache_dir() / "embeddings"
 
 
 def _model_fingerprint(path: str) -> str:

@@ -1,7 +1,9 @@
 """`AutoModelForDeferral`: loads the deferral model class registered for a config, without transformers internals.
 
-A small explicit auto class in the manner of peft's ``auto.py``: a mapping from config class to model class, filled
-by ``hf_defer/__init__.py``, and ``from_pretrained`` / ``from_config`` that look the class up in it.
+A small explicit auto class in the manner of peft's ``auto.py``: a mapping from config class to model class, and
+``from_pretrained`` / ``from_config`` that look the class up in it. Importing this module registers
+`DeferralConfig -> EncoderForDeferral` in it and the pipeline task ``"deferral"`` over it (after `import hf_defer`,
+importing `transformers.pipelines` imports this module).
 """
 
 from __future__ import annotations
@@ -13,13 +15,18 @@ from typing import Any, ClassVar
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from transformers.utils import CONFIG_NAME, find_adapter_config_file, is_peft_available
 
+from ..modeling.configuration_deferral import DeferralConfig
+from ..modeling.modeling_deferral import EncoderForDeferral
+from ..modeling.pipeline_deferral import DeferralPipeline
+from .model_source import resolve_model_name
+
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "subfolder", "trust_remote_code")
 
 
 class AutoModelForDeferral:
     """Auto class for deferral models: `AutoModelForDeferral.from_pretrained(path)` after `import hf_defer`.
 
-    It is also the model class of the library's `"deferral"` pipeline task. `hf_defer` registers
+    It is also the model class of the library's `"deferral"` pipeline task. This module registers
     `DeferralConfig -> EncoderForDeferral`, which builds an [`EncoderForRouting`] for a route-only config (the
     registered class's `class_for_config` chooses); [`register`] adds other pairs.
 
@@ -85,8 +92,13 @@ class AutoModelForDeferral:
 
         A folder or repository holding only a PEFT adapter (``adapter_config.json``, as `save_pretrained` of a model
         with adapters writes it) loads its base model (``base_model_name_or_path``) with the adapter on top, as
-        transformers' own auto classes do.
+        transformers' own auto classes do. A name that is neither a folder here nor a Hub id that can be loaded fails at
+        once, saying both ([`resolve_model_name`]).
         """
+        if not (kwargs.get("local_files_only") or kwargs.get("subfolder")):  # a missing folder is named at once
+            pretrained_model_name_or_path = resolve_model_name(
+                pretrained_model_name_or_path, "pretrained_model_name_or_path", token=kwargs.get("token"),
+                revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
         config = kwargs.pop("config", None)
         path = os.fspath(pretrained_model_name_or_path)
         config_source = pretrained_model_name_or_path
@@ -105,5 +117,17 @@ class AutoModelForDeferral:
         kwargs.pop("trust_remote_code", None)
         return model_class.from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
 
+
+def _register() -> None:
+    """`AutoModelForDeferral` loads `DeferralConfig` folders, and `pipeline("deferral", model=...)` builds a
+    [`DeferralPipeline`] over it."""
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    AutoModelForDeferral.register(DeferralConfig, EncoderForDeferral, exist_ok=True)
+    if PIPELINE_REGISTRY.supported_tasks.get("deferral", {}).get("impl") is not DeferralPipeline:
+        PIPELINE_REGISTRY.register_pipeline("deferral", pipeline_class=DeferralPipeline, pt_model=AutoModelForDeferral)
+
+
+_register()
 
 __all__ = ["AutoModelForDeferral"]

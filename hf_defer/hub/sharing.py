@@ -3,7 +3,8 @@
 [`EncoderForDeferral.save_pretrained`] alone writes what a folder needs: ``model.safetensors`` (never a pickle),
 ``config.json`` with ``auto_map`` and ``custom_pipelines``, and the code that remote loading runs
 (``configuration_deferral.py``, ``modeling_deferral.py``, ``saving_deferral.py``, ``surrogates.py``,
-``surrogate_base.py``, ``surrogate_routing.py``, ``side_features.py``, ``pipeline_deferral.py`` and ``validators.py``), so that
+``surrogate_base.py``, ``surrogate_routing.py``, ``side_features.py``, ``pipeline_deferral.py``, ``validators.py`` and
+``library_mode.py``), so that
 ``pipeline(model=folder, trust_remote_code=True)`` and ``AutoModel.from_pretrained(folder, trust_remote_code=True)``
 work without hf_defer; with hf_defer imported, ``pipeline("deferral", model=folder)`` uses the installed library. [`save_for_hub`] adds the tokenizer or image
 processor and the deferral model card; [`push_to_hub`] uploads such a folder.
@@ -29,7 +30,9 @@ def save_for_hub(
     overwrite: bool = False,
 ) -> list[str]:
     """Saves a deferral model ready to upload: [`EncoderForDeferral.save_pretrained`], plus the tokenizer or image
-    processor if given and the model card if ``card_data`` is given.
+    processor if given and the deferral model card: rendered from ``card_data``, or, without it, built from the
+    model's config ([`DeferralModelCardData.from_model`]: classes, experts, threshold, costs, guarantee; no metrics),
+    so that the card in the folder always describes the config next to it.
 
     Everything is written to a temporary folder first. Unless ``overwrite=True``, no file already in
     ``save_directory`` is replaced (files with the same content excepted) and no stale weight shard deleted: a
@@ -40,7 +43,8 @@ def save_for_hub(
         model ([`EncoderForDeferral`]): the model.
         save_directory (`str` or `os.PathLike`): where to write; created if missing.
         processing_class (*optional*): tokenizer or image processor, saved next to the model.
-        card_data ([`DeferralModelCardData`], *optional*): renders ``README.md`` and the reliability diagram.
+        card_data ([`DeferralModelCardData`], *optional*): renders ``README.md`` and the reliability diagram;
+            defaults to the card data of the model's config, named after the folder.
         overwrite (`bool`, *optional*, defaults to `False`): replace the files already in ``save_directory``.
 
     Returns:
@@ -58,7 +62,7 @@ def save_for_hub(
     >>> model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=4, num_labels=2))
     >>> files = hf_defer.save_for_hub(model, tempfile.mkdtemp())
     >>> sorted(f for f in files if f.endswith(".py"))
-    ['configuration_deferral.py', 'modeling_deferral.py', 'pipeline_deferral.py', 'saving_deferral.py', 'side_features.py', 'surrogate_base.py', 'surrogate_routing.py', 'surrogates.py', 'validators.py']
+    ['configuration_deferral.py', 'library_mode.py', 'modeling_deferral.py', 'pipeline_deferral.py', 'saving_deferral.py', 'side_features.py', 'surrogate_base.py', 'surrogate_routing.py', 'surrogates.py', 'validators.py']
 
     ```
     """
@@ -76,10 +80,11 @@ def save_for_hub(
             (Path(stage) / "README.md").unlink(missing_ok=True)
         if processing_class is not None:
             processing_class.save_pretrained(stage)
-        if card_data is not None:
-            from .model_card import render_model_card
+        from .model_card import DeferralModelCardData, render_model_card
 
-            render_model_card(card_data, stage)
+        if card_data is None:  # the card of the config in this folder
+            card_data = DeferralModelCardData.from_model(model, model_name=folder.resolve().name or "deferral-model")
+        render_model_card(card_data, stage)
         move_saved_files(stage, folder, overwrite)
     return sorted(name for name in os.listdir(folder) if not name.startswith(".hf_defer_save_"))
 
@@ -146,6 +151,8 @@ def push_to_hub(
         card_data = DeferralModelCardData.from_model(model, model_name=repo_id.split("/")[-1], repo_id=repo_id)
     with tempfile.TemporaryDirectory() as folder:
         save_for_hub(model, folder, processing_class, card_data)
+        if keep_card:  # the repository's own card stays
+            (Path(folder) / "README.md").unlink(missing_ok=True)
         return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message
                                  or "Upload deferral model", commit_description=commit_description,
                                  revision=revision, create_pr=create_pr)

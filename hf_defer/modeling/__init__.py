@@ -7,13 +7,32 @@ modules import only torch, transformers, the standard library and each other, re
 hf_defer: a saved folder must load without the library installed.
 """
 
-from .configuration_deferral import DeferralConfig
-from .modeling_deferral import DeferralOutput, DeferralPreTrainedModel, EncoderForDeferral, EncoderForRouting
-from .pipeline_deferral import DeferralPipeline
-from .surrogates import SURROGATES, DeferralSurrogate, get_surrogate, surrogate_class
-from .surrogate_routing import RouteOnlySurrogate, is_route_only
-from .side_features import side_feature_specs
+from typing import TYPE_CHECKING
 
-__all__ = ["SURROGATES", "DeferralConfig", "DeferralOutput", "DeferralPipeline", "DeferralPreTrainedModel",
-           "DeferralSurrogate", "EncoderForDeferral", "EncoderForRouting", "RouteOnlySurrogate", "get_surrogate",
-           "is_route_only", "side_feature_specs", "surrogate_class"]
+from .._lazy import lazy_exports
+
+_EXPORTS = {
+    "SURROGATES": "surrogates",
+    "DeferralConfig": "configuration_deferral",
+    "DeferralOutput": "modeling_deferral",
+    "DeferralPipeline": "pipeline_deferral",
+    "DeferralPreTrainedModel": "modeling_deferral",
+    "DeferralSurrogate": "surrogates",
+    "EncoderForDeferral": "modeling_deferral",
+    "EncoderForRouting": "modeling_deferral",
+    "RouteOnlySurrogate": "surrogate_routing",
+    "get_surrogate": "surrogates",
+    "is_route_only": "surrogate_routing",
+    "side_feature_specs": "side_features",
+    "surrogate_class": "surrogates",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from .configuration_deferral import DeferralConfig
+    from .modeling_deferral import DeferralOutput, DeferralPreTrainedModel, EncoderForDeferral, EncoderForRouting
+    from .pipeline_deferral import DeferralPipeline
+    from .surrogates import SURROGATES, DeferralSurrogate, get_surrogate, surrogate_class
+    from .surrogate_routing import RouteOnlySurrogate, is_route_only
+    from .side_features import side_feature_specs

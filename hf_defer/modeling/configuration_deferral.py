@@ -1,8 +1,10 @@
 """Configuration of a learning-to-defer model: an encoder (or precomputed features) and a K + M head.
 
 This module imports ``transformers``, the standard library and its siblings ``surrogates`` / ``surrogate_base`` (the
-surrogate names, the check of expert costs), ``validators`` and ``pipeline_deferral`` (the reserved label ``"defer"``): all are copied
-next to the weights for remote-code loading (``trust_remote_code=True``).
+surrogate names, the check of expert costs), ``side_features`` and ``validators`` (the argument checks, and the names
+the pipeline reserves: the label ``"defer"``): all are copied next to the weights for remote-code loading
+(``trust_remote_code=True``). Imported as part of hf_defer, it registers the model type ``"deferral"`` with
+`AutoConfig`.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from typing import Any, ClassVar
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
-from .pipeline_deferral import CLASSIFIER_ANSWER, DEFER_LABEL
+from .library_mode import LIBRARY_MODE
 from .surrogate_base import check_defer_threshold, check_expert_costs  # sibling modules: remote code copies them too
 from .surrogates import SURROGATES as SURROGATE_NAMES
 from .side_features import check_side_features
-from .validators import is_finite_number, is_int
+from .validators import CLASSIFIER_ANSWER, DEFER_LABEL, is_finite_number, is_int
 
 POOLING_MODES: tuple[str, ...] = ("cls", "mean", "max", "last")
 """Values of `DeferralConfig.pooling`."""
@@ -152,6 +154,9 @@ class DeferralConfig(PretrainedConfig):
             (`hf_defer.evaluation.guarantees.DeferralGuarantee`); `None` when nothing is certified. A calibration
             without a confidence clears it; the model card states it and the pipeline warns when a call changes what
             it was certified for.
+        calibrated_expert_costs (`list[float]`, *optional*):
+            The expert costs `defer_threshold` was calibrated at (set by `calibrate_deferral`); `None` for a threshold
+            never calibrated. The pipeline warns when a call decides with other costs or another threshold.
         kwargs (*optional*):
             Passed to [`PretrainedConfig`] (`id2label`, `label2id`, ...). The class names of `id2label` must be
             distinct, and none may be `"defer"`: the pipeline's `label` of a deferred input.
@@ -198,6 +203,7 @@ class DeferralConfig(PretrainedConfig):
     default_expert: str | int | None = None
     side_features: list[dict] | None = None
     deferral_guarantee: dict | None = None
+    calibrated_expert_costs: list[int | float] | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.route_only is True:  # no class head: classes given are an error, none is 0 (not the base's 2)
@@ -369,14 +375,18 @@ class DeferralConfig(PretrainedConfig):
         self._validate_deferral_fields()
 
 
-def _register_remote_task() -> None:
-    """Remote code only (this file loaded from a saved folder, without hf_defer): registers the task ``"deferral"``.
+def _register() -> None:
+    """Library mode: `AutoConfig` loads folders of model type ``"deferral"``, and `save_pretrained` copies the code
+    modules next to the weights and writes ``auto_map`` (remote-code loading without hf_defer).
 
+    Remote code (this file loaded from a saved folder, without hf_defer): registers the task ``"deferral"``.
     `transformers.pipeline` reads the config before it looks the task up, so ``pipeline("deferral", model=folder,
     trust_remote_code=True)`` then builds the folder's own `DeferralPipeline` over ``AutoModel`` (the folder's
     ``auto_map``), as the library does. With hf_defer imported, the library's registration stands.
     """
-    if __name__.split(".")[0] == "hf_defer":
+    if LIBRARY_MODE:
+        AutoConfig.register(DeferralConfig.model_type, DeferralConfig, exist_ok=True)
+        DeferralConfig.register_for_auto_class()
         return
     from transformers import AutoModel
     from transformers.pipelines import PIPELINE_REGISTRY
@@ -387,6 +397,6 @@ def _register_remote_task() -> None:
         PIPELINE_REGISTRY.register_pipeline("deferral", pipeline_class=DeferralPipeline, pt_model=AutoModel)
 
 
-_register_remote_task()
+_register()
 
 __all__ = ["EXPERT_KINDS", "DeferralConfig"]

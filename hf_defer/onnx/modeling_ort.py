@@ -56,6 +56,7 @@ class ORTModelForDeferral:
         session (`onnxruntime.InferenceSession`): the exported graph.
         config ([`DeferralConfig`]): the model's config (saved next to the graph).
         name_or_path (`str`, *optional*): where it was loaded from.
+        model_path (`str`, *optional*): the ONNX file (for [`state_dict`]).
 
     Example:
 
@@ -77,8 +78,10 @@ class ORTModelForDeferral:
     dtype = torch.float32
     training = False
 
-    def __init__(self, session: Any, config: DeferralConfig, name_or_path: str | os.PathLike | None = None) -> None:
+    def __init__(self, session: Any, config: DeferralConfig, name_or_path: str | os.PathLike | None = None,
+                 model_path: str | os.PathLike | None = None) -> None:
         self.session = session
+        self.model_path = None if model_path is None else Path(model_path)
         self.config = config
         self.surrogate = surrogate_for_config(config)
         self.input_names = [node.name for node in session.get_inputs()]
@@ -130,7 +133,7 @@ class ORTModelForDeferral:
             session_options.intra_op_num_threads = torch.get_num_threads()
             session_options.inter_op_num_threads = 1
         session = onnxruntime.InferenceSession(str(path), session_options, providers=[provider])
-        return cls(session, config, folder)
+        return cls(session, config, folder, path)
 
     # what the pipeline asks of a model
     def to(self, device: Any) -> ORTModelForDeferral:
@@ -144,6 +147,17 @@ class ORTModelForDeferral:
 
     def can_generate(self) -> bool:
         return False
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The graph's weights (its initializers) by name, as tensors: what identifies the exported model (`hf-defer
+        predict` records their digest, as it does a PyTorch model's `state_dict`)."""
+        if self.model_path is None:
+            raise ValueError("state_dict: this ORTModelForDeferral was built without model_path (the ONNX file).")
+        import onnx
+        from onnx import numpy_helper
+
+        graph = onnx.load(str(self.model_path)).graph
+        return {tensor.name: torch.from_numpy(numpy_helper.to_array(tensor).copy()) for tensor in graph.initializer}
 
     def __repr__(self) -> str:
         return f"ORTModelForDeferral({self.name_or_path!r}, inputs={self.input_names})"

@@ -16,27 +16,34 @@ decision endpoint in serving import it. Needs
 `pip install 'hf-defer[review]'`.
 """
 
-from .client import DEFAULT_TOKEN_ENV, ReviewProject, ReviewServerError, connect
-from .labeling import check_label_config, label_config
-from .pulling import PullResult, pull, pull_to_csv, read_answers, reviews_to_columns
-from .pushing import PushReport, push, push_dataset
-from .tasks import deferred_tasks, task_key
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "DEFAULT_TOKEN_ENV",
-    "PullResult",
-    "PushReport",
-    "ReviewProject",
-    "ReviewServerError",
-    "check_label_config",
-    "connect",
-    "deferred_tasks",
-    "label_config",
-    "pull",
-    "pull_to_csv",
-    "push",
-    "push_dataset",
-    "read_answers",
-    "reviews_to_columns",
-    "task_key",
-]
+from .._lazy import lazy_exports
+
+_EXPORTS = {
+    "DEFAULT_TOKEN_ENV": "client",
+    "PullResult": "pulling",
+    "PushReport": "pushing",
+    "ReviewProject": "client",
+    "ReviewServerError": "client",
+    "check_label_config": "labeling",
+    "connect": "client",
+    "deferred_tasks": "tasks",
+    "label_config": "labeling",
+    "pull": "pulling",
+    "pull_to_csv": "pulling",
+    "push": "pushing",
+    "push_dataset": "pushing",
+    "read_answers": "pulling",
+    "reviews_to_columns": "pulling",
+    "task_key": "tasks",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from .client import DEFAULT_TOKEN_ENV, ReviewProject, ReviewServerError, connect
+    from .labeling import check_label_config, label_config
+    from .pulling import PullResult, pull, pull_to_csv, read_answers, reviews_to_columns
+    from .pushing import PushReport, push, push_dataset
+    from .tasks import deferred_tasks, task_key

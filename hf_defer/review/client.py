@@ -80,17 +80,49 @@ def _explain(error: Exception, url: str, token_env: str, doing: str) -> ReviewSe
     return ReviewServerError(f"{doing} on the Label Studio server at {url} failed: {error!r}")
 
 
+class _UnexpectedShape(TypeError):
+    """The server's JSON parsed, but not into what the Label Studio API answers (raised by [`_expect`])."""
+
+
+def _expect(condition: bool, what: str) -> None:
+    """Raises [`_UnexpectedShape`] saying `what` was expected of the server's answer, unless `condition`."""
+    if not condition:
+        raise _UnexpectedShape(what)
+
+
+def _shape_errors() -> tuple[type[Exception], ...]:
+    """What the SDK and the code reading its answers raise on valid JSON of the wrong shape."""
+    import pydantic
+
+    return (_UnexpectedShape, TypeError, AttributeError, KeyError, pydantic.ValidationError)
+
+
+def _unexpected(error: Exception, url: str, doing: str) -> ReviewServerError:
+    what = str(error) if isinstance(error, _UnexpectedShape) else f"{type(error).__name__}: {error}"
+    return ReviewServerError(f"the server at {url} answered {doing} with JSON that is not what the Label Studio API "
+                             f"sends ({' '.join(what.split())[:300]}); is {url} a Label Studio server (label-studio "
+                             "1.x), reached directly rather than through a proxy that rewrites its answers?")
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _guarded(method: Any) -> Any:
-    """Turn transport and API errors raised inside a [`ReviewProject`] method into a [`ReviewServerError`]."""
+    """Turn transport and API errors, and answers of the wrong shape, raised inside a [`ReviewProject`] method into a
+    [`ReviewServerError`] that names the server and what was being done."""
     def wrapper(self: ReviewProject, *args: Any, **kwargs: Any) -> Any:
         import httpx
         from label_studio_sdk.core.api_error import ApiError
 
+        doing = method.__doc__.split("\n")[0].rstrip(".")
+        doing = doing[:1].lower() + doing[1:]
         try:
             return method(self, *args, **kwargs)
         except (httpx.HTTPError, ApiError) as error:
-            doing = method.__doc__.split("\n")[0].rstrip(".")
-            raise _explain(error, self.url, self.token_env, doing[:1].lower() + doing[1:]) from error
+            raise _explain(error, self.url, self.token_env, doing) from error
+        except _shape_errors() as error:
+            raise _unexpected(error, self.url, doing) from error
     wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
     return wrapper
 
@@ -134,6 +166,8 @@ class ReviewProject:
         keys: dict[str, int] = {}
         repeated: list[str] = []
         for task in self.client.tasks.list(project=self.project_id, fields="task_only", page_size=PAGE_SIZE):
+            _expect(_is_id(task.id) and isinstance(task.data or {}, dict),
+                    f"a task with an integer id and a data object, got {task.id!r} and {task.data!r:.80}")
             key = (task.data or {}).get(KEY_FIELD)
             if key is not None:
                 if str(key) in keys:
@@ -150,7 +184,10 @@ class ReviewProject:
 
         One import request (atomic on the server); returns the new task ids."""
         response = self.client.projects.import_tasks(id=self.project_id, request=list(tasks), return_task_ids=True)
-        return list(response.task_ids or [])
+        ids = response.task_ids or []
+        _expect(isinstance(ids, list) and all(_is_id(task_id) for task_id in ids),
+                f"'task_ids' a list of integer task ids, got {ids!r:.80}")
+        return list(ids)
 
     @_guarded
     def annotated_tasks(self) -> list[dict[str, Any]]:
@@ -163,6 +200,14 @@ class ReviewProject:
         tasks = []
         for task in self.client.tasks.list(project=self.project_id, fields="all", query=query, page_size=PAGE_SIZE):
             annotations = [item if isinstance(item, dict) else item.dict() for item in (task.annotations or [])]
+            _expect(_is_id(task.id) and isinstance(task.data or {}, dict),
+                    f"a task with an integer id and a data object, got {task.id!r} and {task.data!r:.80}")
+            for annotation in annotations:
+                result = annotation.get("result") or []
+                _expect(isinstance(result, list) and all(isinstance(item, dict) and isinstance(item.get("value") or {},
+                                                                                               dict) for item in result),
+                        f"task {task.id}: an annotation's 'result' a list of objects with a 'value' object, got "
+                        f"{result!r:.80}")
             tasks.append({"id": task.id, "data": task.data or {}, "annotations": annotations,
                           "updated_at": None if task.updated_at is None else task.updated_at.isoformat()})
         return tasks
@@ -174,7 +219,11 @@ class ReviewProject:
         Each user id mapped to the identity answers are filed under: the user's email (else username, else
         `user-<id>`)."""
         if refresh or not self._users:
-            self._users = {user.id: user.email or user.username or f"user-{user.id}" for user in self.client.users.list()}
+            users = list(self.client.users.list())
+            _expect(all(_is_id(user.id) and isinstance(user.email or user.username or "", str) for user in users),
+                    "users with an integer id and a text email or username, got "
+                    f"{[(user.id, user.email) for user in users][:3]!r:.80}")
+            self._users = {user.id: user.email or user.username or f"user-{user.id}" for user in users}
         return self._users
 
 
@@ -256,8 +305,11 @@ def connect(
                                         "project's id or title, or a new title with create=True and the model's "
                                         "id2label.")
             found = client.projects.create(title=str(project), label_config=label_config(classes))
+            _expect(_is_id(found.id), f"the created project with an integer id, got {found.id!r}")
             logger.info(f"created the Label Studio project {found.title!r} (id {found.id}) for the classes {classes}.")
             found = client.projects.get(id=found.id)
+        _expect(_is_id(found.id) and isinstance(found.title, str) and isinstance(found.label_config or "", str),
+                f"a project with an integer id, a title and a labelling configuration, got id {found.id!r}")
     except ReviewServerError:
         raise
     except Exception as error:
@@ -266,6 +318,8 @@ def connect(
 
         if isinstance(error, (httpx.HTTPError, ApiError)):
             raise _explain(error, url, token_env, f"opening project {project!r}") from error
+        if isinstance(error, _shape_errors()):
+            raise _unexpected(error, url, f"opening project {project!r}") from error
         raise
     if classes is None:
         classes = config_classes(found.label_config or "")

@@ -150,8 +150,13 @@ def read_answers(path: str | os.PathLike) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         return _empty()
-    table = pd.read_csv(path, dtype={"item": str, "annotator": str, "answer": str, "time": str, "text": str},
-                        keep_default_na=False, na_values={"lead_time": [""]})
+    try:
+        table = pd.read_csv(path, dtype={"item": str, "annotator": str, "answer": str, "time": str, "text": str},
+                            keep_default_na=False, na_values={"lead_time": [""]}, encoding="utf-8-sig")
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        reason = " ".join(str(error).split())[:200]
+        raise ValueError(f"the answers file {str(path)!r} cannot be read as a UTF-8 CSV ({reason}); give the file "
+                         "`hf-defer review pull` keeps, or another --output.") from None
     return _check_known(table)
 
 

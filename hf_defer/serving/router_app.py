@@ -2,12 +2,18 @@
 model the router picks.
 
 - `POST /v1/chat/completions`: the request's `model` is the router's name (`hf-defer-router` by default; routed on
-  the last user message) or one of the upstream models' names (sent there, not routed). The answer is the upstream's,
-  with the field `hf_defer` (`model`: who answered, `routed_to`: the router's pick before the strong-call cap,
-  `margin`, `fallback_from`) and the headers `x-hf-defer-model`, `x-hf-defer-routed-to`, `x-hf-defer-routing-ms`.
+  the last user message) or one of the upstream models' names (sent there, not routed; not with `pinning=False`).
+  The answer is the upstream's, with the field `hf_defer` (`model`: who answered, `routed_to`: the router's pick
+  before the strong-call cap, `capped`: whether the cap (`max_strong_rate`) sent it elsewhere, `margin`,
+  `fallback_from`) and the headers `x-hf-defer-model`, `x-hf-defer-routed-to`, `x-hf-defer-capped` (`true` /
+  `false`), `x-hf-defer-routing-ms`.
   `"stream": true` streams the upstream's server-sent events through unchanged (the headers say who answers).
 - `GET /v1/models`: the router and the upstream models.
 - `GET /metrics`: the counters of [`RouterMetrics`], Prometheus text (`?format=json` for JSON).
+- `GET /health`: `{"status": "ok"}`, the one path open without a client key.
+
+Every request passes the [`AccessGuard`] of `access` first (client keys, rate, size). A malformed request (the body's
+fields checked against OpenAI's chat completion schema, as far as routing reads it) is 400 in OpenAI's error shape.
 
 An upstream error gives the client HTTP 502 (504 for a timeout) with a message naming the model, in OpenAI's error
 shape; only with `fallback=True` is the request tried on the next model of the router's ranking first.
@@ -23,19 +29,16 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .metrics import CONTENT_TYPE_LATEST, RouterMetrics
+from .access import HEALTH_PATH, AccessGuard, AccessPolicy
+from .errors import RequestError, install_error_handlers, openai_error, read_json_object
+from .metrics import RouterMetrics, metrics_response
 from .routing import PromptRouter, RoutingDecision
 from .upstream import Upstream, UpstreamError, complete, open_stream, relay
 
-__all__ = ["DEFAULT_ROUTER_NAME", "build_router_app", "last_user_message"]
+__all__ = ["DEFAULT_ROUTER_NAME", "build_router_app", "check_chat_request", "last_user_message"]
 
 DEFAULT_ROUTER_NAME = "hf-defer-router"
-
-
-def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-           headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status, headers=dict(headers or {}))
+_METADATA_VALUES = (str, int, float, bool)
 
 
 def last_user_message(messages: Any) -> str:
@@ -58,17 +61,76 @@ def last_user_message(messages: Any) -> str:
         if isinstance(message, dict) and message.get("role") == "user":
             content = message.get("content")
             if isinstance(content, list):
-                content = "\n".join(part.get("text", "") for part in content
-                                    if isinstance(part, dict) and part.get("type") == "text")
+                texts = [part.get("text", "") for part in content if isinstance(part, dict)
+                         and part.get("type") == "text"]
+                if not all(isinstance(text, str) for text in texts):
+                    raise ValueError("a text part of the last user message has a `text` that is not a string.")
+                content = "\n".join(texts)
             if isinstance(content, str) and content.strip():
                 return content
             raise ValueError("the last user message has no text to route on (content must be a string or text parts).")
     raise ValueError("messages has no user message: the router routes on the last one.")
 
 
+def check_chat_request(body: Mapping[str, Any]) -> None:
+    """Checks the fields of a chat completion request that the router reads or passes on as they are, against
+    OpenAI's schema: a [`RequestError`] (400) names the first field of a wrong type. Other fields go to the upstream
+    unchecked (it knows its own).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.serving.router_app import check_chat_request
+    >>> check_chat_request({"model": ["gpt-4o"], "messages": []})  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    RequestError: model must be a string (a model's name), got list.
+
+    ```
+    """
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError(f"model must be a string (a model's name), got {type(model).__name__}.", "model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(f"messages must be a non-empty list of chat messages, got {type(messages).__name__}.",
+                           "messages")
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise RequestError(f"{where} must be an object with a role and a content, got {type(message).__name__}.",
+                               where)
+        if not isinstance(message.get("role"), str):
+            raise RequestError(f"{where}.role must be a string, got {type(message.get('role')).__name__}.",
+                               f"{where}.role")
+        content = message.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise RequestError(f"{where}.content must be a string or a list of content parts, got "
+                               f"{type(content).__name__}.", f"{where}.content")
+        for j, part in enumerate(content):
+            at = f"{where}.content[{j}]"
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise RequestError(f"{at} must be an object with a string `type`.", at)
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise RequestError(f"{at}.text must be a string, got {type(part.get('text')).__name__}.",
+                                   f"{at}.text")
+    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
+        raise RequestError(f"stream must be true or false, got {type(body['stream']).__name__}.", "stream")
+    metadata = body.get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise RequestError(f"metadata must be an object of strings, got {type(metadata).__name__}.", "metadata")
+        for key, value in metadata.items():
+            if not isinstance(value, _METADATA_VALUES):
+                raise RequestError(f"metadata[{key!r:.40}] must be a string (or a number), got "
+                                   f"{type(value).__name__}.", f"metadata.{key:.40}")
+
+
 def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *, fallback: bool = False,
                      timeout: float = 60.0, router_name: str = DEFAULT_ROUTER_NAME,
-                     max_connections: int = 1000) -> FastAPI:
+                     max_connections: int = 1000, access: AccessPolicy | None = None,
+                     pinning: bool = True) -> FastAPI:
     """The OpenAI-compatible routing app (see the module's docstring); run it with uvicorn.
 
     Args:
@@ -80,6 +142,10 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
             bytes of its answer) before the client gets 504.
         router_name (`str`, *optional*): the `model` a client names to be routed.
         max_connections (`int`, *optional*, defaults to 1000): connections kept open to the upstreams.
+        access ([`~hf_defer.serving.access.AccessPolicy`], *optional*): client keys, rate and size limits; defaults
+            to no keys (keep such an app on a loopback address) and the default size limit.
+        pinning (`bool`, *optional*, defaults to `True`): a request may name an upstream model and go there unrouted;
+            with `False` every request is routed (and counted by the strong-call cap), and naming a model is 404.
 
     Example:
 
@@ -94,7 +160,8 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
         raise ValueError(f"upstreams has no URL for {missing}, which the router routes to.")
     if router_name in upstreams:
         raise ValueError(f"router_name {router_name!r} is also the name of an upstream model; pick another.")
-    metrics = RouterMetrics(router.expert_names)
+    access = AccessPolicy() if access is None else access
+    metrics = RouterMetrics(router.expert_names, access.client_names)
     state: dict[str, httpx.AsyncClient] = {}
 
     @asynccontextmanager
@@ -111,46 +178,47 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
 
     app = FastAPI(title="hf_defer router", lifespan=lifespan)
     app.state.router, app.state.upstreams, app.state.metrics = router, dict(upstreams), metrics
+    app.state.access = access
+    install_error_handlers(app)
+    app.add_middleware(AccessGuard, policy=access, metrics=metrics.clients)
+
+    @app.get(HEALTH_PATH)
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        names = [router_name, *upstreams]
+        names = [router_name, *upstreams] if pinning else [router_name]
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "hf_defer"}
                                            for name in names]}
 
     @app.get("/metrics")
     async def metrics_endpoint(format: str = "prometheus") -> Response:
-        if format == "json":
-            return JSONResponse(metrics.as_json())
-        if format != "prometheus":
-            return _error(400, f"format must be 'prometheus' or 'json', got {format!r}.", param="format")
-        return Response(metrics.as_text(), media_type=CONTENT_TYPE_LATEST)
+        return metrics_response(metrics, format)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         metrics.requests.labels(endpoint="chat_completions").inc()
-        try:
-            body = await request.json()
-        except ValueError:
-            return _error(400, "the request body must be a JSON chat completion request.")
-        if not isinstance(body, dict):
-            return _error(400, f"the request body must be a JSON object, got {type(body).__name__}.")
-        requested = body.get("model", router_name)
-        if requested != router_name and requested not in upstreams:
-            return _error(404, f"model {requested!r} is not served here: name {router_name!r} to be routed, or one "
-                          f"of {list(upstreams)}.", "not_found_error", "model")
+        client = request.scope.get("hf_defer.client", "anonymous")
+        body = await read_json_object(request, '{"model": ..., "messages": [...]}')
+        check_chat_request(body)
+        requested = body.get("model") or router_name
+        if requested != router_name and (requested not in upstreams or not pinning):
+            served = f"name {router_name!r} to be routed" + (f", or one of {list(upstreams)}" if pinning else
+                                                             " (this server routes every request)")
+            return openai_error(404, f"model {requested!r:.80} is not served here: {served}.", param="model")
         try:
             prompt = last_user_message(body.get("messages"))
         except ValueError as error:
-            return _error(400, str(error), param="messages")
+            return openai_error(400, str(error), param="messages")
         if requested == router_name:
             try:
                 decision = await router.route(prompt, _side_features(body.get("metadata"), router))
-            except ValueError as error:
-                return _error(400, str(error), param="messages")
+            except (ValueError, TypeError) as error:  # a side feature's value the router cannot read
+                return openai_error(400, str(error), param="metadata" if router.side_features else "messages")
             except Exception as error:  # noqa: BLE001  (the client learns that the router, not its input, failed)
-                return _error(500, f"the router failed on this prompt: {type(error).__name__}: {error}",
-                              "router_error")
+                return openai_error(500, f"the router failed on this prompt: {type(error).__name__}: {error}",
+                                    "router_error")
             metrics.routing_seconds.observe(decision.seconds)
             metrics.routed.labels(model=decision.model).inc()
             if decision.model != decision.wanted:
@@ -183,7 +251,7 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
                 return StreamingResponse(relay(upstream, response, stream_ended), media_type="text/event-stream",
                                          headers=headers)
             metrics.calls.labels(model=name, outcome="ok").inc()
-            _count_usage(metrics, upstream, answer)
+            _count_usage(metrics, upstream, answer, client)
             answer["hf_defer"] = _summary(name, decision, failures)
             return JSONResponse(answer, headers=headers)
         last = failures[-1]
@@ -219,6 +287,7 @@ def _side_features(metadata: Any, router: PromptRouter) -> dict[str, Any]:
 
 def _summary(name: str, decision: RoutingDecision | None, failures: list[UpstreamError]) -> dict[str, Any]:
     return {"model": name, "routed_to": None if decision is None else decision.wanted,
+            "capped": None if decision is None else decision.model != decision.wanted,
             "margin": None if decision is None else decision.margin,
             "fallback_from": [failure.model for failure in failures]}
 
@@ -227,16 +296,19 @@ def _headers(name: str, decision: RoutingDecision | None, failures: list[Upstrea
     headers = {"x-hf-defer-model": name}
     if decision is not None:
         headers["x-hf-defer-routed-to"] = decision.wanted
+        headers["x-hf-defer-capped"] = "true" if decision.model != decision.wanted else "false"
         headers["x-hf-defer-routing-ms"] = f"{decision.seconds * 1000:.3f}"
     if failures:
         headers["x-hf-defer-fallback-from"] = ",".join(failure.model for failure in failures)
     return headers
 
 
-def _count_usage(metrics: RouterMetrics, upstream: Upstream, answer: Mapping[str, Any]) -> None:
+def _count_usage(metrics: RouterMetrics, upstream: Upstream, answer: Mapping[str, Any], client: str) -> None:
     usage = answer.get("usage")
     tokens = usage.get("total_tokens") if isinstance(usage, dict) else None
-    if isinstance(tokens, (int, float)) and not isinstance(tokens, bool) and tokens >= 0:
+    if isinstance(tokens, (int, float)) and not isinstance(tokens, bool) and 0 <= tokens < float("inf"):
         metrics.tokens.labels(model=upstream.name).inc(tokens)
+        metrics.clients.tokens.labels(client=client).inc(tokens)
         if upstream.price is not None:
             metrics.cost.labels(model=upstream.name).inc(tokens * upstream.price / 1e6)
+            metrics.clients.cost.labels(client=client).inc(tokens * upstream.price / 1e6)

@@ -44,6 +44,21 @@ class Upstream:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
+    @property
+    def shown(self) -> str:
+        """The endpoint as error messages show it: without a user, password or query string in the URL."""
+        parts = urlsplit(self.endpoint)
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host
+        return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{parts.path}"
+
+    def redact(self, text: str) -> str:
+        """`text` (an upstream's answer) with this upstream's API key replaced by `***`, should it echo the key."""
+        return text.replace(self.api_key, "***") if self.api_key else text
+
+    def __repr__(self) -> str:  # never the key
+        return f"Upstream(name={self.name!r}, url={self.shown!r}, model_id={self.model_id!r}, price={self.price!r})"
+
 
 class UpstreamError(Exception):
     """An upstream call that failed: `status` is what the client gets (502 bad gateway, 504 timeout)."""
@@ -133,6 +148,10 @@ def parse_upstreams(expert_names: Sequence[str], models: Mapping[str, str], mode
     return upstreams
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _describe(response_text: str, limit: int = 300) -> str:
     """The upstream's own error message when it sent OpenAI's error shape, else the start of its body."""
     try:
@@ -145,15 +164,15 @@ def _describe(response_text: str, limit: int = 300) -> str:
 
 def _transport_error(upstream: Upstream, error: httpx.HTTPError) -> UpstreamError:
     if isinstance(error, httpx.TimeoutException):
-        return UpstreamError(upstream.name, 504, f"upstream model {upstream.name!r} ({upstream.endpoint}) did not "
+        return UpstreamError(upstream.name, 504, f"upstream model {upstream.name!r} ({upstream.shown}) did not "
                              f"answer in time ({type(error).__name__}).", "upstream_timeout")
-    return UpstreamError(upstream.name, 502, f"upstream model {upstream.name!r} ({upstream.endpoint}) could not be "
-                         f"reached: {type(error).__name__}: {error}", "upstream_unreachable")
+    return UpstreamError(upstream.name, 502, f"upstream model {upstream.name!r} ({upstream.shown}) could not be "
+                         f"reached: {type(error).__name__}: {upstream.redact(str(error))}", "upstream_unreachable")
 
 
 def _status_error(upstream: Upstream, status: int, text: str) -> UpstreamError:
-    return UpstreamError(upstream.name, 502, f"upstream model {upstream.name!r} ({upstream.endpoint}) answered "
-                         f"HTTP {status}: {_describe(text)}", "upstream_error")
+    return UpstreamError(upstream.name, 502, f"upstream model {upstream.name!r} ({upstream.shown}) answered "
+                         f"HTTP {status}: {_describe(upstream.redact(text))}", "upstream_error")
 
 
 async def complete(client: httpx.AsyncClient, upstream: Upstream, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,10 +185,11 @@ async def complete(client: httpx.AsyncClient, upstream: Upstream, body: Mapping[
     if response.status_code >= 400:
         raise _status_error(upstream, response.status_code, response.text)
     try:
-        answer = response.json()
+        answer = json.loads(response.content, parse_constant=_no_constant)  # NaN would make the answer unsendable
     except ValueError:
         raise UpstreamError(upstream.name, 502, f"upstream model {upstream.name!r} answered HTTP "
-                            f"{response.status_code} with a body that is not JSON: {_describe(response.text)}",
+                            f"{response.status_code} with a body that is not JSON: "
+                            f"{_describe(upstream.redact(response.text))}",
                             "upstream_error") from None
     if not isinstance(answer, dict):
         raise UpstreamError(upstream.name, 502, f"upstream model {upstream.name!r} answered {type(answer).__name__}, "

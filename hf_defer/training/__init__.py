@@ -1,22 +1,21 @@
-"""Training: `DeferralTrainer` (a `transformers.Trainer`), PEFT/LoRA adapters, padding tokens for decoder
-tokenizers, and the list of private upstream names hf_defer relies on (`upstream_hooks`).
+"""Training: `DeferralTrainer` (a `transformers.Trainer`), PEFT/LoRA adapters and padding tokens for decoder
+tokenizers.
 
 Imports modeling, evaluation, data, inspection (model, adapter and checkpoint checks) and the hub's model card
 (written at the end of training); never commands or review.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from .tokenization import ensure_pad_token
+from .._lazy import lazy_exports
 
-__all__ = ["DeferralTrainer", "ensure_pad_token"]
+_EXPORTS = {
+    "DeferralTrainer": "trainer",
+    "ensure_pad_token": "tokenization",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    """`DeferralTrainer`, imported when asked for: the trainer writes the hub's model card, and the hub reads this
-    folder's adapter checks (`adapters`), so importing it here would run the two folders' imports in a circle."""
-    if name == "DeferralTrainer":
-        from .trainer import DeferralTrainer
-
-        return DeferralTrainer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+if TYPE_CHECKING:
+    from .tokenization import ensure_pad_token
+    from .trainer import DeferralTrainer

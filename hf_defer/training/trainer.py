@@ -34,6 +34,11 @@ _ESTIMATES = {"class_probs", "expert_accuracy", "defer"}
 """The outputs of `EncoderForDeferral.forward` besides the logits that evaluation would compute and drop."""
 
 
+HEAD_ONLY_SLOW_RATE = 1e-4
+"""At or below this learning rate (transformers' default is 5e-5), [`DeferralTrainer`] warns that a head trained alone
+barely moves."""
+
+
 class DeferralTrainer(Trainer):
     """A [`~transformers.Trainer`] for [`EncoderForDeferral`] models.
 
@@ -44,9 +49,12 @@ class DeferralTrainer(Trainer):
       (``num_items_in_batch``, counted over all processes), so the batches of a step, a short last one included, give
       exactly the gradient of one batch holding all their rows (and the logged loss is that batch's mean loss);
     * ``compute_metrics`` defaults to [`DeferralMetrics`], so ``evaluate()`` reports ``eval_system_error``,
-      ``eval_coverage``, ``eval_classifier_error``, ``eval_expert_ece`` and the budgeted errors, all of the
-      saved model's pipeline (the decision with the config's ``expert_costs`` and ``defer_threshold``; budgets ranked
-      by margin, as [`calibrate_deferral`] meets them: ``deferral_metrics(..., budget_ranking="margin")``);
+      ``eval_coverage``, ``eval_classifier_error`` (beside ``eval_majority_class_error``, the baseline),
+      ``eval_expert_ece`` and the budgeted errors, all of the saved model's pipeline (the decision with the config's
+      ``expert_costs`` and ``defer_threshold``, made without knowing who answered: deferrals to an expert with no
+      recorded answer are ``eval_unscored_deferrals``; budgets ranked by margin, as [`calibrate_deferral`] meets them:
+      ``deferral_metrics(..., budget_ranking="margin")``); a model whose head trains alone at a fine-tuning learning
+      rate (at most 1e-4) gets a warning;
     * ``eval_loss`` is recomputed from the gathered logits of the whole evaluation set, so it is the mean
       surrogate loss over every example exactly once, however many processes evaluated it;
     * ``train_dataset`` and ``eval_dataset`` (and a dataset given to ``evaluate``) are checked before anything runs
@@ -144,6 +152,14 @@ class DeferralTrainer(Trainer):
                 "float16 overflow to inf/NaN, and the logged loss leaves non-finite steps out (logging_nan_inf_filter). "
                 "Load the encoder in float32 (from_encoder_pretrained(..., dtype=torch.float32)) and train with "
                 "bf16=True or fp16=True, which compute in half precision over float32 weights.")
+        head_only = getattr(model, "encoder", None) is None or not any(
+            parameter.requires_grad for parameter in model.encoder.parameters())
+        if head_only and self.args.learning_rate <= HEAD_ONLY_SLOW_RATE:
+            logger.warning(
+                f"DeferralTrainer: only the head trains (no encoder, or a frozen one), at learning_rate "
+                f"{self.args.learning_rate:g}: a head barely moves at fine-tuning rates in a few hundred steps and "
+                "ends up answering the majority class. Use a larger rate (hf-defer train --freeze_encoder trains at "
+                "1e-2 for 10 epochs), and compare eval_classifier_error with eval_majority_class_error.")
         if self.args.dataloader_pin_memory and self.args.device.type == "cpu":  # torch warns: nothing to pin on CPU
             self.args.dataloader_pin_memory = False
         # The model's forward takes no `num_items_in_batch` (it returns the mean loss of its batch); this tells the

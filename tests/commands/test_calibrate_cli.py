@@ -94,3 +94,40 @@ def test_train_certifies_on_the_validation_split(saved, tmp_path, capsys):
     assert guarantee["n"] == N - 100 and guarantee["claims"][0]["kind"] == "system_error"
     assert guarantee["claims"][0]["target"] == 0.6 and guarantee["claims"][0]["observed"] <= 0.6
     assert "### What is guaranteed" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_calibrate_rewrites_the_card_of_the_folder_it_writes(saved, tmp_path, capsys):
+    # Issue 41: after `calibrate --overwrite` the card still said the former threshold and had no guarantee, and an
+    # --output_dir copy had no card at all. The card in a folder describes the config in that folder.
+    import shutil
+
+    from huggingface_hub import ModelCard
+
+    from hf_defer.hub import DeferralModelCardData, render_model_card
+
+    model, table = saved
+    shutil.copytree(model, tmp_path / "model")
+    stale = DeferralModelCardData.from_model(EncoderForDeferral.from_pretrained(model), license="mit",
+                                             metrics={"coverage": 0.123456, "system_error": 0.2})
+    render_model_card(stale, tmp_path / "model")
+    argv = ["calibrate", "--model", str(tmp_path / "model"), "--input", str(table), "--text_column_name", "review",
+            "--max_deferral_rate", "0.2", "--confidence", "0.9"]
+    assert hf_defer_main([*argv, "--overwrite"]) == 0
+    captured = capsys.readouterr()
+    config = DeferralConfig.from_pretrained(tmp_path / "model")
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert f"**Deferral threshold:** {config.defer_threshold:.4g} (certified" in card
+    assert "### What is guaranteed" in card and json.loads(captured.out)["statement"].split(".")[0] in card
+    assert "0.1235" not in card  # the former metrics were measured at another threshold: gone
+    assert ModelCard.load(tmp_path / "model" / "README.md").data.license == "mit"  # the card's own metadata kept
+    assert f"the calibrated model is in {(tmp_path / 'model').resolve()}" in captured.err
+    # a copy gets the card of its own config, and the source folder keeps its own
+    assert hf_defer_main([*argv, "--max_deferral_rate", "0.3", "--output_dir", str(tmp_path / "copy")]) == 0
+    copy = DeferralConfig.from_pretrained(tmp_path / "copy")
+    assert f"**Deferral threshold:** {copy.defer_threshold:.4g}" in (tmp_path / "copy" / "README.md").read_text()
+    assert str((tmp_path / "copy").resolve()) in capsys.readouterr().err
+    # a README that hf_defer did not write is the user's: left as it is, and stderr says so
+    (tmp_path / "model" / "README.md").write_text("# my own notes\n")
+    assert hf_defer_main([*argv, "--overwrite"]) == 0
+    assert (tmp_path / "model" / "README.md").read_text() == "# my own notes\n"
+    assert "not written by hf_defer, was left as it is" in capsys.readouterr().err

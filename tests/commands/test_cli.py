@@ -53,8 +53,8 @@ def trained(data, tmp_path_factory) -> Path:
 # ------------------------------------------------------------------------------------------- the command itself
 def test_help_answers_fast_without_importing_torch():
     assert CLI.is_file(), "install the package (make install): the hf-defer console script is missing"
-    probe = ("import sys, time; start = time.perf_counter(); import hf_defer_cli; sys.argv = ['hf-defer', '--help']; "
-             "code = hf_defer_cli.main(); print(repr(time.perf_counter() - start)); "
+    probe = ("import sys, time; start = time.perf_counter(); from hf_defer.commands.cli import main; "
+             "sys.argv = ['hf-defer', '--help']; code = main(); print(repr(time.perf_counter() - start)); "
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'datasets', 'numpy'}))")
     done = subprocess.run([sys.executable, "-c", probe], env=ENV, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -65,7 +65,7 @@ def test_help_answers_fast_without_importing_torch():
     start = time.perf_counter()
     done = run_cli("--help")
     assert done.returncode == 0 and "usage: hf-defer" in done.stdout and done.stderr == ""
-    assert time.perf_counter() - start < 5  # the whole process, on a loaded machine (benchmarks/README.md: ~0.1 s)
+    assert time.perf_counter() - start < 5  # the whole process, on a loaded machine (benchmarks/README.md: ~0.3 s)
 
 
 def test_version_usage_and_unknown_commands():
@@ -321,7 +321,7 @@ def test_train_json_prints_only_json_on_stdout(data, tmp_path, capsys):
     assert summary["defer_threshold"] == pytest.approx(config["defer_threshold"])
     assert summary["metrics"]["test"]["system_error"] == pytest.approx(
         expected_metrics(out, data / "test.csv")["system_error"], abs=1e-6)
-    assert "***** test metrics *****" in captured.err and "Saved the deferral model to" in captured.err
+    assert "\n  system_error " in captured.err and "Saved the deferral model to" in captured.err  # the metrics table
 
 
 @pytest.mark.slow  # a fresh interpreter imports torch and trains: ~40 s
@@ -338,8 +338,9 @@ def test_the_package_metadata_declares_the_launcher_and_an_spdx_license():
     from test_run import ROOT
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert pyproject["project"]["scripts"]["hf-defer"] == "hf_defer_cli:main"
-    assert "hf_defer_cli" in pyproject["tool"]["setuptools"]["py-modules"]
+    # an ordinary entry point: the package is lazy, no launcher outside it
+    assert pyproject["project"]["scripts"]["hf-defer"] == "hf_defer.commands.cli:main"
+    assert "py-modules" not in pyproject["tool"]["setuptools"] and not (ROOT / "hf_defer_cli.py").exists()
     # a license string, not the table setuptools >= 77 warns about on every install ("project.license as a TOML table
     # is deprecated"), with the setuptools that reads it
     assert pyproject["project"]["license"] == "Apache-2.0"

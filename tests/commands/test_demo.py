@@ -67,16 +67,19 @@ def test_demo_warns_first_names_the_absolute_folder_and_the_upload_command(tmp_p
 
 
 def test_a_quick_run_writes_its_own_folder_and_never_replaces_a_fuller_model(tmp_path, monkeypatch, capsys):
-    """`make demo DEMO_ARGS="--max-rows 3000"` next to the full demo's demo_model/ (issue 36)."""
+    """`make demo DEMO_ARGS="--max-rows 3000"` next to the full demo's demo_model/ (issue 36), and alone (43.1)."""
     from script_loader import load_script
 
     demo = load_script("demo.py")
-    assert demo.default_output_dir(None) == "demo_model"
-    assert demo.default_output_dir(3000) == "demo_model_3000rows"
+    monkeypatch.chdir(tmp_path)
+    # no demo_model yet: a quick run writes it too, the folder the Quick start's pipeline block loads (issue 43.1)
+    assert demo.default_output_dir(None) == "demo_model" and demo.default_output_dir(3000) == "demo_model"
     full = tmp_path / "demo_model"
     full.mkdir()
     (full / "model.safetensors").write_text("the full model")
     (full / demo.MARKER).write_text('{"max_rows": null, "epochs": 50.0}\n')
+    assert demo.default_output_dir(None) == "demo_model"
+    assert demo.default_output_dir(3000) == "demo_model_3000rows"  # next to a fuller model, a folder of its own
     # what may replace the full model, and what may not
     assert demo.output_refusal(full, None, 50.0, overwrite=False) is None  # an as-full run
     refusal = demo.output_refusal(full, 3000, 50.0, overwrite=False)
@@ -95,7 +98,6 @@ def test_a_quick_run_writes_its_own_folder_and_never_replaces_a_fuller_model(tmp
     assert demo.output_refusal(older, None, 50.0, overwrite=False) is None
     assert "fuller" in demo.output_refusal(older, 3000, 50.0, overwrite=False)
     # the script itself: refused with one line and status 2, the full model untouched
-    monkeypatch.chdir(tmp_path)
     assert demo.main(["--max-rows", "3000", "--output-dir", "demo_model"]) == 2
     assert capsys.readouterr().err.startswith("demo_model holds a fuller demo model")
     assert (full / "model.safetensors").read_text() == "the full model"

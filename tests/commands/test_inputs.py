@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import doctest
 import json
+import os
 
 import datasets
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import hf_defer.commands.evaluate as evaluate_module
 import hf_defer.commands.inputs as inputs_module
@@ -32,7 +35,7 @@ def test_read_table_names_the_flag_and_the_file_of_every_unreadable_input(tmp_pa
         read_table(str(tmp_path / "empty.csv"), "--train_file")
     with pytest.raises(ValueError, match=r"--input '.*header.csv' holds no data rows \(only a header\?\)"):
         read_table(str(tmp_path / "header.csv"))
-    with pytest.raises(ValueError, match=r"--input '.*broken.json' cannot be read as json: "):
+    with pytest.raises(ValueError, match=r"--input '.*broken.json', line 1: not valid JSON"):
         read_table(str(tmp_path / "broken.json"))
     with pytest.raises(ValueError, match="--input must be a csv, json, jsonl, parquet or txt file, got 'x.xlsx'"):
         read_table("x.xlsx")
@@ -154,3 +157,101 @@ def test_docstring_examples_run():
     for module in (inputs_module, evaluate_module):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
         assert result.failed == 0 and result.attempted > 0, module
+
+
+@pytest.mark.parametrize("cell, message", [
+    (None, "the value is missing"), (float("nan"), "the value is missing"), ("  ", "the value is missing"),
+    ([1], "expected one value (a number, or a category such as a subject), got a list"),
+    ({"tier": 1}, "expected one value (a number, or a category such as a subject), got a dict"),
+])
+def test_streamed_side_features_follow_the_one_rule_naming_column_and_row(cell, message):
+    from hf_defer.commands.inputs import side_feature_rows
+
+    for numeric in (True, False):
+        chunk = {"tier": ["1", cell, "2"]}
+        with pytest.raises(ValueError, match=r"side feature column 'tier', row 11: " + message.replace("(", r"\(")
+                           .replace(")", r"\)")):
+            side_feature_rows(["a", "b", "c"], chunk, {"tier": numeric}, start=10)
+
+
+def test_streamed_side_features_are_read_by_what_they_mean():
+    from hf_defer.commands.inputs import side_feature_rows
+
+    chunk = {"tier": [1.0, " 2 ", 3], "length": ["412", 7, 0.5]}  # Parquet floats, CSV text, JSON integers
+    rows = side_feature_rows(["a", "b", "c"], chunk, {"tier": False, "length": True})
+    assert rows == [{"text": "a", "tier": "1", "length": 412.0}, {"text": "b", "tier": "2", "length": 7.0},
+                    {"text": "c", "tier": "3", "length": 0.5}]
+
+
+def _readers(path):
+    """What every command reads a user's file with: the whole table (read_table) and the stream (predict)."""
+    from hf_defer.commands.inputs import TableStream
+
+    return {"read_table": lambda: read_table(str(path)),
+            "TableStream": lambda: [row for chunk in TableStream(str(path), chunk_size=2) for row in chunk["text"]]}
+
+
+def test_a_long_cell_and_a_byte_order_mark_are_read_as_the_data(tmp_path):
+    long_text = "word " * 60_000  # 300 KB in one CSV cell: over the csv module's default 128 KiB limit
+    files = {"long.csv": ("id,text\n1,\"" + long_text + "\"\n2,short\n").encode(),
+             "bom.csv": "\ufeffid,text\n1,first\n2,second\n".encode(),  # Excel's "CSV UTF-8"
+             "bom.jsonl": "\ufeff{\"id\": 1, \"text\": \"first\"}\n{\"id\": 2, \"text\": \"second\"}\n".encode(),
+             "bom.txt": "\ufefffirst\nsecond\n".encode()}
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+        want = [long_text, "short"] if name == "long.csv" else ["first", "second"]
+        for reader, read in _readers(tmp_path / name).items():
+            table = read()
+            texts = table["text"][:] if reader == "read_table" else table
+            assert texts == want, (name, reader)
+            if reader == "read_table" and name.endswith(".csv"):
+                assert table.column_names == ["id", "text"]  # not "\ufeffid"
+
+
+@pytest.mark.parametrize("name, content, line, words", [
+    ("bad.jsonl", b'{"text": "a"}\n{"text": "b"}\n{text: c}\n{"text": "d"}\n', 3, "not valid JSON"),
+    ("list.jsonl", b'{"text": "a"}\n["b"]\n', 2, "a JSON list, not an object"),
+    ("doc.json", b'[{"text": "a"},\n {"text": "b"} {"text": "c"}]\n', 2, "not valid JSON"),
+    ("pretty.json", b'{\n "text": ["a", "b"],\n "id": [1 2]\n}\n', 3, "not valid JSON (Expecting ',' delimiter)"),
+    ("latin1.csv", b"id,text\n1,ok\n2,caf\xe9\n", 3, "not UTF-8 text (byte 0xe9 at column 6)"),
+    ("latin1.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n', 2, "not UTF-8 text (byte 0xe9"),
+    ("latin1.txt", b"ok\ncaf\xe9\n", 2, "not UTF-8 text (byte 0xe9"),
+])
+def test_a_bad_line_is_named_by_file_and_line(tmp_path, name, content, line, words):
+    (tmp_path / name).write_bytes(content)
+    for reader, read in _readers(tmp_path / name).items():
+        with pytest.raises(ValueError) as refused:
+            read()
+        message = str(refused.value)
+        assert f"--input '{tmp_path / name}', line {line}: {words}" in message, (reader, message)
+
+
+@given(st.lists(st.text(st.characters(codec="utf-8", exclude_characters="\r\n\x00,\"\x1c\x1d\x1e\x85\u2028\u2029"),
+                        min_size=1, max_size=8).filter(str.strip), min_size=1, max_size=12),
+       st.data())
+def test_the_first_non_utf8_line_is_the_one_named(texts, data):
+    """Any CSV of UTF-8 lines with one byte that is never UTF-8 (0xff) put into one of them: the error names that line
+    (the header is line 1), whatever the characters around it."""
+    import tempfile
+
+    bad = data.draw(st.integers(0, len(texts) - 1))
+    lines = ["text".encode()] + [text.encode() for text in texts]
+    lines[bad + 1] += b"\xff"
+    path = os.path.join(tempfile.mkdtemp(), "data.csv")
+    with open(path, "wb") as handle:
+        handle.write(b"\n".join(lines) + b"\n")
+    from hf_defer.commands.inputs import scan_text_file
+
+    with pytest.raises(ValueError, match=rf"line {bad + 2}: not UTF-8 text \(byte 0xff"):
+        scan_text_file(path, "--input", "csv")
+
+
+def test_the_command_line_says_which_file_and_line_in_one_line(tmp_path, capsys):
+    from hf_defer.commands.cli import main
+
+    (tmp_path / "in.jsonl").write_bytes(b'{"text": "a"}\n{"text": "b",}\n')
+    capsys.readouterr()
+    assert main(["predict", "--model", str(tmp_path / "no-model"), "--input", str(tmp_path / "in.jsonl"),
+                 "--output", str(tmp_path / "out.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"--input '{tmp_path / 'in.jsonl'}', line 2: not valid JSON" in err, err

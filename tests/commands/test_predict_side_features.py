@@ -64,3 +64,47 @@ def test_a_head_only_router_reads_its_feature_vectors_and_side_features(tmp_path
     for name in ("weak", "strong"):
         assert got[f"expert_accuracy_{name}"].tolist() == \
             [pytest.approx(out["expert_scores"][name], abs=1e-6) for out in expected]
+
+
+def test_a_category_learnt_from_integers_is_matched_in_every_format(tmp_path, capsys):
+    """A tier learnt from the integers 1, 2, 3 (categories "1", "2", "3") is the same tier read back as text from a CSV,
+    as integers from JSON Lines and as float64 1.0 from Parquet: the decisions of the rows as trained, never the
+    "unseen" row (which the test checks would give other scores)."""
+    from hf_defer.modeling.side_features import side_feature_specs
+
+    specs = side_feature_specs({"tier": [1, 2, 3, 2]}, dim=2, categorical=["tier"])
+    assert specs[0]["categories"] == ["1", "2", "3"]
+    torch.manual_seed(6)
+    config = DeferralConfig(feature_size=3, route_only=True, num_experts=2, expert_names=["weak", "strong"],
+                            side_features=specs)
+    EncoderForRouting(config).save_pretrained(tmp_path / "router")
+    vectors = [[0.5, -1.0, 2.0], [1.5, 0.0, -0.5], [-2.0, 1.0, 0.25]]
+    router = pipeline("deferral", model=str(tmp_path / "router"))
+    trained = router([{"features": v, "tier": t} for v, t in zip(vectors, ["1", "2", "3"])])
+    unseen = router([{"features": v, "tier": "9"} for v in vectors])
+    assert [o["expert_scores"] for o in trained] != [o["expert_scores"] for o in unseen]  # the tier matters
+    frame = pd.DataFrame({"features": vectors, "tier": [1.0, 2.0, 3.0]})
+    frame.to_parquet(tmp_path / "in.parquet")
+    frame.assign(tier=[1, 2, 3]).to_json(tmp_path / "in.jsonl", orient="records", lines=True)
+    frame.assign(features=[json.dumps(v) for v in vectors], tier=["1", "2", " 3"]).to_csv(tmp_path / "in.csv",
+                                                                                         index=False)
+    assert pd.read_parquet(tmp_path / "in.parquet")["tier"].dtype == "float64"
+    for name in ("in.parquet", "in.jsonl", "in.csv"):
+        out = tmp_path / f"{name}.out.csv"
+        assert hf_defer_main(["predict", "--model", str(tmp_path / "router"), "--input", str(tmp_path / name),
+                              "--output", str(out)]) == 0
+        got = pd.read_csv(out)
+        for expert in ("weak", "strong"):
+            assert got[f"expert_accuracy_{expert}"].tolist() == \
+                [pytest.approx(o["expert_scores"][expert], abs=1e-6) for o in trained], name
+    # a list where one value belongs is named (file, column, row), not turned into its string
+    pd.DataFrame({"features": vectors, "tier": [[1], [2], [3]]}).to_json(tmp_path / "lists.jsonl", orient="records",
+                                                                         lines=True)
+    (tmp_path / "dicts.jsonl").write_text("".join(json.dumps({"features": v, "tier": t}) + "\n" for v, t in
+                                                  zip(vectors, [1, {"tier": 2}, 3])))
+    for name, row, kind in (("lists.jsonl", 0, "list"), ("dicts.jsonl", 1, "dict")):
+        capsys.readouterr()
+        assert hf_defer_main(["predict", "--model", str(tmp_path / "router"), "--input", str(tmp_path / name),
+                              "--output", str(tmp_path / f"{name}.csv")]) == 2
+        err = capsys.readouterr().err
+        assert f"side feature column 'tier', row {row}: expected one value" in err and f"got a {kind}" in err, err

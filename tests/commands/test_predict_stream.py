@@ -22,7 +22,7 @@ from transformers import pipeline
 
 from hf_defer import DeferralConfig, EncoderForDeferral, save_for_hub
 from hf_defer.commands.cli import main as hf_defer_main
-from hf_defer.commands.outputs import resume_predictions
+from hf_defer.commands.outputs import provenance_path, read_provenance, resume_predictions
 from hf_defer.commands.predict import predict_file
 
 ROWS = 61  # chunks of 8 rows: the last one partial
@@ -114,6 +114,7 @@ def test_resume_after_a_cut_anywhere_gives_the_uninterrupted_file(model, table, 
     for cut in (3, row_end, row_end + 17, len(reference) - 2):  # in the header (CSV), at a row end, inside rows
         out = tmp_path / name
         out.write_bytes(reference[:cut])
+        provenance_path(out).write_bytes(provenance_path(whole).read_bytes())  # the record travels with the file
         predict_file(str(model), str(path), str(out), batch_size=5, chunk_size=8, copy_columns=["note"], resume=True)
         assert out.read_bytes() == reference, cut
     with pytest.raises(ValueError, match="--resume continues --output and --overwrite replaces it"):
@@ -129,8 +130,8 @@ def test_resume_refuses_another_inputs_rows_and_other_columns(model, table, tmp_
     with pytest.raises(ValueError, match=r"--resume: the \d+ rows of --output .* do not hold the ids of the first"):
         predict_file(str(model), str(path), str(out), chunk_size=8, resume=True)
     out.write_bytes(text.encode())
-    with pytest.raises(ValueError, match=r"--resume: .* has the columns \['id', 'label'.*this run writes \['id', "
-                                         r"'note', 'label'"):
+    with pytest.raises(ValueError, match=r"--resume: .* was written with the columns \[\"id\", \"label\".*this run "
+                                         r"uses \[\"id\", \"note\", \"label\""):
         predict_file(str(model), str(path), str(out), chunk_size=8, copy_columns=["note"], resume=True)
     lines = text.split("\n")
     out.write_bytes("\n".join([*lines[:4], "r003,x\r", *lines[5:8]]).encode())  # a short row inside: not a killed run's
@@ -139,6 +140,95 @@ def test_resume_refuses_another_inputs_rows_and_other_columns(model, table, tmp_
                                  "expert_accuracy_alice", "expert_accuracy_bob"])
     with pytest.raises(ValueError, match="Parquet, which is only readable once complete|a Parquet file is only"):
         predict_file(str(model), str(path), str(tmp_path / "p.parquet"), resume=True)
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory) -> Path:
+    """Another model with the same experts and classes: other weights only."""
+    torch.manual_seed(1)
+    config = DeferralConfig(feature_size=4, num_labels=3, num_experts=2, expert_names=["alice", "bob"],
+                            id2label={0: "neg", 1: "neu", 2: "pos"}, label2id={"neg": 0, "neu": 1, "pos": 2})
+    folder = tmp_path_factory.mktemp("other-model") / "model"
+    save_for_hub(EncoderForDeferral(config), folder)
+    return folder
+
+
+def _refused(argv: list[str], capsys) -> str:
+    """The CLI's one-line refusal (exit status 2)."""
+    capsys.readouterr()
+    assert hf_defer_main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]  # beside it, at most the loading progress bar
+    assert len(errors) == 1 and "Traceback" not in err and err.strip().endswith(errors[0]), err
+    return errors[0]
+
+
+@pytest.mark.parametrize("name", ["p.csv", "p.jsonl", "p.json", "p.parquet"])
+def test_resume_never_touches_a_file_it_cannot_prove_it_wrote(model, table, tmp_path, capsys, name):
+    path, _ = table
+    out = tmp_path / name
+    argv = ["predict", "--model", str(model), "--input", str(path), "--output", str(out), "--resume"]
+    one_line = {"csv": b"my notes, do not lose", "jsonl": b'{"note": "mine"}', "json": b'{"note": "mine"}',
+                "parquet": b"PAR1 not quite"}[name.rsplit(".", 1)[1]]
+    for content in (one_line, one_line + b"\n", b"id,label\r\nr000,neg\r\n"):  # no line end, one, a CSV-like file
+        out.write_bytes(content)
+        err = _refused(argv, capsys)
+        assert str(out) in err and ("--overwrite" in err or "Parquet" in err), err
+        assert out.read_bytes() == content and not provenance_path(out).exists()  # untouched, nothing beside it
+    # a file hf_defer wrote, its record replaced by someone else's JSON: not hf_defer's any more
+    out.unlink()
+    predict_file(str(model), str(path), str(out), chunk_size=8)
+    provenance_path(out).write_text('{"written_by": "me"}')
+    before = out.read_bytes()
+    err = _refused(argv, capsys)
+    assert out.read_bytes() == before and str(out) in err
+    # a file named like the record, not hf_defer's, is not replaced by a new run either
+    fresh = tmp_path / f"new-{name}"
+    provenance_path(fresh).write_text("my notes")
+    with pytest.raises(FileExistsError, match="exists and is not hf_defer's; pass --overwrite"):
+        predict_file(str(model), str(path), str(fresh), chunk_size=8)
+    assert provenance_path(fresh).read_text() == "my notes" and not fresh.exists()
+
+
+@pytest.mark.parametrize("name", ["p.csv", "p.jsonl", "p.parquet"])
+def test_resume_refuses_another_model_input_threshold_or_costs(model, other_model, table, tmp_path, capsys, name):
+    """A file cut in half is continued only by the run that wrote it: another model with the same experts, another
+    input with the same ids, another threshold or other costs are refused and the file is left as it was."""
+    path, features = table
+    out = tmp_path / name
+    predict_file(str(model), str(path), str(out), chunk_size=8)
+    whole = out.read_bytes()
+    record = read_provenance(out)
+    assert record["defer_threshold"] == 0.0 and record["expert_costs"] == [0.0, 0.0]  # what the decisions used
+    assert record["model"]["name"] == str(model) and len(record["model"]["weights_sha256"]) == 64
+    if name.endswith(".parquet"):
+        cut = whole  # a Parquet file is only readable once complete: never continued
+    else:
+        lines = whole.splitlines(keepends=True)
+        cut = b"".join(lines[:31])  # the first 30 rows (CSV: and the header)
+        out.write_bytes(cut)
+    other_input = tmp_path / "other.parquet"  # the same ids, other vectors
+    pd.DataFrame({"id": [f"r{i:03d}" for i in range(ROWS)], "features": list(features[::-1].copy())}).to_parquet(
+        other_input)
+    base = ["predict", "--input", str(path), "--output", str(out), "--resume"]
+    cases = {"the model": ["--model", str(other_model)],
+             "the input": ["--model", str(model), "--input", str(other_input)],
+             "the deferral threshold": ["--model", str(model), "--defer_threshold", "0.05"],
+             "the expert costs": ["--model", str(model), "--expert_costs", "0.1,0"]}
+    for what, flags in cases.items():
+        err = _refused([*base, *flags], capsys)
+        assert str(out) in err, err
+        if not name.endswith(".parquet"):
+            assert f"was written with {what}" in err, err
+        assert out.read_bytes() == cut, what
+    if not name.endswith(".parquet"):  # the same run goes on to the uninterrupted file
+        assert hf_defer_main([*base, "--model", str(model)]) == 0
+        assert out.read_bytes() == whole
+        moved = tmp_path / "moved"  # the same model copied elsewhere is the same model
+        import shutil
+        shutil.copytree(model, moved)
+        out.write_bytes(cut)
+        assert hf_defer_main([*base, "--model", str(moved)]) == 0 and out.read_bytes() == whole
 
 
 @pytest.mark.slow  # three runs of the command, one killed: about 40 s on 2 busy cores

@@ -108,3 +108,17 @@ def test_a_head_only_classifier_with_side_features_trains_them():
                              report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True)
     DeferralTrainer(model=model, args=args, train_dataset=data).train()
     assert not torch.allclose(model.side.embeddings[0].weight, before)
+
+
+def test_a_category_column_of_floats_learns_the_categories_its_integers_would():
+    """Training on a float column (a pandas int column with a gap becomes float64) learns "1", "2", not "1.0": the
+    category of an integer 1 at prediction time; blank and NaN are missing, as everywhere."""
+    table = datasets.Dataset.from_dict({**ROUTES, "tier": [1.0, 2.0, 1.0, 2.0]})
+    prepared = _prepare(table, side_feature_columns=["tier"], categorical_side_features=["tier"],
+                        missing_expert="mask")
+    assert prepared.side_features[0]["categories"] == ["1", "2"]
+    assert prepared.dataset["side_categorical"] == [[1], [2], [1], [2]]
+    for missing in ([1.0, float("nan"), 1.0, 2.0], ["a", "b", "", "a"], ["a", None, "\t", "b"]):
+        with pytest.raises(ValueError, match=r"side feature column 'tier', row [12]: the value is missing"):
+            _prepare(datasets.Dataset.from_dict({**ROUTES, "tier": missing}), side_feature_columns=["tier"],
+                     categorical_side_features=["tier"], missing_expert="mask")

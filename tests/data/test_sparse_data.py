@@ -39,7 +39,7 @@ def test_mask_keeps_every_row_with_minus_100_where_an_expert_did_not_answer():
     nobody = datasets.Dataset.from_dict({"label": ["neg", "pos"], "alice": [None, "pos"]})
     kept = prepare_deferral_dataset(nobody, "label", "alice", missing_expert="mask").dataset  # still trains the classifier
     assert kept["expert_labels"][:] == [IGNORE, 1] and kept["labels"][:] == [0, 1]
-    with pytest.raises(ValueError, match="pass missing_expert='drop' to drop them, or 'mask'"):
+    with pytest.raises(ValueError, match="pass missing_expert='drop' to drop them, or missing_expert='mask'"):
         prepare_deferral_dataset(table(), "label", ["alice", "bob"])
     with pytest.raises(ValueError, match=r"missing_expert must be one of \('error', 'drop', 'mask'\)"):
         prepare_deferral_dataset(table(), "label", ["alice"], missing_expert="skip")

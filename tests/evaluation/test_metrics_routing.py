@@ -34,10 +34,15 @@ def test_route_only_metrics_worked_by_hand():
     assert metrics["expert_ece"] == pytest.approx(np.mean(expected), abs=1e-6)
 
 
-def test_missing_answers_are_never_routed_to_and_scores_count_as_expected_error():
-    missing = [[1, -100, 1], [1, 1, 0], [0, 1, 1]]  # the small LLM did not answer row 1: large 0.65 < 0.70 there
-    metrics = deferral_metrics(LOGITS, None, surrogate=CONFIG, expert_correct=missing, budgets=())
-    assert metrics["system_error"] == pytest.approx(0.0) and metrics["coverage"] == pytest.approx(2 / 3)
+def test_missing_answers_are_routed_to_as_the_pipeline_does_counted_unscored_and_scores_count_as_expected_error():
+    # Issue 41: the small LLM has no recorded correctness on row 0, but the router does not know that when it routes:
+    # row 0 still goes to it (gain 0.75 > 0.70), as the pipeline would send it; that route cannot be scored.
+    missing = [[1, -100, 1], [1, 1, 0], [0, 1, 1]]
+    metrics = deferral_metrics(LOGITS, None, surrogate=CONFIG, expert_correct=missing, budgets=(),
+                               expert_names=NAMES)
+    assert metrics["coverage"] == pytest.approx(1 / 3)  # rows 0 (small) and 2 (large) leave the default expert
+    assert metrics["unscored_deferrals"] == 1 and metrics[f"unscored_deferrals_{NAMES[1]}"] == 1
+    assert metrics["scored_rows"] == 2 and metrics["system_error"] == pytest.approx(0.0)  # rows 1 and 2: both right
     scores = [[0.5, 0.25, 1.0], [0.9, 1.0, 0.0], [0.0, 1.0, 0.6]]  # judged: rows pay 1 - score of their expert
     metrics = deferral_metrics(LOGITS, None, surrogate=CONFIG, expert_correct=scores, budgets=())
     assert metrics["system_error"] == pytest.approx((0.75 + 0.1 + 0.4) / 3)

@@ -17,33 +17,40 @@ from hf_defer.evaluation.metrics import expert_keys, metric_name_and_meaning, re
 
 from test_metrics import DEFER, IGNORE, M1_ROWS, M2_ROWS, NEVER, _check, _m1_arrays, _m2_arrays, _row
 
-# M2_ROWS of test_metrics.py with answers removed:
-# r | y | m0   | m1   | pred | t     | p0   | p1   | available | decision         | loss
-# 0 | 0 | 0    | 1    | 1    | NEVER | 0.1  | 0.3  | both      | classifier wrong | 1
-# 1 | 1 | 1    | 1    | 2    | NEVER | 0.45 | 0.25 | both      | classifier wrong | 1
-# 2 | 2 | -    | 0    | 2    | DEFER | 0.9  | 0.55 | E1        | E1 (0.55), wrong | 1   (complete data: E0)
-# 3 | 0 | 1    | -    | 1    | DEFER | 0.7  | 0.95 | E0        | E0 (0.7), wrong  | 1   (complete data: E1, right)
-# 4 | 1 | -    | -    | 0    | DEFER | 0.3  | 0.75 | none      | classifier wrong | 1   (complete data: E1)
-# 5 | 2 | 2    | -    | 2    | DEFER | 0.1  | 0.85 | E0        | classifier right | 0   (complete data: E1, wrong)
+# M2_ROWS of test_metrics.py with answers removed. The decisions are the pipeline's on these inputs: nobody knows at
+# decision time who answered, so every expert may be asked (issue 41); a deferral to an expert with no recorded answer
+# is counted apart (unscored), and the errors are over the rows that can be scored.
+# r | y | m0   | m1   | pred | t     | p0   | p1   | decision         | loss
+# 0 | 0 | 0    | 1    | 1    | NEVER | 0.1  | 0.3  | classifier wrong | 1
+# 1 | 1 | 1    | 1    | 2    | NEVER | 0.45 | 0.25 | classifier wrong | 1
+# 2 | 2 | -    | 0    | 2    | DEFER | 0.9  | 0.55 | E0 (0.9)         | unscored (alice did not answer)
+# 3 | 0 | 1    | -    | 1    | DEFER | 0.7  | 0.95 | E1 (0.95)        | unscored (bob did not answer)
+# 4 | 1 | -    | -    | 0    | DEFER | 0.3  | 0.75 | E1 (0.75)        | unscored
+# 5 | 2 | 2    | -    | 2    | DEFER | 0.1  | 0.85 | E1 (0.85)        | unscored
 SPARSE_ANSWERS = np.array([[0, 1], [1, 1], [IGNORE, 0], [1, IGNORE], [IGNORE, IGNORE], [2, IGNORE]])
 SPARSE_EXPECTED = {
-    "system_error": 5 / 6,
-    "coverage": 4 / 6,  # rows 2 and 3 deferred
+    "system_error": 2 / 2,  # rows 0 and 1, the only ones scored
+    "scored_rows": 2,
+    "unscored_deferrals": 4,
+    "unscored_deferrals_alice": 1,  # row 2
+    "unscored_deferrals_bob": 3,  # rows 3, 4, 5
+    "coverage": 2 / 6,  # rows 2 to 5 deferred: what the pipeline does on these inputs
     "classifier_error": 4 / 6,  # rows 0, 1, 3, 4 (the classifier does not depend on the experts)
-    "deferral_rate_alice": 1 / 6,  # row 3
-    "deferral_rate_bob": 1 / 6,  # row 2
+    "majority_class_error": 4 / 6,  # labels 0, 1, 2, 0, 1, 2: any class is right on 2 of 6
+    "deferral_rate_alice": 1 / 6,  # row 2
+    "deferral_rate_bob": 3 / 6,  # rows 3, 4, 5
     # alice answered rows 0, 1, 3, 5: conf (0.1, 0.45, 0.7, 0.1), right (1, 1, 0, 1); bins 1, 6, 10, 1:
     #   bin 1 holds rows 0 and 5 (mean 0.1, acc 1) -> 2 * 0.9; + 0.55 + 0.7 -> 3.05 / 4
     "expert_ece_alice": 3.05 / 4,
     # bob answered rows 0, 1, 2: conf (0.3, 0.25, 0.55), right (0, 1, 0), bins 4, 3, 8 -> (0.3 + 0.75 + 0.55) / 3
     "expert_ece_bob": 1.6 / 3,
     "expert_ece": (3.05 / 4 + 1.6 / 3) / 2,
-    # deferred: row 2 (bob, 0.55) and row 3 (alice, 0.7). 10%: none kept -> the classifier: rows 0, 1, 3, 4 wrong.
+    # deferred, by estimate: row 3 (0.95), 2 (0.9), 5 (0.85), 4 (0.75). 10%: none kept -> the classifier on all six:
+    # rows 0, 1, 3, 4 wrong.
     "budgeted_error_10": 4 / 6,
-    # 20%: one kept, the higher estimate: row 3 (alice wrong); row 2 back to the classifier (right) -> 4/6
-    # (keeping row 2 instead would give 5/6).
-    "budgeted_error_20": 4 / 6,
-    "budgeted_error_30": 4 / 6,
+    # 20% and 30%: one kept, row 3 (unscored); rows 2, 4, 5 back to the classifier (right, wrong, right) -> 3 / 5
+    "budgeted_error_20": 3 / 5,
+    "budgeted_error_30": 3 / 5,
 }
 
 
@@ -52,21 +59,36 @@ def test_sparse_answers_by_hand_with_expert_names():
     result = deferral_metrics(logits, labels, SPARSE_ANSWERS, num_experts=2, expert_names=["alice", "bob"])
     _check(result, SPARSE_EXPECTED)
     assert not any(key.endswith(("_0", "_1")) for key in result)  # names, not numbers
-    # The same with the margin ranking: row 3's margin 0.7 - 1 = -0.3 beats row 2's 0.55 - 1: the same rows kept.
+    # The same with the margin ranking: margins p - 0.5 keep the order of the estimates, so the same rows stay.
     by_margin = deferral_metrics(logits, labels, SPARSE_ANSWERS, num_experts=2, budget_ranking="margin")
-    _check(by_margin, {"budgeted_error_20": 4 / 6, "expert_ece_0": 3.05 / 4, "deferral_rate_1": 1 / 6})
+    _check(by_margin, {"budgeted_error_20": 3 / 5, "expert_ece_0": 3.05 / 4, "deferral_rate_1": 3 / 6,
+                       "unscored_deferrals_1": 3})
 
 
-def test_an_expert_who_answered_nothing_has_no_ece_and_is_never_deferred_to():
+def test_the_decisions_do_not_depend_on_who_answered():
+    # Issue 41: removing answers changes what can be scored, never what is decided (coverage, deferral rates).
+    logits, labels, answers = _m2_arrays()
+    complete = deferral_metrics(logits, labels, answers, num_experts=2)
+    sparse = deferral_metrics(logits, labels, SPARSE_ANSWERS, num_experts=2)
+    for key in ("coverage", "deferral_rate_0", "deferral_rate_1", "classifier_error", "majority_class_error"):
+        assert sparse[key] == complete[key], key
+    assert "unscored_deferrals" not in complete and "scored_rows" not in complete  # every answer present
+
+
+def test_an_expert_who_answered_nothing_has_no_ece_and_every_deferral_to_them_is_unscored():
     logits, labels, _ = _m2_arrays()
     answers = SPARSE_ANSWERS.copy()
     answers[:, 1] = IGNORE  # bob answered nothing
     result = deferral_metrics(logits, labels, answers, num_experts=2, expert_names=["alice", "bob"],
                               return_reliability=True)
     assert "expert_ece_bob" not in result and result["expert_ece"] == pytest.approx(3.05 / 4)
-    assert result["deferral_rate_bob"] == 0.0 and sum(result["reliability"][1]["counts"]) == 0
-    # row 2: nobody left -> the classifier (right); row 3 alice (wrong); rows 0, 1, 4 classifier wrong
-    assert result["system_error"] == pytest.approx(4 / 6) and result["coverage"] == pytest.approx(5 / 6)
+    assert sum(result["reliability"][1]["counts"]) == 0
+    # the decisions are those of the table above: rows 3, 4, 5 still go to bob, and none of them can be scored
+    assert result["deferral_rate_bob"] == pytest.approx(3 / 6) and result["unscored_deferrals_bob"] == 3
+    assert result["system_error"] == 1.0 and result["coverage"] == pytest.approx(2 / 6)
+    # nothing scored at all: no number, not a made-up one
+    everything_deferred = deferral_metrics(logits[2:], labels[2:], np.full((4, 2), IGNORE), num_experts=2)
+    assert np.isnan(everything_deferred["system_error"]) and everything_deferred["scored_rows"] == 0
 
 
 def test_an_availability_mask_narrows_the_experts_further():
@@ -86,7 +108,7 @@ def test_an_availability_mask_narrows_the_experts_further():
 # 0 | no      | NEVER | 0.1  | 0.2   | classifier               | 1
 # 1 | no      | NEVER | 0.3  | 0.6   | classifier               | 1
 # 2 | no      | DEFER | 0.9  | 0.8   | expert                   | 1 - 0.8 = 0.2
-# 3 | yes     | DEFER | 0.7  | -     | classifier (unavailable) | 0
+# 3 | yes     | DEFER | 0.7  | -     | expert (no score)        | unscored
 # 4 | yes     | DEFER | 0.55 | 0.5   | expert                   | 0.5
 # 5 | yes     | DEFER | 0.85 | 0.25  | expert                   | 0.75
 SCORES = np.array([0.2, 0.6, 0.8, IGNORE, 0.5, 0.25], dtype=np.float32)
@@ -96,12 +118,14 @@ def test_scores_by_hand():
     logits, labels, _ = _m1_arrays()
     result = deferral_metrics(logits, labels, expert_correct=SCORES)
     _check(result, {
-        "system_error": (1 + 1 + 0.2 + 0 + 0.5 + 0.75) / 6,
-        "coverage": 3 / 6,
+        "system_error": (1 + 1 + 0.2 + 0.5 + 0.75) / 5,
+        "scored_rows": 5,
+        "unscored_deferrals": 1,
+        "coverage": 2 / 6,
         "classifier_error": 3 / 6,
         # answered rows 0, 1, 2, 4, 5: conf (0.1, 0.3, 0.9, 0.55, 0.85) in five bins, against the scores
         "expert_ece": (0.1 + 0.3 + 0.1 + 0.05 + 0.6) / 5,
-        # 20%: one kept, row 2 (0.9); rows 4, 5 back to the classifier (right) -> (1 + 1 + 0.2) / 6
+        # 20%: one kept, row 2 (0.9); rows 3, 4, 5 back to the classifier (right) -> (1 + 1 + 0.2) / 6
         "budgeted_error_20": 2.2 / 6,
     })
     # Correctness as booleans or 0/1 is the answers' case exactly.
@@ -131,7 +155,7 @@ def test_deferral_metrics_for_the_trainer_reads_answers_or_scores_from_the_label
     _check(names(EvalPrediction(logits, (labels, SPARSE_ANSWERS))), SPARSE_EXPECTED)
     logits1, labels1, _ = _m1_arrays()
     scored = DeferralMetrics("asm")(EvalPrediction(logits1, (labels1, SCORES.astype(np.float32))))
-    assert scored["system_error"] == pytest.approx(3.45 / 6)
+    assert scored["system_error"] == pytest.approx(3.45 / 5) and scored["unscored_deferrals"] == 1
 
 
 def test_per_expert_keys_use_sanitised_unique_names():
@@ -176,7 +200,8 @@ def test_complete_answers_give_the_numbers_of_the_formulas_of_before():
     right = answers == labels[:, None]
     chosen = right[np.arange(n), expert]
     old = {"system_error": float(np.mean(np.where(defer, ~chosen, prediction != labels))),
-           "coverage": float(1.0 - defer.mean()), "classifier_error": float(1.0 - (prediction == labels).mean())}
+           "coverage": float(1.0 - defer.mean()), "classifier_error": float(1.0 - (prediction == labels).mean()),
+           "majority_class_error": float(1.0 - np.bincount(labels).max() / n)}  # the baseline, added by issue 41
     eces = [reliability_ece(reliability_bins(accuracy[:, j], right[:, j], 15)) for j in range(M)]
     old["expert_ece"] = float(np.mean(eces))
     old.update({f"expert_ece_{j}": eces[j] for j in range(M)})

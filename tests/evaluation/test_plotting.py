@@ -36,3 +36,22 @@ def test_plotting_leaves_no_pyplot_figure_open(tmp_path):
 def test_docstring_examples_run():
     result = doctest.testmod(plotting, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_each_bar_says_how_many_inputs_its_bin_holds(tmp_path, monkeypatch):
+    """Counted by hand: estimates 0.05, 0.1 (bin 0 of 4), 0.6 (bin 2), 0.9, 0.95, 0.99 (bin 3); bin 1 is empty."""
+    from matplotlib.figure import Figure
+
+    estimates, correct = [0.05, 0.1, 0.6, 0.9, 0.95, 0.99], [0, 1, 1, 1, 1, 0]
+    figure = plotting.plot_reliability_diagram(reliability_bins(estimates, correct, n_bins=4), tmp_path / "one.png")
+    labels = [text.get_text() for text in figure.axes[0].texts]
+    assert labels == ["2", "", "1", "3"]  # one per bar, in bin order; nothing above the empty bin
+    assert all(text.xy[1] <= 1.0 for text in figure.axes[0].texts)  # anchored on bars of height <= 1
+    assert figure.axes[0].get_ylim()[1] > 1.0  # and there is room above a full bar
+
+    drawn_figures = []
+    original = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (drawn_figures.append(self), original(self, *a, **k)))
+    runs = [reliability_bins(estimates[:3], correct[:3], n_bins=4), reliability_bins(estimates[3:], correct[3:], n_bins=4)]
+    plotting.plot_pooled_reliability({"A-SM": runs}, tmp_path / "pooled.png")
+    assert [text.get_text() for text in drawn_figures[-1].axes[0].texts] == ["2", "", "1", "3"]  # the runs pooled

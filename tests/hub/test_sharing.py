@@ -29,7 +29,7 @@ from hf_defer.modeling.pipeline_deferral import REMOTE_TASK
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat is good bad very".split()]
 TEXTS = ["the cat sat on the mat", "a very bad dog", "good"]
 CODE_FILES = {"configuration_deferral.py", "modeling_deferral.py", "saving_deferral.py", "surrogates.py", "surrogate_base.py",
-              "surrogate_routing.py", "side_features.py", "pipeline_deferral.py", "validators.py"}
+              "surrogate_routing.py", "side_features.py", "pipeline_deferral.py", "validators.py", "library_mode.py"}
 PACKAGE = Path(hf_defer.__file__).parent / "modeling"  # the code a saved folder carries
 
 
@@ -87,7 +87,8 @@ def test_save_for_hub_writes_safetensors_code_and_remote_code_config(saved):
 def test_pipeline_save_pretrained_writes_the_same_remote_code_folder(saved, tmp_path):
     folder, model, tokenizer = saved
     pipeline("deferral", model=model, tokenizer=tokenizer).save_pretrained(tmp_path / "from_pipeline")
-    assert set(os.listdir(tmp_path / "from_pipeline")) == set(os.listdir(folder))
+    # save_for_hub adds the deferral card (from the config when no card data is given); the rest is the same
+    assert set(os.listdir(tmp_path / "from_pipeline")) == set(os.listdir(folder)) - {"README.md"}
     written = json.loads((tmp_path / "from_pipeline" / "config.json").read_text())
     expected = json.loads((folder / "config.json").read_text())
     assert written["custom_pipelines"] == expected["custom_pipelines"] and written["auto_map"] == expected["auto_map"]
@@ -341,3 +342,14 @@ def test_push_to_hub_checks_the_repo_id_with_huggingface_hub_before_any_call(fak
         with pytest.raises(ValueError, match="repo_id must be a Hub repository id"):
             push_to_hub(model, bad)
     assert fake_hub == {}
+
+
+def test_save_for_hub_without_card_data_writes_the_card_of_the_config(tmp_path):
+    # Issue 43.8: the Hub guide calls save_for_hub's folder the one "to share"; it had no card without card_data.
+    model, tokenizer = text_model()
+    model.config.defer_threshold, model.config.expert_costs = 0.125, [0.05, 0.1]
+    save_for_hub(model, tmp_path / "shared", tokenizer)
+    card = ModelCard.load(tmp_path / "shared" / "README.md")
+    assert "**Deferral threshold:** 0.125" in card.text and "`alice`" in card.text
+    assert card.data.eval_results is None  # no metrics were measured for this config
+    assert "# shared" in card.text  # named after the folder

@@ -305,3 +305,35 @@ def test_loader_options_are_checked(option, value):
         pipeline("deferral", model=model)([[0.0] * 4] * 2, **{option: value})
     with pytest.raises(ValueError, match=rf"{option} must be an integer >= "):
         pipeline("deferral", model=model, **{option: value})
+
+
+def test_a_call_off_the_calibrated_costs_or_threshold_warns_and_every_output_says_what_decided():
+    # Issue 41: a threshold calibrated at costs [0, 0] and a call with `expert_costs=[0, 0.1]` moved every decision,
+    # silently (only a model with a guarantee warned).
+    import warnings
+
+    model = EncoderForDeferral(DeferralConfig(feature_size=4, num_labels=2, num_experts=2))
+    held_out = list(np.random.default_rng(0).normal(size=(40, 4)).astype("float32"))
+    defer = pipeline("deferral", model=model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # never calibrated: costs are the Bayes rule's own, nothing to warn about
+        out = defer(held_out[0], expert_costs=[0.0, 0.1])
+    assert (out["expert_costs"], out["defer_threshold"]) == ([0.0, 0.1], 0.0)
+    threshold = hf_defer.calibrate_deferral(model, held_out, max_deferral_rate=0.2)
+    assert model.config.calibrated_expert_costs == [0.0, 0.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the settings it was calibrated for: quiet
+        out = defer(held_out[0])
+    assert (out["expert_costs"], out["defer_threshold"]) == ([0.0, 0.0], threshold)
+    with pytest.warns(UserWarning, match=r"expert_costs \[0.0, 0.1\] \(calibrated at \[0.0, 0.0\]\)"):
+        assert defer(held_out[0], expert_costs=[0.0, 0.1])["expert_costs"] == [0.0, 0.1]
+    with pytest.warns(UserWarning, match=r"defer_threshold 0.5 \(calibrated: "):
+        assert defer(held_out[0], defer_threshold=0.5)["defer_threshold"] == 0.5
+    model.config.expert_costs = [0.2, 0.0]  # changed in the config after calibrating: the same shift, warned
+    with pytest.warns(UserWarning, match="was calibrated for other settings"):
+        defer(held_out[0])
+    hf_defer.calibrate_deferral(model, held_out, max_deferral_rate=0.2, expert_costs=[0.2, 0.0])
+    assert model.config.calibrated_expert_costs == [0.2, 0.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        defer(held_out[0])

@@ -58,17 +58,24 @@ def test_a_deferral_to_j_is_scored_against_the_others_majority():
                        [0.0, 0.0, 1.0, 5.0, -5.0],    # item 1 -> b is the best but did not answer: a, right
                        [0.0, 0.0, 5.0, 5.0, 5.0],     # item 2: no label, left out
                        [3.0, 0.0, -5.0, -5.0, -5.0]])  # item 3: the classifier says 0, right
+    assigned = np.asarray(correct) != -100  # the experiment decides among the annotators of each item (explicitly)
     metrics = deferral_metrics(logits, labels, surrogate="asm", num_experts=3, expert_correct=correct,
-                               expert_names=["a", "b", "c"])
+                               expert_names=["a", "b", "c"], available=assigned)
     assert metrics["system_error"] == pytest.approx((0.5 + 0.0 + 0.0) / 3)
     assert metrics["coverage"] == pytest.approx(1 / 3)
     assert metrics["deferral_rate_a"] == pytest.approx(1 / 3) and metrics["deferral_rate_b"] == pytest.approx(1 / 3)
     decisions = item_errors(logits, labels, correct, "asm")
     assert decisions["error"].tolist() == [0.5, 0.0, 0.0] and decisions["expert"][:2].tolist() == [1, 0]
+    # Without that availability, deferral_metrics reports what a pipeline does knowing nobody's answers (issue 41):
+    # item 1 goes to b, who did not answer it: an unscored deferral, and the error is over the other two items.
+    blind = deferral_metrics(logits, labels, surrogate="asm", num_experts=3, expert_correct=correct,
+                             expert_names=["a", "b", "c"])
+    assert blind["deferral_rate_b"] == pytest.approx(2 / 3) and blind["unscored_deferrals_b"] == 1
+    assert blind["scored_rows"] == 2 and blind["system_error"] == pytest.approx(0.5 / 2)
     # Scored against the full majority instead, b's own vote makes item 0 right: the target moves the number.
     labels, correct = scoring_targets(ANSWERS, "majority")
-    assert deferral_metrics(logits, labels, surrogate="asm", num_experts=3,
-                            expert_correct=correct)["system_error"] == pytest.approx(0.0)
+    assert deferral_metrics(logits, labels, surrogate="asm", num_experts=3, expert_correct=correct,
+                            available=np.asarray(correct) != -100)["system_error"] == pytest.approx(0.0)
     # Deferring item 0 to c instead: c said 0 where a and b said 1.
     logits[0, 2:] = [-5.0, -5.0, 5.0]
     assert item_errors(logits, *scoring_targets(ANSWERS), "asm")["error"][0] == 1.0

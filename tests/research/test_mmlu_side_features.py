@@ -71,8 +71,8 @@ def test_inner_cross_validation_shrinks_what_the_text_says_when_it_is_noise_and_
 
 def test_compare_fills_the_side_feature_row_with_paired_intervals():
     features, subjects, strong, weak = synthetic(450, seed=1)
-    fit = lambda f, s, c, seed: fit_route_only_side_features(f, s, c, seed, epochs=10, hidden=((),),
-                                                                weight_decays=(0.0, 1.0))  # noqa: E731
+    fit = lambda f, s, c, seed: fit_route_only_side_features(f, s, c, seed, epochs=10, hidden=((),),  # noqa: E731
+                                                                weight_decays=(0.0, 1.0))
     record = mr.compare(features, subjects, strong, weak, folds=3, bootstrap=5, epochs=5, log=lambda _: None,
                         route_only_subject=fit)
     row = record["routers"]["route_only_subject"]

@@ -14,7 +14,6 @@ every step, a digest of the trained weights, and saves the full (unsharded) mode
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 

@@ -249,8 +249,6 @@ def compare_weights(name: str, got: dict[str, Any], expected: dict[str, Any], in
                     atol: float | None = None, update_rtol: float | None = None) -> dict[str, Any]:
     """Every tensor of `got` against `expected` (same names, shapes); either the largest absolute difference within
     `atol`, or the distance between the two runs within `update_rtol` of how far the reference moved from `initial`."""
-    import torch
-
     if set(got) != set(expected):
         return {"name": name, "passed": False,
                 "detail": f"different tensors: only in the run {sorted(set(got) - set(expected))[:5]}, only in the "

@@ -14,18 +14,22 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 
 @dataclass
 class UpstreamBehaviour:
     """What the fake upstream does; tests change it between calls. `mode`: `ok`, `error` (HTTP 500 in OpenAI's
-    error shape), `slow` (sleeps `delay` seconds before answering) or `break` (a stream cut after its first chunk)."""
+    error shape), `slow` (sleeps `delay` seconds before answering), `break` (a stream cut after its first chunk) or
+    `echo_key` (HTTP 401 whose message repeats the Authorization header it got, as a careless server might) or
+    `nan` (an answer with a NaN, which Python's json writes and JSON has not).
+    `headers` keeps the headers of each request."""
 
     name: str
     mode: str = "ok"
     delay: float = 0.0
     received: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
 
 
 def answer_text(name: str, prompt: str) -> str:
@@ -39,9 +43,16 @@ def fake_upstream_app(behaviour: UpstreamBehaviour) -> FastAPI:
     async def chat(request: Request) -> Any:
         body = await request.json()
         behaviour.received.append(body)
+        behaviour.headers.append(dict(request.headers))
+        if behaviour.mode == "echo_key":
+            return JSONResponse({"error": {"message": f"bad credentials {request.headers.get('authorization')}",
+                                           "type": "invalid_request_error"}}, status_code=401)
         if behaviour.mode == "error":
             return JSONResponse({"error": {"message": f"{behaviour.name} is overloaded", "type": "server_error"}},
                                 status_code=500)
+        if behaviour.mode == "nan":
+            return Response(b'{"id": "x", "object": "chat.completion", "choices": [], "score": NaN}',
+                            media_type="application/json")
         if behaviour.mode == "slow" or behaviour.delay:
             await asyncio.sleep(behaviour.delay)
         prompt = body["messages"][-1]["content"]

@@ -131,3 +131,99 @@ def test_a_review_project_without_the_models_classes_is_refused(model_folder):
     pipe = pipeline("deferral", model=str(model_folder))
     with pytest.raises(ValueError, match=r"does not offer the model's classes \['abusive'\]"):
         build_decision_app(pipe, review_project=FakeProject(["ok", "spam"]))
+
+
+def test_serve_model_behind_keys_with_long_inputs_and_bad_bodies(model_folder, monkeypatch):
+    """`hf-defer serve --model` with client keys: the keys open /v1/decide, /v1/decisions and /metrics (not
+    /health); a text longer than the encoder's 32 positions is truncated to them (as predict does), not refused; a
+    body of the wrong shape is 400 in OpenAI's shape; nothing refused becomes a decision."""
+    from fastapi.testclient import TestClient
+
+    from hf_defer.commands.serve import build_app
+
+    key = "sk-reviews-0123456789abcdef"
+    monkeypatch.setenv("HF_DEFER_TEST_KEYS", f"frontend:{key}")
+    app, _ = build_app(["--model", str(model_folder), "--auth_keys_env", "HF_DEFER_TEST_KEYS",
+                        "--max_request_bytes", "2000", "--max_requests_per_minute", "600"])
+    bearer = {"Authorization": f"Bearer {key}"}
+    long_text = " ".join(TEXTS) * 4
+    with TestClient(app) as http:
+        refused = [http.post("/v1/decide", json={"input": TEXTS[0], "id": "a"}),
+                   http.post("/v1/decide", json={"input": TEXTS[0], "id": "a"}, headers={"Authorization": "Bearer "
+                                                                                          + "k" * len(key)}),
+                   http.post(f"/v1/decide?api_key={key}", json={"input": TEXTS[0], "id": "a"}),
+                   http.get("/v1/decisions/a"), http.get("/metrics")]
+        health = http.get("/health")
+        long = http.post("/v1/decide", json={"input": long_text, "id": "long"}, headers=bearer)
+        bad = [http.post("/v1/decide", json=body, headers=bearer) for body in (
+            {"input": ["a", "list"]}, {"input": {"text": "x"}}, {"input": "kind", "id": ["x"]}, [1, 2],
+            {"input": "kind", "available_experts": 7})]
+        huge = http.post("/v1/decide", json={"input": "kind " * 1000}, headers=bearer)
+        nested = http.post("/v1/decide", content=b"[" * 1900, headers=bearer)
+        metrics = http.get("/metrics", params={"format": "json"}, headers=bearer).json()
+        missing = http.get("/v1/decisions/a", headers=bearer)
+    assert [r.status_code for r in refused] == [401] * 5 and health.json() == {"status": "ok"}
+    assert all(r.json()["error"]["code"] == "invalid_api_key" for r in refused)
+    assert long.status_code == 200 and long.json()["status"] in ("answered", "deferred")
+    assert [r.status_code for r in bad] == [400] * 5, [r.text for r in bad]
+    assert all(set(r.json()["error"]) == {"message", "type", "param", "code"} for r in bad)
+    assert huge.status_code == 413 and nested.status_code == 400 and "nested too deeply" in nested.text
+    assert missing.status_code == 404  # the refused posts made no decision
+    assert sum(metrics["decisions"].values()) == 1 and metrics["client_requests"] == {"frontend": 8.0}
+    assert metrics["rejected"] == {"too_large": {"frontend": 1.0}, "unauthorized": {"-": 5.0}}
+
+
+class RecordingPipe:
+    """A pipeline of an image or feature model that records what it is given and defers nothing."""
+
+    def __init__(self, input_kind: str) -> None:
+        from types import SimpleNamespace
+
+        self.input_kind, self.calls = input_kind, []
+        self.model = SimpleNamespace(config=SimpleNamespace(model_type="deferral", route_only=False,
+                                                            id2label={0: "ok", 1: "bad"}, expert_names=["alice"]))
+
+    def __call__(self, model_input, **kwargs):
+        self.calls.append(model_input)
+        return {"defer": False, "label": "ok", "expert": None, "class_label": "ok", "class_score": 0.9,
+                "expert_scores": [0.1]}
+
+
+def test_an_image_model_reads_data_urls_only_never_a_path_or_url(tmp_path):
+    """A path or a URL as `input` would make the server read its own files or fetch internal URLs for a client: 400,
+    and the pipeline is never called; a base64 PNG is decoded here and reaches the pipeline as the image."""
+    import base64
+    import io
+
+    from fastapi.testclient import TestClient
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 3), (200, 10, 10)).save(buffer, format="PNG")
+    png = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(buffer.getvalue())
+    pipe = RecordingPipe("image")
+    with TestClient(build_decision_app(pipe)) as http:
+        refused = [http.post("/v1/decide", json={"input": value}) for value in (
+            str(secret), "file://" + str(secret), "http://169.254.169.254/latest/meta-data", ["a.png"],
+            base64.b64encode(buffer.getvalue()).decode())]
+        garbage = http.post("/v1/decide", json={"input": "data:image/png;base64,bm90IGFuIGltYWdl"})
+        good = http.post("/v1/decide", json={"input": png})
+    assert [r.status_code for r in refused] == [400] * 5
+    assert all("base64 data URL" in r.json()["error"]["message"] for r in refused)
+    assert garbage.status_code == 400 and "not a readable base64 image" in garbage.json()["error"]["message"]
+    assert good.status_code == 200 and good.json()["answer"] == "ok"
+    assert len(pipe.calls) == 1 and pipe.calls[0].size == (4, 3) and pipe.calls[0].getpixel((0, 0)) == (200, 10, 10)
+
+
+def test_a_feature_model_takes_one_vector_of_numbers():
+    from fastapi.testclient import TestClient
+
+    pipe = RecordingPipe("features")
+    with TestClient(build_decision_app(pipe)) as http:
+        refused = [http.post("/v1/decide", json={"input": value}) for value in (
+            [[0.1, 0.2], [0.3, 0.4]], [], ["0.1"], [True, 0.2], "0.1,0.2", {"x": 1})]
+        good = http.post("/v1/decide", json={"input": [0.1, 2, -3.5]})
+    assert [r.status_code for r in refused] == [400] * 6
+    assert good.status_code == 200 and pipe.calls == [[0.1, 2, -3.5]]

@@ -120,7 +120,8 @@ def test_a_pinned_model_is_not_routed_and_an_unknown_model_is_refused(pipe, upst
 
 
 @pytest.mark.parametrize("mode, status, words", [("error", 502, "answered HTTP 500: strong is overloaded"),
-                                                 ("slow", 504, "did not answer in time")])
+                                                 ("slow", 504, "did not answer in time"),
+                                                 ("nan", 502, "a body that is not JSON")])
 def test_an_upstream_failure_is_a_clear_error_without_fallback(pipe, upstreams, behaviours, expected, mode, status,
                                                                words):
     prompt = next(p for p in PROMPTS if expected[p] == "strong")
@@ -144,7 +145,7 @@ def test_fallback_tries_the_other_model_and_says_so(pipe, upstreams, behaviours,
             ask(client(url), prompt)
         metrics = httpx.get(url + "/metrics", params={"format": "json"}).json()
     assert raw.headers["x-hf-defer-model"] == "weak" and raw.headers["x-hf-defer-fallback-from"] == "strong"
-    assert raw.parse().hf_defer == {"model": "weak", "routed_to": "strong", "margin": pytest.approx(
+    assert raw.parse().hf_defer == {"model": "weak", "routed_to": "strong", "capped": False, "margin": pytest.approx(
         raw.parse().hf_defer["margin"]), "fallback_from": ["strong"]}
     assert raw.parse().choices[0].message.content == answer_text("weak", prompt)
     assert caught.value.status_code == 502
@@ -162,10 +163,28 @@ def test_the_strong_call_cap_holds_in_arrival_order(pipe, upstreams, behaviours,
     assert want != [expected[p] for p in PROMPTS]  # the cap acts
     with start(pipe, upstreams, max_strong_rate=rate) as url:
         chat = client(url)
-        got = [ask(chat, prompt).headers["x-hf-defer-model"] for prompt in PROMPTS]
+        raws = [ask(chat, prompt) for prompt in PROMPTS]
         metrics = httpx.get(url + "/metrics", params={"format": "json"}).json()
+        wants_strong = next(p for p in PROMPTS if expected[p] == "strong")
+        streamed = []
+        for _ in range(2):  # a streamed answer says so in its headers
+            with chat.chat.completions.with_streaming_response.create(
+                    model="hf-defer-router", messages=[{"role": "user", "content": wants_strong}], stream=True) as sent:
+                streamed.append((sent.headers["x-hf-defer-model"], sent.headers["x-hf-defer-capped"]))
+    got = [raw.headers["x-hf-defer-model"] for raw in raws]
     assert got == want
+    # a capped request says so itself: the router wanted strong, the cap sent it to weak
+    capped = [expected[p] == "strong" and w == "weak" for p, w in zip(PROMPTS, want)]
+    assert [raw.headers["x-hf-defer-capped"] for raw in raws] == ["true" if c else "false" for c in capped]
+    assert [raw.parse().hf_defer["capped"] for raw in raws] == capped
+    assert all(raw.parse().hf_defer["routed_to"] == expected[p] for raw, p in zip(raws, PROMPTS))
     assert metrics["capped"] == {"strong": float(sum(expected[p] == "strong" for p in PROMPTS) - strong)}
+    want_streamed = []
+    for k in (len(PROMPTS) + 1, len(PROMPTS) + 2):  # the 25th and 26th requests, by the same rule
+        go = strong + 1 <= int(rate * k)
+        strong += go
+        want_streamed.append(("strong", "false") if go else ("weak", "true"))
+    assert ("weak", "true") in want_streamed and streamed == want_streamed
 
 
 def test_concurrent_requests_are_all_answered_by_the_right_model(pipe, upstreams, behaviours, expected):

@@ -84,9 +84,20 @@ def test_side_features_come_from_the_metadata(router_folder):
             with pytest.raises(openai.BadRequestError, match=r"needs the side feature\(s\) \['length'\]"):
                 chat.chat.completions.create(model="hf-defer-router", metadata={"tier": "pro"},
                                              messages=[{"role": "user", "content": "name a city"}])
-            with pytest.raises(openai.BadRequestError, match="'length' of input 0 must be a finite number"):
+            with pytest.raises(openai.BadRequestError, match="'length' of input 0: the model reads 'length' as a "
+                                                             "number, got 'long'"):
                 chat.chat.completions.create(model="hf-defer-router", metadata={"tier": "pro", "length": "long"},
                                              messages=[{"role": "user", "content": "name a city"}])
+            for metadata, kind in (({"tier": ["pro"], "length": "10"}, "list"), ({"tier": {"a": 1}, "length": "10"},
+                                                                                 "dict"),
+                                   ({"tier": "pro", "length": [10]}, "list"), ({"tier": "pro", "length": ""}, None)):
+                with pytest.raises(openai.BadRequestError) as refused:  # never routed on the value's string
+                    chat.chat.completions.create(model="hf-defer-router", metadata=metadata,
+                                                 messages=[{"role": "user", "content": "name a city"}])
+                error = refused.value.body
+                assert error["type"] == "invalid_request_error", error
+                assert (f"expected one value (a number, or a category such as a subject), got a {kind}"
+                        if kind else "is missing from input 0") in error["message"], error
             with pytest.raises(openai.BadRequestError, match="give them in the request's metadata"):
                 chat.chat.completions.create(model="hf-defer-router",
                                              messages=[{"role": "user", "content": "name a city"}])

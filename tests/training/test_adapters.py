@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from transformers import TrainingArguments, pipeline
 from transformers.integrations import peft as transformers_peft
 
-import peft  # a test dependency (pyproject [test])
+import peft  # noqa: F401  (a test dependency, pyproject [test])
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from test_decoder_backbones import decoder_model, decoder_tokenizer, padded, text_dataset  # noqa: E402
 from test_sharing import fake_hub  # noqa: E402, F401  (the patched HfApi fixture)

@@ -1,4 +1,4 @@
-"""The private upstream names hf_defer relies on (hf_defer/training/upstream_hooks.py): each still has the signature
+"""The private upstream names hf_defer relies on (tests/training/upstream_hooks.py): each still has the signature
 and the callers hf_defer's code was written against, the check catches a change of each kind, and every private
 upstream name hf_defer's source uses is listed."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import hf_defer
-from hf_defer.training.upstream_hooks import UPSTREAM_HOOKS, UpstreamHook, check_hook, check_upstream_hooks
+from upstream_hooks import UPSTREAM_HOOKS, UpstreamHook, check_hook, check_upstream_hooks
 
 PACKAGE = Path(hf_defer.__file__).resolve().parent
 LISTED = {hook.name for hook in UPSTREAM_HOOKS}
@@ -150,7 +150,7 @@ def test_every_private_upstream_name_hf_defer_uses_is_listed():
     unlisted.update({name: [owner] for name, owner in _private_upstream_overrides().items() if name not in LISTED})
     unlisted.update({name: [file] for name, file in _module_patches().items() if name not in LISTED})
     assert not unlisted, (
-        f"hf_defer uses private upstream names that hf_defer/training/upstream_hooks.py does not list: {unlisted}. "
+        f"hf_defer uses private upstream names that tests/training/upstream_hooks.py does not list: {unlisted}. "
         "Add an UpstreamHook for each (what it stands in for, its parameters and its upstream callers)."
     )
 

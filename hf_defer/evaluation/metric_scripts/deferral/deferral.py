@@ -32,8 +32,9 @@ Args:
         paper's `"expert_accuracy"`, or `"margin"` (what a calibrated pipeline delivers, as `DeferralTrainer` reports).
     `hf_defer.load_metric(model)` sets surrogate, experts, costs and threshold from a model and ranks by margin.
 Returns:
-    `dict`: `system_error`, `coverage`, `classifier_error`, `expert_ece`, `budgeted_error_{10,20,30}` (fractions);
-    with M > 1 also `expert_ece_j` and `deferral_rate_j`.
+    `dict`: `system_error`, `coverage`, `classifier_error`, `majority_class_error`, `expert_ece`,
+    `budgeted_error_{10,20,30}` (fractions); with M > 1 also `expert_ece_j` and `deferral_rate_j`; with missing
+    answers `unscored_deferrals` and `scored_rows` (counts).
 Examples:
     >>> import evaluate, hf_defer
     >>> metric = hf_defer.load_metric()

@@ -7,12 +7,12 @@ which upstream object it is, how and where hf_defer uses it, what it stands in f
 written against and the upstream functions that must still reference it. [`check_upstream_hooks`] checks every hook
 against the installed versions; `tests/training/test_upstream_hooks.py` runs it on each tested stack (`make test`,
 `make test-latest`, `make test-oldest`), and also fails when hf_defer starts using a private upstream name that is not
-listed here.
+listed here. A part of the test suite, not of the package (the wheel does not ship it).
 
 Example:
 
 ```python
->>> from hf_defer.training.upstream_hooks import UPSTREAM_HOOKS, check_upstream_hooks
+>>> from upstream_hooks import UPSTREAM_HOOKS, check_upstream_hooks
 >>> hook = next(h for h in UPSTREAM_HOOKS if h.target.endswith("._get_grad_norm"))
 >>> hook.usage, hook.parameters
 ('override', ('self', 'model', 'grad_norm'))
@@ -214,27 +214,28 @@ UPSTREAM_HOOKS: tuple[UpstreamHook, ...] = (
         referenced_by=("datasets.Dataset.__init__",), instance_attribute=True),
     # argparse (the standard library): the flag checks read the parser's tables instead of parsing twice.
     UpstreamHook(
-        "argparse.ArgumentParser._actions", "read", "hf_defer.commands.flag_check, arguments and cli",
+        "argparse.ArgumentParser._actions", "read", "hf_defer.commands.flags, arguments and cli",
         "every flag of a parser (its dest and option strings): the names a mistyped flag is matched against",
         referenced_by=("argparse._ActionsContainer.__init__",), instance_attribute=True),
     UpstreamHook(
-        "argparse.ArgumentParser._option_string_actions", "read", "hf_defer.commands.arguments and cli",
-        "the flag strings a parser knows, read before parsing so that an unknown flag is reported first",
+        "argparse.ArgumentParser._option_string_actions", "read", "hf_defer.commands.arguments, cli and flags",
+        "the flag strings a parser knows (and the field each sets), read before parsing so that an unknown flag is "
+        "reported first, and saved after the first parse of `hf-defer train` so that later runs answer before torch",
         referenced_by=("argparse._ActionsContainer.__init__",), instance_attribute=True),
     UpstreamHook(
-        "argparse.ArgumentParser._action_groups", "read", "hf_defer.commands.flag_check",
+        "argparse.ArgumentParser._action_groups", "read", "hf_defer.commands.flags",
         "the --help groups, so that --help shows the essential group alone and --help-all every group",
         referenced_by=("argparse._ActionsContainer.__init__",), instance_attribute=True),
     UpstreamHook(
-        "argparse.ArgumentParser._mutually_exclusive_groups", "read", "hf_defer.commands.flag_check",
+        "argparse.ArgumentParser._mutually_exclusive_groups", "read", "hf_defer.commands.flags",
         "the parser's exclusive groups, which the short --help formats with the essential flags",
         referenced_by=("argparse._ActionsContainer.__init__",), instance_attribute=True),
     UpstreamHook(
-        "argparse._ArgumentGroup._group_actions", "read", "hf_defer.commands.flag_check",
+        "argparse._ArgumentGroup._group_actions", "read", "hf_defer.commands.flags",
         "the flags of one --help group, to list the essential ones first in the short --help",
         referenced_by=("argparse._ArgumentGroup.__init__",), instance_attribute=True),
     UpstreamHook(
-        "argparse.ArgumentParser._get_formatter", "call", "hf_defer.commands.flag_check",
+        "argparse.ArgumentParser._get_formatter", "call", "hf_defer.commands.flags",
         "the parser's help formatter, used to write the short --help as argparse writes the long one",
         ("self",)),
     UpstreamHook(
@@ -291,7 +292,7 @@ def check_hook(hook: UpstreamHook) -> list[str]:
     """What no longer holds of `hook` with the installed versions: an empty list when it is as expected."""
     where = f"{hook.distribution} {_version(hook.distribution)}"
     fix = (f"hf_defer uses it in {hook.used_in} ({hook.usage}): it {hook.stands_in_for}. Update that code and this "
-           f"entry of hf_defer/training/upstream_hooks.py together.")
+           f"entry of tests/training/upstream_hooks.py together.")
     owner_path = hook.target.rsplit(".", 1)[0] if hook.instance_attribute else hook.target
     try:
         obj = resolve(owner_path)

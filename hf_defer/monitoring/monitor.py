@@ -1,0 +1,489 @@
+"""[`DeferralMonitor`]: a deferral model's promises watched in deployment, from the pipeline's outputs (and the labels
+that arrive later for some of them), with anytime-valid bounds and an alarm.
+
+What it watches (each a *channel*; the statistics are in `sequential.py`):
+
+* ``deferral_rate`` and ``deferral_rate[<expert>]``: the share of inputs deferred, overall and to each expert.
+* ``estimated_error``: the system error the model itself expects, without labels: ``1 - class_score`` where the
+  classifier answers, ``1 - a_j`` (the chosen expert's estimated accuracy) where it defers; for a route-only model
+  ``1 - estimated_accuracy`` of the chosen expert (the way NannyML's CBPE estimates accuracy from calibrated scores).
+  Its bound is on the *expected estimated* error: it equals the true error only while the model's estimates stay
+  calibrated, which a shift may break; the labelled channel below needs no such assumption.
+* ``system_error`` (with labels): the true system error. Deferred inputs are all labelled (the reviewers' answers),
+  the inputs the model keeps only on a random audit share ``audit_rate`` that the monitor draws (seeded); each label
+  is weighted by the inverse of its chance to be asked for (Horvitz-Thompson), so the estimate is unbiased for the
+  whole stream. With ``audit_rate=0`` only the deferred inputs' errors count: a lower bound on the system error, so
+  its alarm is still never false more often than stated, but it is blind to the classifier's own errors.
+* ``mean_cost``: the mean price per input (each deferred input costs its expert's price), when a cost budget was
+  certified.
+
+A channel with a target (the model's certified budget, error target or cost budget) raises an alarm when the
+sequential test ([`ChangeDetector`]) finds, with the stated confidence, that its mean has risen above the target.
+``1 - confidence`` is split equally among those channels (a union bound), so the probability that *any* alarm is ever
+raised while every promise holds is at most ``1 - confidence``, however long the stream and however often it is
+looked at. Each channel's interval ([`BettingConfidenceSequence`]) is at the same share.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from ..modeling.validators import check_share
+from .sequential import BettingConfidenceSequence, ChangeDetector
+
+__all__ = ["DeferralMonitor", "monitor_for"]
+
+
+class _Channel:
+    """One monitored mean: values in [0, 1] (``scale`` times the quantity reported) and, with a target, its test."""
+
+    def __init__(self, name: str, alpha: float, target: float | None = None, scale: float = 1.0,
+                 what: str = "", top: float = 1.0) -> None:
+        self.name, self.alpha, self.target, self.scale, self.what, self.top = name, alpha, target, scale, what, top
+        self.sequence = BettingConfidenceSequence()
+        scaled = None if target is None else target * scale
+        self.detector = None if scaled is None or scaled >= 1 else ChangeDetector(scaled, alpha)
+        self.raised_at: str | None = None
+
+    def update(self, values: np.ndarray) -> None:
+        if values.size == 0:
+            return
+        self.sequence.update(values)
+        if self.detector is not None:
+            before = self.detector.alarm_at
+            self.detector.update(values)
+            if before is None and self.detector.alarm_at is not None:
+                self.raised_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+    def alarm(self) -> dict[str, Any] | None:
+        d = self.detector
+        if d is None or d.alarm_at is None:
+            return None
+        return {
+            "channel": self.name, "target": self.target, "since_row": d.since, "raised_at_row": d.alarm_at,
+            "raised_at": self.raised_at, "evidence": d.alarm_evidence, "threshold": d.threshold,
+            "false_alarm_probability": self.alpha,
+            "message": (f"{self.name} ({self.what}) rose above its target {self.target:g}: the change began near row "
+                        f"{d.since}, the alarm was raised at row {d.alarm_at} (e-value {d.alarm_evidence:.3g} >= "
+                        f"1/alpha = {d.threshold:.3g}; the chance of such an alarm while the target holds is at "
+                        f"most {self.alpha:.3g})."),
+        }
+
+    def state(self) -> dict[str, Any]:
+        s = self.sequence
+        low, high = s.interval(self.alpha)
+        d = self.detector
+        return {
+            "what": self.what, "n": s.n, "mean": None if s.mean is None else s.mean / self.scale,
+            "lower": low / self.scale, "upper": min(self.top, high / self.scale), "confidence": 1.0 - self.alpha,
+            "target": self.target,
+            "evidence": None if d is None else d.evidence, "threshold": None if d is None else d.threshold,
+            "alarm": self.alarm(),
+        }
+
+
+def _config_of(model: Any) -> Any:
+    if isinstance(model, (str, os.PathLike)):
+        from ..modeling.configuration_deferral import DeferralConfig
+
+        return DeferralConfig.from_pretrained(model)
+    if getattr(model, "model_type", None) == "deferral" and hasattr(model, "expert_names"):
+        return model  # a config
+    config = getattr(getattr(model, "model", model), "config", None)  # a pipeline or a model
+    if getattr(config, "model_type", None) != "deferral":
+        raise ValueError(f"model must be a deferral model, pipeline, config or saved folder, got "
+                         f"{type(model).__name__}.")
+    return config
+
+
+class DeferralMonitor:
+    r"""Watches a deferral model's promises on the stream of its decisions (see the module's docstring).
+
+    Build it from a calibrated model with [`~DeferralMonitor.from_model`] (its ``config.deferral_guarantee`` gives
+    the targets and the confidence), or with the targets given here. Feed it the pipeline's outputs, batch by batch,
+    with [`~DeferralMonitor.update`]; labels that arrive later go in with ``update(labels={id: label})``.
+
+    Args:
+        expert_names (sequence of `str`): the model's experts (`config.expert_names`).
+        confidence (`float`, *optional*, defaults to 0.9): the probability, over the whole stream, that no alarm is
+            raised while every promise holds; ``1 - confidence`` is split equally among the channels with a target.
+        max_deferral_rate (`float` or `dict`, *optional*): the deferral budget, or one per expert.
+        max_error (`float`, *optional*): the system error target (the ``estimated_error`` and ``system_error``
+            channels are tested against it).
+        max_mean_cost (`float`, *optional*): the budget on the mean price per input.
+        expert_costs (sequence of `float`, *optional*): each expert's price (needed with ``max_mean_cost``).
+        cost_bound (`float`, *optional*): the largest price an input can have (default: the largest given).
+        audit_rate (`float`, *optional*): the share of the inputs the model keeps that are drawn for a label (an
+            audit), in [0, 1]; `None` (default): no labels are expected and no ``system_error`` channel exists.
+        seed (`int`, *optional*, defaults to 0): seeds the audit draw.
+        id2label (`dict`, *optional*): class ids to names, so that labels may be given as ids.
+
+    Example:
+
+    ```python
+    >>> from hf_defer import DeferralMonitor
+    >>> monitor = DeferralMonitor(["alice"], confidence=0.9, max_deferral_rate=0.2, max_error=0.2, audit_rate=0.5)
+    >>> kept = {"defer": False, "expert": None, "class_label": "yes", "class_score": 0.9,
+    ...         "expert_scores": {"alice": 0.7}}
+    >>> deferred = {"defer": True, "expert": "alice", "class_label": "no", "class_score": 0.6,
+    ...             "expert_scores": {"alice": 0.95}}
+    >>> to_label = monitor.update([kept, deferred, kept, kept], ids=["a", "b", "c", "d"])
+    >>> "b" in to_label  # a deferred input is always labelled; kept ones with probability audit_rate
+    True
+    >>> round(monitor.state()["channels"]["estimated_error"]["mean"], 4)  # (0.1 + 0.05 + 0.1 + 0.1) / 4
+    0.0875
+    >>> monitor.alarm is None
+    True
+
+    ```
+    """
+
+    def __init__(self, expert_names: Sequence[str], *, confidence: float = 0.9,
+                 max_deferral_rate: float | Mapping[str, float] | None = None, max_error: float | None = None,
+                 max_mean_cost: float | None = None, expert_costs: Sequence[float] | None = None,
+                 cost_bound: float | None = None, audit_rate: float | None = None, seed: int = 0,
+                 id2label: Mapping[Any, str] | None = None) -> None:
+        self.expert_names = [str(name) for name in expert_names]
+        if not self.expert_names:
+            raise ValueError("expert_names is empty: a deferral model has at least one expert.")
+        self.confidence = check_share(confidence, "confidence", closed_top=False)
+        rates: dict[str | None, float] = {}
+        if isinstance(max_deferral_rate, Mapping):
+            unknown = sorted(set(max_deferral_rate) - set(self.expert_names))
+            if unknown:
+                raise ValueError(f"max_deferral_rate names {unknown}, which are not among the experts "
+                                 f"{self.expert_names}.")
+            rates = {str(k): check_share(v, f"max_deferral_rate[{k!r}]") for k, v in max_deferral_rate.items()}
+        elif max_deferral_rate is not None:
+            rates = {None: check_share(max_deferral_rate, "max_deferral_rate")}
+        self.max_error = None if max_error is None else check_share(max_error, "max_error")
+        if audit_rate is not None and (not isinstance(audit_rate, (int, float)) or isinstance(audit_rate, bool)
+                                       or not 0 <= audit_rate <= 1):
+            raise ValueError(f"audit_rate must be a share in [0, 1] (or None: no labels), got {audit_rate!r}.")
+        self.audit_rate = None if audit_rate is None else float(audit_rate)
+        self.expert_costs = None if expert_costs is None else [float(c) for c in expert_costs]
+        if self.expert_costs is not None and (len(self.expert_costs) != len(self.expert_names)
+                                              or any(not c >= 0 for c in self.expert_costs)):
+            raise ValueError(f"expert_costs must be {len(self.expert_names)} non-negative numbers (one per expert), "
+                             f"got {expert_costs!r}.")
+        self.cost_bound = None
+        if max_mean_cost is not None:
+            if not self.expert_costs or max(self.expert_costs) <= 0:
+                raise ValueError("max_mean_cost needs expert_costs (each expert's price), some above 0.")
+            self.cost_bound = float(cost_bound if cost_bound is not None else max(self.expert_costs))
+            if not self.cost_bound >= max(self.expert_costs):
+                raise ValueError(f"cost_bound must be at least every expert's cost, got {cost_bound!r}.")
+            if not isinstance(max_mean_cost, (int, float)) or not max_mean_cost > 0:
+                raise ValueError(f"max_mean_cost must be a positive number, got {max_mean_cost!r}.")
+        self.id2label = {str(k): str(v) for k, v in (id2label or {}).items()}
+        self._rng = np.random.default_rng(seed)
+
+        targets = len(rates) + 2 * (self.max_error is not None and self.audit_rate is not None) + (
+            self.max_error is not None and self.audit_rate is None) + (max_mean_cost is not None)
+        self.tests = max(1, targets)
+        self.alpha = (1.0 - self.confidence) / self.tests
+        a = self.alpha
+        self.channels: dict[str, _Channel] = {
+            "deferral_rate": _Channel("deferral_rate", a, rates.get(None), what="share of inputs deferred")}
+        for name in self.expert_names:
+            self.channels[f"deferral_rate[{name}]"] = _Channel(f"deferral_rate[{name}]", a, rates.get(name),
+                                                               what=f"share of inputs deferred to {name}")
+        self.channels["estimated_error"] = _Channel("estimated_error", a, self.max_error,
+                                                    what="system error the model expects, without labels")
+        self._audit_scale = 1.0
+        if self.audit_rate is not None:
+            self._audit_scale = self.audit_rate if self.audit_rate > 0 else 1.0
+            self.channels["system_error"] = _Channel(
+                "system_error", a, self.max_error, scale=self._audit_scale,
+                what="true system error, from the labels" + (" of deferred inputs only (a lower bound)"
+                                                             if self.audit_rate == 0 else ", audit-weighted"))
+        if max_mean_cost is not None:
+            self.channels["mean_cost"] = _Channel("mean_cost", a, float(max_mean_cost), scale=1.0 / self.cost_bound,
+                                                  what="mean price per input", top=self.cost_bound)
+        self.rows = 0
+        self.labels_ignored = 0
+        self._queue: deque[list[Any]] = deque()  # [row, value or None] for the labelled channel, in row order
+        self._pending: dict[str, dict[str, Any]] = {}  # id -> what its label is needed for
+        self.guarantee: dict[str, Any] | None = None
+
+    @classmethod
+    def from_model(cls, model: Any, *, confidence: float | None = None, audit_rate: float | None = None,
+                   seed: int = 0) -> "DeferralMonitor":
+        """The monitor of a calibrated model's promises (``config.deferral_guarantee``, written by
+        [`calibrate_deferral`] with a confidence).
+
+        Args:
+            model: a deferral model, its pipeline, its config, or a saved folder (only `config.json` is read).
+            confidence (`float`, *optional*): of the alarm; defaults to the guarantee's own.
+            audit_rate / seed: as in [`DeferralMonitor`].
+
+        Promises it cannot watch from decisions are listed in ``state()["not_monitored"]`` (a selective error
+        target: the classifier's error among the inputs it keeps).
+        """
+        config = _config_of(model)
+        guarantee = getattr(config, "deferral_guarantee", None)
+        if not guarantee:
+            raise ValueError("the model has no deferral guarantee (config.deferral_guarantee): calibrate it with a "
+                             "confidence (calibrate_deferral(..., confidence=0.9) or hf-defer calibrate --confidence), "
+                             "or build DeferralMonitor(expert_names, max_deferral_rate=...) with the targets.")
+        rates: dict[str, float] = {}
+        total = max_error = max_cost = cost_bound = None
+        skipped = []
+        for claim in guarantee.get("claims", []):
+            kind = claim.get("kind")
+            if kind == "deferral_rate" and "expert" in claim:
+                rates[claim["expert"]] = float(claim["target"])
+            elif kind == "deferral_rate":
+                total = float(claim["target"])
+            elif kind == "system_error":
+                max_error = float(claim["target"])
+            elif kind == "mean_cost" and claim.get("confidence", 0) < 1:
+                max_cost, cost_bound = float(claim["target"]), claim.get("cost_bound")
+            else:
+                skipped.append(kind)
+        if total is not None and rates:
+            raise ValueError("the guarantee holds both a total and per-expert budgets; give them to DeferralMonitor "
+                             "yourself.")
+        monitor = cls(list(config.expert_names), confidence=guarantee["confidence"] if confidence is None
+                      else confidence, max_deferral_rate=rates or total, max_error=max_error,
+                      max_mean_cost=max_cost, expert_costs=guarantee.get("expert_costs") or getattr(
+                          config, "expert_costs", None), cost_bound=cost_bound, audit_rate=audit_rate, seed=seed,
+                      id2label=getattr(config, "id2label", None))
+        monitor.guarantee = dict(guarantee)
+        monitor.not_monitored = skipped
+        return monitor
+
+    not_monitored: list[str] = []
+
+    # -- feeding it ----------------------------------------------------------------------------------------------
+
+    def update(self, outputs: Sequence[Mapping[str, Any]] = (), *, ids: Sequence[Any] | None = None,
+               labels: Sequence[Any] | Mapping[Any, Any] | None = None,
+               expert_answers: Sequence[Any] | Mapping[Any, Any] | None = None,
+               audited: Sequence[bool] | None = None) -> list[str]:
+        """Adds a batch of the pipeline's outputs (in the order they were decided) and any labels that arrived.
+
+        Args:
+            outputs (list of `dict`): the deferral pipeline's outputs (``defer``, ``expert``, ``class_label``,
+                ``class_score``, ``expert_scores``; a route-only model's ``estimated_accuracy`` instead of the
+                class), or rows of a decision log with those keys.
+            ids (sequence, *optional*): one id per output (default: the running row number, from 0, as a string).
+            labels (sequence or `dict`, *optional*): the true labels: one per output (`None` where not known yet),
+                or ``{id: label}`` for any row seen so far. Class names, or ids when the monitor knows ``id2label``;
+                for a route-only model, whether the chosen expert was right (1/0). Needs ``audit_rate``.
+            expert_answers (sequence or `dict`, *optional*): the expert's answer on deferred rows, to compare with
+                the label (a model expert's answer is read from the output's ``label``). A deferred row labelled
+                without the expert's answer is an error: when the reviewer's answer is final, give it as both.
+            audited (sequence of `bool`, *optional*): which kept rows of this batch were drawn for an audit, when
+                the caller drew them (each independently with probability ``audit_rate``, e.g. a decision log
+                audited before it reached the monitor); by default the monitor draws them.
+
+        Returns:
+            `list[str]`: the ids of this batch's rows whose labels the ``system_error`` channel needs (every
+            deferred row and the audited kept rows; empty without ``audit_rate``).
+        """
+        outputs = list(outputs)
+        first = self.rows
+        if ids is None:
+            ids = [str(first + i) for i in range(len(outputs))]
+        else:
+            ids = [str(i) for i in ids]
+            if len(ids) != len(outputs):
+                raise ValueError(f"ids has {len(ids)} entries for {len(outputs)} outputs.")
+            if len(set(ids)) != len(ids) or set(ids) & set(self._pending):
+                raise ValueError("ids must be unique among the rows awaiting labels; got a repeated one.")
+        deferred = np.zeros(len(outputs), dtype=bool)
+        chosen = np.full(len(outputs), -1)
+        estimated = np.zeros(len(outputs))
+        for i, out in enumerate(outputs):
+            deferred[i], chosen[i], estimated[i] = self._read(out, first + i)
+        costs = None
+        if "mean_cost" in self.channels:
+            costs = np.where(chosen >= 0, np.asarray(self.expert_costs)[np.maximum(chosen, 0)], 0.0)
+            costs = np.where(deferred, costs, 0.0)
+        to_label: list[str] = []
+        if self.audit_rate is not None:
+            if audited is None:
+                audited = self._rng.random(len(outputs)) < self.audit_rate
+            else:
+                audited = np.asarray(audited, dtype=bool).reshape(-1)
+                if audited.shape != (len(outputs),):
+                    raise ValueError(f"audited has {audited.size} entries for {len(outputs)} outputs.")
+                if self.audit_rate == 0 and (audited & ~deferred).any():
+                    raise ValueError("audited marks kept rows, but audit_rate is 0: give the rate they were drawn at.")
+            audited = audited & ~deferred
+            for i, out in enumerate(outputs):
+                if deferred[i] or audited[i]:
+                    entry = [first + i, None]
+                    self._pending[ids[i]] = {"entry": entry, "output": out, "deferred": bool(deferred[i]),
+                                             "weight": self._audit_scale if deferred[i] else 1.0, "row": first + i}
+                    to_label.append(ids[i])
+                else:
+                    entry = [first + i, 0.0]
+                self._queue.append(entry)
+        self.rows += len(outputs)
+        self.channels["deferral_rate"].update(deferred.astype(np.float64))
+        for j, name in enumerate(self.expert_names):
+            self.channels[f"deferral_rate[{name}]"].update((deferred & (chosen == j)).astype(np.float64))
+        self.channels["estimated_error"].update(estimated)
+        if costs is not None:
+            self.channels["mean_cost"].update(costs / self.cost_bound)
+        if labels is not None or expert_answers is not None:
+            self._label(labels, expert_answers, ids)
+        self._drain()
+        return to_label
+
+    def _read(self, out: Mapping[str, Any], row: int) -> tuple[bool, int, float]:
+        """(deferred, the chosen expert's index or -1, the estimated error) of one output."""
+        try:
+            defer = out["defer"]
+            if isinstance(defer, str):
+                defer = {"true": True, "false": False, "1": True, "0": False}[defer.strip().lower()]
+            defer = bool(defer)
+            expert = out.get("expert")
+            expert = None if expert is None or (isinstance(expert, float) and math.isnan(expert)) or expert == "" \
+                else str(expert)
+            if "estimated_accuracy" in out and "class_score" not in out:  # a route-only model
+                error = 1.0 - float(out["estimated_accuracy"])
+            elif defer:
+                error = 1.0 - float(_expert_scores(out, self.expert_names)[expert])
+            else:
+                error = 1.0 - float(out["class_score"])
+        except (KeyError, TypeError, ValueError) as problem:
+            raise ValueError(f"output {row} is not a deferral pipeline's output (defer, expert, class_score and "
+                             f"expert_scores, or a route-only model's estimated_accuracy): {problem!r} in "
+                             f"{dict(out)!r:.200}.") from None
+        if defer and expert not in self.expert_names:
+            raise ValueError(f"output {row} is deferred to {expert!r}, which is not among the experts "
+                             f"{self.expert_names}.")
+        if not 0 <= error <= 1:
+            raise ValueError(f"output {row} has an estimated probability outside [0, 1] (error {error!r}).")
+        return defer, self.expert_names.index(expert) if expert in self.expert_names else -1, error
+
+    def _label(self, labels: Any, answers: Any, ids: list[str]) -> None:
+        if self.audit_rate is None:
+            raise ValueError("labels were given but the monitor expects none: build it with audit_rate= (the share "
+                             "of kept inputs drawn for an audit; 0 to label deferred inputs only).")
+        labels = _by_id(labels, ids, "labels")
+        answers = _by_id(answers, ids, "expert_answers")
+        for key, label in labels.items():
+            pending = self._pending.get(key)
+            if pending is None:  # not drawn for a label, labelled already, or unknown: counted, not used
+                self.labels_ignored += 1
+                continue
+            out = pending["output"]
+            if "estimated_accuracy" in out and "class_score" not in out:  # route-only: correctness of the choice
+                try:
+                    loss = 1.0 - float(label)
+                except (TypeError, ValueError):
+                    raise ValueError(f"label of row {key!r} must be 1 (the chosen expert was right) or 0 for a "
+                                     f"route-only model, got {label!r}.") from None
+                if loss not in (0.0, 1.0):
+                    raise ValueError(f"label of row {key!r} must be 1 or 0 for a route-only model, got {label!r}.")
+            elif pending["deferred"]:
+                answer = answers.get(key)
+                if answer is None and out.get("answered_by") not in (None, "classifier") and out.get("label") not in (
+                        None, "defer"):
+                    answer = out["label"]  # a model expert answered
+                if answer is None:
+                    raise ValueError(f"row {key!r} was deferred to {out.get('expert')!r} and is labelled, but the "
+                                     "expert's answer is missing: give expert_answers= (when the reviewer's answer "
+                                     "is final, give it as both label and answer).")
+                loss = float(self._name(answer) != self._name(label))
+            else:
+                loss = float(self._name(out["class_label"]) != self._name(label))
+            pending["entry"][1] = pending["weight"] * loss
+            del self._pending[key]
+
+    def _name(self, value: Any) -> str:
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and str(value) in self.id2label:
+            return self.id2label[str(value)]
+        return str(value)
+
+    def _drain(self) -> None:
+        """Feeds the labelled channel the rows, in order, up to the first still awaiting its label."""
+        if "system_error" not in self.channels:
+            return
+        values = []
+        while self._queue and self._queue[0][1] is not None:
+            values.append(self._queue.popleft()[1])
+        self.channels["system_error"].update(np.asarray(values, dtype=np.float64))
+
+    # -- reading it ----------------------------------------------------------------------------------------------
+
+    @property
+    def alarms(self) -> list[dict[str, Any]]:
+        """Every channel's alarm, the first raised first."""
+        found = [c.alarm() for c in self.channels.values()]
+        return sorted((a for a in found if a is not None), key=lambda a: a["raised_at_row"])
+
+    @property
+    def alarm(self) -> dict[str, Any] | None:
+        """The first alarm raised (what broke, since which row, at which row and with what evidence), or `None`.
+        An alarm stays raised: the monitor of a model recalibrated on recent data starts afresh."""
+        alarms = self.alarms
+        return alarms[0] if alarms else None
+
+    def state(self) -> dict[str, Any]:
+        """Everything at this time, JSON-ready: the rows seen, the confidence and its split, each channel's mean,
+        interval, target and evidence, the rows awaiting labels, the labels given for rows not drawn for one (or
+        unknown, or labelled before: they do not enter the weighted estimate), and the alarms."""
+        return {
+            "rows": self.rows, "confidence": self.confidence, "tests": self.tests, "alpha_per_test": self.alpha,
+            "audit_rate": self.audit_rate, "awaiting_labels": len(self._pending),
+            "labels_ignored": self.labels_ignored,
+            "channels": {name: channel.state() for name, channel in self.channels.items()},
+            "alarm": self.alarm, "alarms": self.alarms, "not_monitored": list(self.not_monitored),
+            "guarantee": None if self.guarantee is None else {
+                key: self.guarantee.get(key) for key in ("threshold", "confidence", "n", "date")},
+        }
+
+
+def monitor_for(model: Any, **kwargs: Any) -> DeferralMonitor:
+    """The monitor a served model gets: [`DeferralMonitor.from_model`] when the model carries a guarantee, else one
+    without targets (the rates and the label-free error estimate with their bounds, and no alarm).
+
+    Example:
+
+    ```python
+    >>> import hf_defer
+    >>> from hf_defer.monitoring import monitor_for
+    >>> monitor = monitor_for(hf_defer.DeferralConfig(feature_size=4, num_labels=2))  # not calibrated: no targets
+    >>> monitor.state()["channels"]["deferral_rate"]["target"] is None
+    True
+
+    ```
+    """
+    config = _config_of(model)
+    if getattr(config, "deferral_guarantee", None):
+        return DeferralMonitor.from_model(config, **kwargs)
+    return DeferralMonitor(list(config.expert_names), id2label=getattr(config, "id2label", None), **kwargs)
+
+
+def _expert_scores(out: Mapping[str, Any], names: list[str]) -> dict[str, float]:
+    scores = out.get("expert_scores")
+    if scores is None and "expert_accuracy" in out:
+        scores = dict(zip(names, out["expert_accuracy"]))
+    if scores is None:
+        scores = {name: out[f"expert_accuracy_{name}"] for name in names}  # a decision log's columns
+    return scores
+
+
+def _by_id(values: Any, ids: list[str], name: str) -> dict[str, Any]:
+    if values is None:
+        return {}
+    if isinstance(values, Mapping):
+        return {str(k): v for k, v in values.items() if v is not None and not (isinstance(v, float) and
+                                                                                 math.isnan(v))}
+    values = list(values)
+    if len(values) != len(ids):
+        raise ValueError(f"{name} has {len(values)} entries for the {len(ids)} outputs of this call (give a dict "
+                         "{id: value} for rows of earlier calls).")
+    return {k: v for k, v in zip(ids, values) if v is not None and not (isinstance(v, float) and math.isnan(v))}

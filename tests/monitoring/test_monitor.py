@@ -1,0 +1,178 @@
+"""DeferralMonitor: its arithmetic against hand-worked values, the audit weighting, the alarm's false-alarm rate over
+many simulated unshifted streams, detection of a simulated shift, and its construction from a calibrated model."""
+
+import numpy as np
+import pytest
+from scipy.stats import binom
+
+import hf_defer
+from hf_defer import DeferralMonitor
+
+
+def kept(score=0.9, label="yes", alice=0.7, bob=0.6):
+    return {"defer": False, "expert": None, "class_label": label, "class_score": score,
+            "expert_scores": {"alice": alice, "bob": bob}}
+
+
+def deferred(expert="alice", alice=0.95, bob=0.8, label="no"):
+    return {"defer": True, "expert": expert, "class_label": label, "class_score": 0.6,
+            "expert_scores": {"alice": alice, "bob": bob}}
+
+
+def test_rates_and_label_free_estimate_by_hand():
+    monitor = DeferralMonitor(["alice", "bob"], confidence=0.9, max_deferral_rate=0.5, max_error=0.3)
+    monitor.update([kept(0.9), deferred("alice", alice=0.95), kept(0.8), deferred("bob", bob=0.7)])
+    monitor.update([kept(0.5)])
+    channels = monitor.state()["channels"]
+    assert channels["deferral_rate"]["mean"] == pytest.approx(2 / 5)
+    assert channels["deferral_rate[alice]"]["mean"] == pytest.approx(1 / 5)
+    assert channels["deferral_rate[bob]"]["mean"] == pytest.approx(1 / 5)
+    # 1 - p where kept, 1 - a_j of the chosen expert where deferred
+    assert channels["estimated_error"]["mean"] == pytest.approx((0.1 + 0.05 + 0.2 + 0.3 + 0.5) / 5)
+    # two tests (the budget, the estimated error): 0.1 split in halves
+    assert monitor.state()["tests"] == 2 and monitor.alpha == pytest.approx(0.05)
+    assert channels["deferral_rate"]["confidence"] == pytest.approx(0.95)
+    assert channels["deferral_rate"]["lower"] < 0.4 < channels["deferral_rate"]["upper"]
+    assert channels["deferral_rate[bob]"]["target"] is None and channels["deferral_rate"]["target"] == 0.5
+
+
+def test_audit_weighting_by_hand():
+    monitor = DeferralMonitor(["alice", "bob"], confidence=0.9, max_error=0.2, audit_rate=0.5, seed=0)
+    outputs = [kept(label="yes"), kept(label="no"), deferred("alice"), kept(label="yes"), deferred("bob"),
+               kept(label="no"), kept(label="yes"), kept(label="yes")]
+    ids = [f"r{i}" for i in range(8)]
+    asked = monitor.update(outputs, ids=ids)
+    assert {"r2", "r4"} <= set(asked)  # every deferred row
+    audited = [i for i in range(8) if ids[i] in asked and not outputs[i]["defer"]]
+    assert 0 < len(audited) < 6  # seed 0 draws some of the six kept rows
+    truth = {"r0": "no", "r1": "no", "r2": "yes", "r3": "yes", "r4": "no", "r5": "yes", "r6": "no", "r7": "yes"}
+    answers = {"r2": "no", "r4": "no"}  # alice wrong on r2, bob right on r4
+    assert monitor.state()["awaiting_labels"] == len(asked)
+    monitor.update(labels={key: truth[key] for key in asked}, expert_answers=answers)
+    # Horvitz-Thompson: deferred rows weigh 1, audited kept ones 1 / 0.5
+    losses = {i: float(outputs[i]["class_label"] != truth[ids[i]]) for i in audited}
+    expected = (1.0 + 0.0 + sum(losses.values()) / 0.5) / 8
+    state = monitor.state()
+    assert state["awaiting_labels"] == 0
+    assert state["channels"]["system_error"]["n"] == 8
+    assert state["channels"]["system_error"]["mean"] == pytest.approx(expected)
+    assert state["tests"] == 2
+
+
+def test_rows_awaiting_a_label_hold_back_the_labelled_channel():
+    monitor = DeferralMonitor(["alice"], audit_rate=0.0)
+    out = {"defer": False, "expert": None, "class_label": "a", "class_score": 0.9, "expert_scores": {"alice": 0.5}}
+    d = {**out, "defer": True, "expert": "alice"}
+    assert monitor.update([out, d, out, out], ids="abcd") == ["b"]  # audit_rate 0: deferred rows only
+    assert monitor.state()["channels"]["system_error"]["n"] == 1  # "a"; "b" waits, and the rows after it
+    monitor.update(labels={"b": "x"}, expert_answers={"b": "y"})
+    assert monitor.state()["channels"]["system_error"]["n"] == 4
+    assert monitor.state()["channels"]["system_error"]["mean"] == pytest.approx(1 / 4)
+
+
+def test_labels_aligned_and_class_ids():
+    monitor = DeferralMonitor(["alice"], audit_rate=1.0, id2label={0: "no", 1: "yes"})
+    out = {"defer": False, "expert": None, "class_label": "yes", "class_score": 0.9, "expert_scores": {"alice": 0.5}}
+    monitor.update([out, out, out], labels=[1, 0, None])
+    state = monitor.state()
+    assert state["channels"]["system_error"]["n"] == 2 and state["channels"]["system_error"]["mean"] == 0.5
+    assert state["awaiting_labels"] == 1
+
+
+def simulate(rng, n, defer_rate, kept_error, expert_error=0.05):
+    """n decisions of a calibrated model: the classifier's stated confidence matches its accuracy."""
+    d = rng.random(n) < defer_rate
+    outputs, labels, answers = [], [], []
+    for i in range(n):
+        if d[i]:
+            outputs.append({"defer": True, "expert": "alice", "class_label": "a", "class_score": 0.5,
+                            "expert_scores": {"alice": 1 - expert_error}})
+            labels.append("a")
+            answers.append("a" if rng.random() >= expert_error else "b")
+        else:
+            wrong = rng.random() < kept_error
+            outputs.append({"defer": False, "expert": None, "class_label": "a", "class_score": 1 - kept_error,
+                            "expert_scores": {"alice": 1 - expert_error}})
+            labels.append("b" if wrong else "a")
+            answers.append(None)
+    return outputs, labels, answers
+
+
+def test_whole_stream_false_alarm_rate_at_the_targets():
+    """Every promise holds exactly at its target (the hardest unshifted stream): any alarm at all is false."""
+    confidence, streams = 0.8, 150
+    rng = np.random.default_rng(11)
+    false = 0
+    for s in range(streams):
+        monitor = DeferralMonitor(["alice"], confidence=confidence, max_deferral_rate=0.2,
+                                  max_error=0.2 * 0.05 + 0.8 * 0.24, audit_rate=0.2, seed=s)
+        for _ in range(4):
+            outputs, labels, answers = simulate(rng, 500, 0.2, 0.24)
+            monitor.update(outputs, labels=labels, expert_answers=answers)
+        false += monitor.alarm is not None
+    assert false / streams <= binom.ppf(1 - 1e-4, streams, 1 - confidence) / streams
+
+
+def test_a_shift_raises_the_alarm_with_what_and_since_when():
+    rng = np.random.default_rng(2)
+    monitor = DeferralMonitor(["alice"], confidence=0.9, max_deferral_rate=0.2, max_error=0.2, audit_rate=0.3)
+    for _ in range(6):
+        monitor.update(*simulate(rng, 500, 0.15, 0.15)[:1])
+    assert monitor.alarm is None
+    for _ in range(6):  # the classifier's error doubles, and it knows: the label-free estimate sees it
+        monitor.update(*simulate(rng, 500, 0.15, 0.35)[:1])
+    alarm = monitor.alarm
+    assert alarm is not None and alarm["channel"] == "estimated_error"
+    assert 3000 < alarm["raised_at_row"] < 3600 and abs(alarm["since_row"] - 3000) < 200
+    assert alarm["evidence"] >= alarm["threshold"] == pytest.approx(1 / (0.1 / 3))  # three tests share 0.1
+    assert "estimated_error" in alarm["message"] and "row" in alarm["message"]
+    assert monitor.state()["alarms"][0] == alarm
+
+
+def test_from_a_calibrated_model_and_its_folder(tmp_path):
+    model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=4, num_labels=2, num_experts=2,
+                                                                expert_names=["alice", "bob"]))
+    held_out = list(np.random.default_rng(0).normal(size=(400, 4)).astype("float32"))
+    hf_defer.calibrate_deferral(model, held_out, max_deferral_rate={"alice": 0.1, "bob": 0.2}, confidence=0.8)
+    monitor = DeferralMonitor.from_model(model)
+    assert monitor.confidence == 0.8 and monitor.tests == 2
+    state = monitor.state()
+    assert state["channels"]["deferral_rate[alice]"]["target"] == 0.1
+    assert state["channels"]["deferral_rate[bob]"]["target"] == 0.2
+    assert state["channels"]["deferral_rate"]["target"] is None
+    assert state["guarantee"]["threshold"] == model.config.defer_threshold
+    model.save_pretrained(tmp_path / "m")
+    again = DeferralMonitor.from_model(str(tmp_path / "m"), confidence=0.95)
+    assert again.confidence == 0.95 and again.alpha == pytest.approx(0.025)
+    pipe = hf_defer.DeferralPipeline(model=model)
+    monitor.update(pipe(held_out[:20]))
+    assert monitor.rows == 20
+
+
+def test_mistakes_are_named():
+    model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=4, num_labels=2))
+    with pytest.raises(ValueError, match="no deferral guarantee"):
+        DeferralMonitor.from_model(model)
+    with pytest.raises(ValueError, match="audit_rate"):
+        DeferralMonitor(["alice"], audit_rate=1.5)
+    with pytest.raises(ValueError, match=r"not among the experts \['alice'\]"):
+        DeferralMonitor(["alice"], max_deferral_rate={"carol": 0.1})
+    monitor = DeferralMonitor(["alice"])
+    with pytest.raises(ValueError, match="output 0 is not a deferral pipeline's output"):
+        monitor.update([{"label": "yes"}])
+    with pytest.raises(ValueError, match="audit_rate"):
+        monitor.update([kept()], labels=["yes"])
+    audited = DeferralMonitor(["alice"], audit_rate=0)
+    audited.update([deferred("alice")], ids=["x"])
+    with pytest.raises(ValueError, match="row 'x' was deferred to 'alice'.*expert's answer is missing"):
+        audited.update(labels={"x": "yes"})
+
+
+def test_cost_channel_and_labels_not_asked_for():
+    monitor = DeferralMonitor(["alice", "bob"], max_mean_cost=0.5, expert_costs=[2.0, 1.0], audit_rate=0.0)
+    monitor.update([deferred("alice"), deferred("bob"), kept(), kept()], ids="abcd")
+    cost = monitor.state()["channels"]["mean_cost"]
+    assert cost["mean"] == pytest.approx((2.0 + 1.0) / 4) and cost["target"] == 0.5
+    assert cost["upper"] <= 2.0 and cost["lower"] <= 0.75 <= cost["upper"]
+    monitor.update(labels={"c": "yes", "zzz": "no"})  # "c" was kept and not audited; "zzz" was never seen
+    assert monitor.state()["labels_ignored"] == 2
