@@ -181,13 +181,21 @@ class _ASMLoss(torch.autograd.Function):
         if observed is not None:
             g.mul_(observed)
         p_top = torch.sigmoid(minus_a_top).mul_(scale)  # (1 - sigmoid(a_0)) scale
-        out = e * (p_top - (g if g.shape[d] == 1 else g.sum(dim=d, keepdim=True))).div_(s)
+        factor = (p_top - (g if g.shape[d] == 1 else g.sum(dim=d, keepdim=True))).div_(s)
         top_term = scale - p_top  # sigmoid(a_0) scale
         if d == 0:  # top_index: the one-hot row of y*
+            out = e * factor
             out.addcmul_(top_index, top_term).scatter_add_(0, labels, scale.neg())
             return _transposed(torch.cat([out, g])), None, None, None, None, None, None
+        if torch.compiler.is_compiling():  # dynamo takes no strided out=; the compiled graph fuses the cat anyway
+            out = (e * factor).scatter_add_(1, top_index, top_term).scatter_add_(1, labels, scale.neg())
+            return torch.cat([out, g], dim=1), None, None, None, None, None, None
+        # the classes' gradient written into its place in the whole one: no cat, a pass over [B, K + M] fewer
+        whole = e.new_empty(e.shape[0], e.shape[1] + g.shape[1])
+        whole[:, e.shape[1]:] = g
+        out = torch.mul(e, factor, out=whole[:, :e.shape[1]])
         out.scatter_add_(1, top_index, top_term).scatter_add_(1, labels, scale.neg())
-        return torch.cat([out, g], dim=1), None, None, None, None, None, None
+        return whole, None, None, None, None, None, None
 
 
 def _minus_targets(out: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, scale: torch.Tensor,
