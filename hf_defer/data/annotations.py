@@ -397,6 +397,29 @@ def aggregate_labels(
 
     ```
     """
+    columns = _checked_annotator_columns(data, annotator_columns, method, output_column)
+    rows, shared = _annotator_answers(data, columns, label_names)
+    if method == "leave_one_out":
+        added, flags = _leave_one_out_targets(rows, columns)
+    else:
+        if method == "majority":
+            results = [_plurality([value for value in row if value is not None]) for row in rows]
+            targets, tied = [target for target, _ in results], [flag for _, flag in results]
+        else:
+            targets, tied = _dawid_skene(rows, columns, n_iter, tol)
+        added, flags = {output_column: targets, f"{output_column}_tied": tied}, [f"{output_column}_tied"]
+    features: dict[str, Any] = {}
+    for name, values in added.items():
+        features[name] = datasets.Value("bool") if name in flags else _feature_of(values, shared)
+    ties = {name: int(sum(added[name])) for name in flags if any(added[name])}
+    if ties:
+        logger.warning(f"aggregate_labels(method={method!r}): tied rows left as None (not broken): {ties}.")
+    return _add_columns(data, added, features)
+
+
+def _checked_annotator_columns(data: Table, annotator_columns: Sequence[str], method: str,
+                               output_column: str) -> list[str]:
+    """The annotator columns of [`aggregate_labels`], checked with its method and output column."""
     if method not in AGGREGATION_METHODS:
         raise ValueError(f"`method` must be one of {AGGREGATION_METHODS}, got {method!r}.")
     _columns(data, "data")
@@ -411,7 +434,13 @@ def aggregate_labels(
         raise ValueError(f"method='leave_one_out' needs at least two `annotator_columns`, got {columns}.")
     if not isinstance(output_column, str) or not output_column:
         raise ValueError(f"`output_column` must be a non-empty column name, got {output_column!r}.")
+    return columns
 
+
+def _annotator_answers(data: Table, columns: list[str],
+                       label_names: Sequence[Any] | None) -> tuple[list[list[Any]], Any]:
+    """Each row's answers (`None` where missing; each checked against `label_names`) and the feature the annotator
+    columns share (a `Dataset`'s, when all have the same), for the targets."""
     by_column = {}
     for column in columns:
         values = [None if is_missing(value) else value for value in _values(data, column)]
@@ -421,29 +450,17 @@ def aggregate_labels(
     source = data.features.get(columns[0]) if isinstance(data, datasets.Dataset) else None
     shared = source if isinstance(data, datasets.Dataset) and all(
         data.features[column] == source for column in columns) else None
+    return rows, shared
 
+
+def _leave_one_out_targets(rows: list[list[Any]], columns: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
+    """For each annotator column `c`, the majority of the other annotators (`c_loo_target`) and its tie flags
+    (`c_loo_tied`); and the names of the flag columns."""
     added: dict[str, list[Any]] = {}  # target, then its tie flags, per target
     flags: list[str] = []
-    if method == "leave_one_out":
-        for j, column in enumerate(columns):
-            results = [_plurality([value for k, value in enumerate(row) if k != j and value is not None])
-                       for row in rows]
-            added[f"{column}_loo_target"] = [target for target, _ in results]
-            added[f"{column}_loo_tied"] = [tied for _, tied in results]
-            flags.append(f"{column}_loo_tied")
-    else:
-        if method == "majority":
-            results = [_plurality([value for value in row if value is not None]) for row in rows]
-            targets, tied = [target for target, _ in results], [flag for _, flag in results]
-        else:
-            targets, tied = _dawid_skene(rows, columns, n_iter, tol)
-        added[output_column], added[f"{output_column}_tied"] = targets, tied
-        flags.append(f"{output_column}_tied")
-
-    features: dict[str, Any] = {}
-    for name, values in added.items():
-        features[name] = datasets.Value("bool") if name in flags else _feature_of(values, shared)
-    ties = {name: int(sum(added[name])) for name in flags if any(added[name])}
-    if ties:
-        logger.warning(f"aggregate_labels(method={method!r}): tied rows left as None (not broken): {ties}.")
-    return _add_columns(data, added, features)
+    for j, column in enumerate(columns):
+        results = [_plurality([value for k, value in enumerate(row) if k != j and value is not None]) for row in rows]
+        added[f"{column}_loo_target"] = [target for target, _ in results]
+        added[f"{column}_loo_tied"] = [tied for _, tied in results]
+        flags.append(f"{column}_loo_tied")
+    return added, flags
