@@ -373,14 +373,9 @@ def prepare_deferral_dataset(
     side_values, side_specs = _side_feature_values(splits, request)
     _check_split_columns(splits, request)
     names, label_map = _classes(splits, request, label_names)
-    prepared: dict[Any, datasets.Dataset] = {}
-    expert_names: list[str] | None = None
-    for split_name, split in splits.items():
-        prepared[split_name], expert_names = _prepare_split(split, split_name, request, names, label_map, expert_names,
-                                                            side_specs, side_values[split_name])
-    result = prepared[None] if None in prepared else datasets.DatasetDict(prepared)
-    return PreparedDeferralData(result, dict(enumerate(names)), list(expert_names or []),
-                                route_only=request.route_only, side_features=side_specs)
+    result, expert_names = _prepare_splits(splits, request, names, label_map, side_specs, side_values)
+    return PreparedDeferralData(result, dict(enumerate(names)), expert_names, route_only=request.route_only,
+                                side_features=side_specs)
 
 
 @dataclass
@@ -577,6 +572,19 @@ def _classes(splits: dict[Any, datasets.Dataset], request: _Request,
     first = splits[_training_split(splits)]  # its label column's feature: how integer answers read
     names = _class_names(splits, request.label_column, label_names)
     return names, _LabelMap(names, first.features[request.label_column], declared=label_names is not None)
+
+
+def _prepare_splits(splits: dict[Any, datasets.Dataset], request: _Request, names: list[str],
+                    label_map: _LabelMap | None, side_specs: list[dict[str, Any]] | None,
+                    side_values: dict[Any, dict[str, list[Any]]]) -> tuple[Any, list[str]]:
+    """Every split prepared (a `Dataset` for a lone one, else a `DatasetDict`) and the expert names they share."""
+    prepared: dict[Any, datasets.Dataset] = {}
+    expert_names: list[str] | None = None
+    for split_name, split in splits.items():
+        prepared[split_name], expert_names = _prepare_split(split, split_name, request, names, label_map, expert_names,
+                                                            side_specs, side_values[split_name])
+    result = prepared[None] if None in prepared else datasets.DatasetDict(prepared)
+    return result, list(expert_names or [])
 
 
 def _prepare_split(split: datasets.Dataset, split_name: Any, request: _Request, names: list[str],
