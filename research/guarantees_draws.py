@@ -51,6 +51,8 @@ class Pool:
     loss_if_deferred: np.ndarray  # [N] 0/1: the chosen expert is wrong (where nobody is available: the classifier's)
     description: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    predicted_if_kept: np.ndarray | None = None  # [N] in [0, 1]: 1 - the classifier's probability of its answer
+    predicted_if_deferred: np.ndarray | None = None  # [N] in [0, 1]: 1 - the chosen expert's estimated accuracy
 
     def __post_init__(self) -> None:
         self.margins = np.asarray(self.margins, dtype=np.float64)
@@ -64,6 +66,13 @@ class Pool:
                 raise ValueError(f"Pool {self.name!r}: {name} must hold 0/1 losses.")
         if np.isnan(self.margins).any() or np.isposinf(self.margins).any():
             raise ValueError(f"Pool {self.name!r}: margins must be finite or -inf (nobody available).")
+        for name in ("predicted_if_kept", "predicted_if_deferred"):
+            value = getattr(self, name)
+            if value is not None:
+                value = np.asarray(value, dtype=np.float64)
+                if value.shape != self.margins.shape or not ((value >= 0) & (value <= 1)).all():
+                    raise ValueError(f"Pool {self.name!r}: {name} must hold one estimate in [0, 1] per input.")
+                setattr(self, name, value)
 
 
 class Population:

@@ -102,11 +102,12 @@ def build_pools(args: argparse.Namespace) -> list[tuple[str, g.Pool]]:
     for key, build in builders:
         tag = f"{key}_seed{args.seed}{'_quick' if args.quick else ''}{'_' + args.mmlu_encoder if key == 'mmlu' else ''}"
         file = cache / f"{tag}.npz"
-        if file.is_file():
+        if file.is_file() and "predicted_if_kept" in np.load(file, allow_pickle=False):
             saved = np.load(file, allow_pickle=False)
             info = json.loads(str(saved["info"]))
             pools.append((tag, g.Pool(info["name"], saved["margins"], saved["loss_if_kept"],
-                                      saved["loss_if_deferred"], info["description"], info["details"])))
+                                      saved["loss_if_deferred"], info["description"], info["details"],
+                                      saved["predicted_if_kept"], saved["predicted_if_deferred"])))
             print(f"{info['name']}: pool of {len(saved['margins']):,} from {file}", flush=True)
             continue
         start = time.perf_counter()
@@ -114,7 +115,7 @@ def build_pools(args: argparse.Namespace) -> list[tuple[str, g.Pool]]:
         pool.details["seconds"] = round(time.perf_counter() - start, 1)
         cache.mkdir(parents=True, exist_ok=True)
         np.savez(file, margins=pool.margins, loss_if_kept=pool.loss_if_kept, loss_if_deferred=pool.loss_if_deferred,
-                 info=json.dumps({"name": pool.name, "description": pool.description, "details": pool.details}))
+                 predicted_if_kept=pool.predicted_if_kept, predicted_if_deferred=pool.predicted_if_deferred, info=json.dumps({"name": pool.name, "description": pool.description, "details": pool.details}))
         print(f"{pool.name}: pool of {len(pool.margins):,} built in {pool.details['seconds']} s", flush=True)
         pools.append((tag, pool))
     return pools

@@ -34,9 +34,14 @@ def parse_rates(value: str | None, expert_names: Sequence[str]) -> float | dict[
     try:
         if "=" not in value:
             return float(value)
-        rates = {name.strip(): float(rate) for name, rate in (item.split("=", 1) for item in value.split(","))}
+        pairs = [(name.strip(), float(rate)) for name, rate in (item.split("=", 1) for item in value.split(","))]
+        rates = dict(pairs)
     except ValueError:
         rates = None
+    if rates is not None and len(rates) != len(pairs):  # a repeated name: which of its budgets was meant?
+        twice = sorted({name for name, _ in pairs if [n for n, _ in pairs].count(name) > 1})
+        raise ValueError(f"--max_deferral_rate names {', '.join(map(repr, twice))} more than once ({value!r}): give "
+                         "each expert one budget.")
     if rates is None or set(rates) - set(expert_names):
         raise ValueError(f"--max_deferral_rate must be a share in (0, 1] or expert=share pairs of the model's experts "
                          f"({', '.join(expert_names)}), e.g. {expert_names[0]}=0.1; got {value!r}.")

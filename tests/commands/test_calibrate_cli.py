@@ -94,3 +94,20 @@ def test_train_certifies_on_the_validation_split(saved, tmp_path, capsys):
     assert guarantee["n"] == N - 100 and guarantee["claims"][0]["kind"] == "system_error"
     assert guarantee["claims"][0]["target"] == 0.6 and guarantee["claims"][0]["observed"] <= 0.6
     assert "### What is guaranteed" in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("value", ["alice=0.1,alice=0.5", "alice=0.1, alice =0.1"])
+def test_a_budget_given_twice_for_one_expert_is_an_error(value):
+    """Issue 42: `alice=0.1,alice=0.5` kept 0.5 and dropped the stricter 0.1; a repeated name is refused, named."""
+    from hf_defer.commands.calibrate import parse_rates
+
+    with pytest.raises(ValueError, match=r"--max_deferral_rate names 'alice' more than once"):
+        parse_rates(value, ["alice", "bob"])
+    assert parse_rates("alice=0.1,bob=0.5", ["alice", "bob"]) == {"alice": 0.1, "bob": 0.5}
+
+
+def test_an_expert_column_given_twice_is_an_error():
+    from hf_defer.commands.evaluate import match_expert_columns
+
+    with pytest.raises(ValueError, match="named more than once"):
+        match_expert_columns(["alice=a", "alice=b", "bob=c"], ["alice", "bob"])
