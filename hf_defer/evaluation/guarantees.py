@@ -172,7 +172,7 @@ def _error_threshold(margins: np.ndarray, test: Any, alpha: float, what: str, de
                      clear: np.ndarray, low: float, confidence: float, budgets: bool) -> float:
     """Learn-then-Test over the lattice, two fixed sequences with the level split (``TOP_DOWN_SHARE``): the certified,
     clear point with the fewest deferrals at or above ``low``. ``test(alpha, level)`` says which hypotheses
-    ``risk(t) > alpha`` are rejected at ``level``."""
+    ``risk(t) > alpha`` are rejected at ``level`` (``test(alpha, level, points)``: among ``lattice[points]``)."""
     levels = ((1.0 - TOP_DOWN_SHARE) * delta, TOP_DOWN_SHARE * delta)
     reach = np.flatnonzero(clear & (lattice >= low))
 
@@ -185,7 +185,8 @@ def _error_threshold(margins: np.ndarray, test: Any, alpha: float, what: str, de
     first, last = (int(reach[0]), int(reach[-1])) if reach.size else (lattice.size - 1, lattice.size - 1)
 
     def reaches(target: float) -> bool:  # a point of `reach` is certified: all before it on one of the sequences
-        return bool(test(target, levels[0])[:first + 1].all() or test(target, levels[1])[last:].all())
+        return bool(test(target, levels[0], slice(0, first + 1)).all() or
+                    test(target, levels[1], slice(last, None)).all())
 
     smallest = _smallest_target(reaches)
     raise ValueError(
@@ -256,16 +257,17 @@ def _ppi_test(margins: np.ndarray, kept_loss: np.ndarray, deferred_loss: np.ndar
     z_deferred = np.zeros(margins.size) if selective else deferred_loss - predicted_deferred
     rows = max(1, 2_000_000 // max(margins.size, 1))  # lattice points per block: [rows, n] at most 2e6 values
 
-    def test(alpha: float, level: float) -> np.ndarray:
+    def test(alpha: float, level: float, points: slice = slice(None)) -> np.ndarray:
+        chosen = lattice[points]
         deferred_u = np.full(count, alpha) if selective else u_deferred
-        total, _ = _above(u_margins, deferred_u - u_kept, lattice)
-        squares, _ = _above(u_margins, deferred_u ** 2 - u_kept ** 2, lattice)
+        total, _ = _above(u_margins, deferred_u - u_kept, chosen)
+        squares, _ = _above(u_margins, deferred_u ** 2 - u_kept ** 2, chosen)
         upper = _bernstein_upper(u_kept.sum() + total, (u_kept ** 2).sum() + squares, count, UNLABELED_SHARE * level)
         null = alpha - upper  # reject E[L - f] >= alpha - upper: then E[L] <= alpha (unless the bound failed)
-        rejected = np.zeros(lattice.size, dtype=bool)
-        for start in range(0, lattice.size, rows):
-            points = lattice[start:start + rows]
-            z = np.where(margins[None, :] > points[:, None], z_deferred[None, :], z_kept[None, :])
+        rejected = np.zeros(chosen.size, dtype=bool)
+        for start in range(0, chosen.size, rows):
+            block = chosen[start:start + rows]
+            z = np.where(margins[None, :] > block[:, None], z_deferred[None, :], z_kept[None, :])
             rejected[start:start + rows] = _betting_rejects(z, null[start:start + rows],
                                                             (1.0 - UNLABELED_SHARE) * level)
         return rejected
@@ -278,11 +280,11 @@ def _p_value_test(total: np.ndarray, n_obs: np.ndarray, binary: bool) -> Any:
     last target asked are kept: the two sequences ask the same one at two levels)."""
     last: dict[float, np.ndarray] = {}
 
-    def test(alpha: float, level: float) -> np.ndarray:
+    def test(alpha: float, level: float, points: slice = slice(None)) -> np.ndarray:
         if alpha not in last:
             last.clear()
             last[alpha] = _p_values(total, n_obs, alpha, binary)
-        return last[alpha] <= level
+        return last[alpha][points] <= level
 
     return test
 

@@ -296,12 +296,12 @@ def test_system_error_holds_where_deferring_hurts():
 
 
 
-def _ppi_draw(rng, n=400, unlabeled=3_000, bias=0.0, expert=0.05):
+def _ppi_draw(rng, n=400, unlabeled=3_000, bias=0.0, expert=0.05, slope=0.1):
     """_error_draw's population, with the model's predictions of each loss (calibrated, or off by ``bias``) on the
     labelled inputs and on ``unlabeled`` more."""
     def inputs(size):
         margins = rng.uniform(-1, 1, size=size)
-        truth = 0.1 + 0.1 * (margins + 1)
+        truth = 0.1 + slope * (margins + 1)
         return margins, truth, np.clip(truth + bias, 0, 1), np.full(size, np.clip(expert + bias, 0, 1))
 
     margins, truth, kept, deferred = inputs(n)
@@ -310,7 +310,7 @@ def _ppi_draw(rng, n=400, unlabeled=3_000, bias=0.0, expert=0.05):
             deferred, {"margins": u_margins, "predicted_if_kept": u_kept, "predicted_if_deferred": u_deferred})
 
 
-def _ppi_violations(bias, target, refused_at_most, selective=False):
+def _ppi_violations(bias, target, refused_at_most, selective=False, draws=PPI_DRAWS):
     def threshold(margins, kept, deferred, predicted_kept, predicted_deferred, unlabeled):
         guarantee = certify_threshold(margins, confidence=CONFIDENCE, max_error=target, loss_if_kept=kept,
                                       loss_if_deferred=None if selective else deferred, selective=selective,
@@ -320,28 +320,37 @@ def _ppi_violations(bias, target, refused_at_most, selective=False):
         assert guarantee.claims[-1]["method"] == "prediction_powered"
         return guarantee.threshold
 
-    def truth(t):
+    def truth(t):  # as in test_selective_error_holds: the selective risk over U(-1, t) of 0.1 + 0.2 (m + 1)
         return 0.1 + 0.1 * (min(t, 1.0) + 1) if selective else _system_error(min(t, 1.0))
 
     rng = np.random.default_rng(2024)
     broken = refused = 0
-    for _ in range(PPI_DRAWS):
+    for _ in range(draws):
         try:
-            broken += truth(threshold(*_ppi_draw(rng))) > target
+            broken += truth(threshold(*_ppi_draw(rng, **({"n": 1000, "slope": 0.2, "bias": bias} if selective else
+                                                           {"bias": bias})))) > target
         except ValueError as error:
             assert "cannot be certified" in str(error)
             refused += 1
-    assert refused <= refused_at_most * PPI_DRAWS
-    return broken / PPI_DRAWS
+    assert refused <= refused_at_most * draws
+    return broken / draws
 
 
+@pytest.mark.slow  # about 10 s each on a free core: 300 draws, a pass over the labelled inputs per threshold
 @pytest.mark.parametrize("bias", [0.0, -0.08, 0.1])
 def test_prediction_powered_system_error_holds(bias):
     # Calibrated, optimistic (every loss predicted 0.08 too low: the unlabelled mean alone would break the target
-    # in most draws) and pessimistic predictions: the correction on the labelled inputs keeps the promise.
-    assert _ppi_violations(bias, 0.15, refused_at_most=0.2) <= 1 - CONFIDENCE + PPI_SLACK
+    # in most draws) and pessimistic predictions: the correction on the labelled inputs keeps the promise. Power is
+    # not the point here (about a quarter of the draws at n = 400 are refused; results/guarantees.md measures it).
+    assert _ppi_violations(bias, 0.15, refused_at_most=0.45) <= 1 - CONFIDENCE + PPI_SLACK
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bias", [0.0, -0.08])
 def test_prediction_powered_selective_error_holds(bias):
-    assert _ppi_violations(bias, 0.25, refused_at_most=0.2, selective=True) <= 1 - CONFIDENCE + PPI_SLACK
+    assert _ppi_violations(bias, 0.25, refused_at_most=0.5, selective=True) <= 1 - CONFIDENCE + PPI_SLACK
+
+
+def test_prediction_powered_optimistic_predictions_quick():
+    # The quick run of the optimistic case (100 draws): the unlabelled mean alone would break 0.15 in most draws.
+    assert _ppi_violations(-0.08, 0.15, refused_at_most=0.45, draws=100) <= 1 - CONFIDENCE + 3 * math.sqrt(0.09 / 100)
