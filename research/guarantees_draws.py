@@ -363,6 +363,22 @@ def crc_error_thresholds(margins: np.ndarray, loss_if_kept: np.ndarray, loss_if_
     return plug_in_error_thresholds(margins, loss_if_kept, loss_if_deferred, ((n + 1) * max_error - 1) / n)
 
 
+def prediction_quality(pool: Pool) -> dict[str, float]:
+    """How well the model predicts its losses on the pool: the means of the losses and of their predictions, and, at
+    the oracle threshold of the error target, the variance of the system loss and of (loss - predicted loss), the
+    two quantities that set the width of Learn-then-Test's bound and of the prediction-powered correction's."""
+    population = Population(pool.margins, pool.loss_if_kept, pool.loss_if_deferred)
+    goal = targets(population)
+    t = oracle_thresholds(population, 0.1, goal["max_error"], goal["max_selective_risk"])["error"]
+    deferred = pool.margins > t
+    loss = np.where(deferred, pool.loss_if_deferred, pool.loss_if_kept)
+    predicted = np.where(deferred, pool.predicted_if_deferred, pool.predicted_if_kept)
+    return {"predicted_if_kept": float(pool.predicted_if_kept.mean()), "loss_if_kept": float(pool.loss_if_kept.mean()),
+            "predicted_if_deferred": float(pool.predicted_if_deferred.mean()),
+            "loss_if_deferred": float(pool.loss_if_deferred.mean()), "loss_variance": float(loss.var()),
+            "residual_variance": float((loss - predicted).var())}
+
+
 def run_cheaper_draws(pool: Pool, sizes: tuple[int, ...] = (100, 300, 1000), draws: int = 200,
                       confidence: float = 0.9, seed: int = 0, unlabeled: int = 5000,
                       log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -377,10 +393,7 @@ def run_cheaper_draws(pool: Pool, sizes: tuple[int, ...] = (100, 300, 1000), dra
     goal = targets(population)
     limits = {"error": goal["max_error"], "selective": goal["max_selective_risk"]}
     record: dict[str, Any] = {"name": pool.name, "draws": draws, "unlabeled": unlabeled, "sizes": {},
-                              "calibration": {"predicted_if_kept": float(pool.predicted_if_kept.mean()),
-                                              "loss_if_kept": float(pool.loss_if_kept.mean()),
-                                              "predicted_if_deferred": float(pool.predicted_if_deferred.mean()),
-                                              "loss_if_deferred": float(pool.loss_if_deferred.mean())}}
+                              "calibration": prediction_quality(pool)}
 
     def refusing(call: Callable[[], float]) -> float:
         try:

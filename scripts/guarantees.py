@@ -148,7 +148,7 @@ def run_cheaper(args: argparse.Namespace, output: Path) -> int:
         file = pool_cache(args) / (f"{tag}_cheaper_{'-'.join(map(str, sizes))}_{args.cheaper_draws}_{args.unlabeled}_"
                                    f"{args.confidence:g}.json")
         if file.is_file():
-            done[pool.name] = json.loads(file.read_text())
+            done[pool.name] = json.loads(file.read_text()) | {"calibration": g.prediction_quality(pool)}
             print(f"{pool.name}: issue-47 draws from {file}", flush=True)
         else:
             done[pool.name] = g.run_cheaper_draws(pool, sizes, args.cheaper_draws, args.confidence, args.seed,
@@ -156,7 +156,9 @@ def run_cheaper(args: argparse.Namespace, output: Path) -> int:
             write_json(file, done[pool.name])
         record["cheaper"] = list(done.values())
         write_json(output / "guarantees.json", record)
-    record["cheaper_settings"] = {"draws": args.cheaper_draws, "unlabeled": args.unlabeled, "sizes": list(sizes),
+    before = record.get("cheaper_settings", {}).get("sizes", [])
+    record["cheaper_settings"] = {"draws": args.cheaper_draws, "unlabeled": args.unlabeled,
+                                  "sizes": sorted(set(before) | set(sizes)),
                                   "seconds": round(time.perf_counter() - start, 1),
                                   "date": datetime.date.today().isoformat(),
                                   "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, Python "

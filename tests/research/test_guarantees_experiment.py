@@ -165,7 +165,7 @@ def test_crc_rule_is_the_plug_in_rule_at_the_adjusted_target():
     # in three (the classifier errs at 0.2 and 0.3, the expert nowhere).
     m, kept, deferred = np.array([[0.3, 0.2, 0.1]]), np.array([[1.0, 1.0, 0.0]]), np.zeros((1, 3))
     assert crc_error_thresholds(m, kept, deferred, 0.5).tolist() == [0.25]
-    assert crc_error_thresholds(m, kept, deferred, 0.4).tolist() == [0.15]  # error <= 0.2: defer 0.3 and 0.2
+    assert crc_error_thresholds(m, kept, deferred, 0.4).tolist() == pytest.approx([0.15])  # error <= 0.2: both
 
 
 @pytest.mark.slow  # about 20 s: 40 draws of the prediction-powered test, twice
