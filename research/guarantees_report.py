@@ -250,7 +250,7 @@ def cheaper_markdown(record: dict[str, Any]) -> list[str]:
         "other inputs of the pool as its unlabelled set (the model's predicted losses only, no labels). The "
         f"Monte-Carlo standard error of a 10 % violation rate is {_pct((0.09 / draws) ** 0.5)} at {draws} draws.", "",
         "- **LTT**: Learn-then-Test on the labelled inputs alone, as `error_threshold` does now (two fixed sequences, "
-        "from most deferral up with 0.9 of the level and from no deferral down with 0.1 of it, issue 42).",
+        "from most deferral up with 0.98 of the level and from no deferral down with 0.02 of it, issue 42).",
         "- **PPI**: prediction-powered Learn-then-Test (`certify_threshold(..., unlabeled=...)`): the mean of the "
         "model's predicted loss (1 - its probability of its answer where it answers, 1 - the chosen expert's estimated "
         "accuracy where it defers) on the unlabelled inputs, with an empirical-Bernstein bound, plus the mean of "
