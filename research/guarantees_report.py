@@ -211,6 +211,8 @@ def cheaper_markdown(record: dict[str, Any]) -> list[str]:
     Learn-then-Test on the labelled inputs alone, on the first draws of the same draws."""
     from .reporting import markdown_table
 
+    pools = {p["name"]: p for p in record["pools"]}
+    entries = sorted(record["cheaper"], key=lambda e: list(pools).index(e["name"]) if e["name"] in pools else 99)
     settings = record.get("cheaper_settings", {})
     draws = settings.get("draws", record["cheaper"][0]["draws"])
     error = markdown_table(
@@ -226,10 +228,9 @@ def cheaper_markdown(record: dict[str, Any]) -> list[str]:
         [[e["name"], _pct(e["calibration"]["loss_if_kept"]), _pct(e["calibration"]["predicted_if_kept"]),
           _pct(e["calibration"]["loss_if_deferred"]), _pct(e["calibration"]["predicted_if_deferred"]),
           f"{e['calibration'].get('loss_variance', float('nan')):.4f}",
-          f"{e['calibration'].get('residual_variance', float('nan')):.4f}"] for e in record["cheaper"]])
-    pools = {p["name"]: p for p in record["pools"]}
+          f"{e['calibration'].get('residual_variance', float('nan')):.4f}"] for e in entries])
     short = []
-    for entry in record["cheaper"]:
+    for entry in entries:
         n = max(entry["sizes"], key=int)
         rules, oracle = entry["sizes"][n], pools[entry["name"]]["oracle"]["error"]["deferral_rate"]
         ltt, ppi, crc = (rules[rule]["pool"] for rule in ("error_ltt", "error_ppi", "error_crc"))
