@@ -45,9 +45,11 @@ def fit_head(features: np.ndarray, labels: np.ndarray, expert_correct: np.ndarra
 
 
 def margins_and_losses(logits: np.ndarray, labels: np.ndarray, expert_correct: np.ndarray, num_labels: int,
-                       seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                       seed: int = 0) -> tuple[np.ndarray, ...]:
     """A-SM margins (`deferral_margin`, over the experts who answered; -inf where nobody did), the classifier's 0/1
-    loss and the chosen expert's (a correctness of 1/2, where the others tie, is drawn once as a fair coin)."""
+    loss and the chosen expert's (a correctness of 1/2, where the others tie, is drawn once as a fair coin), and the
+    model's predictions of both losses (1 - its probability of its answer; 1 - the chosen expert's estimated
+    accuracy), which the prediction-powered rule spends on unlabelled inputs."""
     import torch
 
     from hf_defer.modeling.surrogates import get_surrogate
@@ -61,7 +63,11 @@ def margins_and_losses(logits: np.ndarray, labels: np.ndarray, expert_correct: n
     coin = np.random.default_rng([seed, 30]).random(len(labels)) < 0.5
     chosen = np.where(chosen == 0.5, coin.astype(np.float64), chosen)
     loss_deferred = np.where(np.isneginf(margin) | (chosen == IGNORE_INDEX), loss_kept, 1.0 - chosen)
-    return margin, loss_kept, loss_deferred
+    class_probs, accuracy = (t.double().numpy() for t in scorer.probabilities(torch.as_tensor(logits)))
+    predicted_kept = 1.0 - class_probs.max(axis=1)
+    predicted_deferred = np.where(np.isneginf(margin), predicted_kept,
+                                  1.0 - accuracy[np.arange(len(labels)), expert])
+    return margin, loss_kept, loss_deferred, predicted_kept, predicted_deferred
 
 
 def _cross_fit(features: np.ndarray, labels: np.ndarray, correct: np.ndarray, num_labels: int, seed: int,
@@ -93,9 +99,10 @@ def pool_hatespeech(seed: int = 0, train_size: int = 6000, epochs: float = 50, c
     correct = (np.asarray(table["expert_labels"]).reshape(len(labels), -1) == labels[:, None]).astype(np.float32)
     logits = fit_head(table["features"][train], labels[train], correct[train], 3, seed, Protocol(epochs=epochs),
                       table["features"][pool])
-    arrays = margins_and_losses(logits, labels[pool], correct[pool], 3, seed)
+    *arrays, predicted_kept, predicted_deferred = margins_and_losses(logits, labels[pool], correct[pool], 3, seed)
     return Pool("HateSpeech", *arrays, f"A-SM head on MiniLM embeddings, trained on {len(train):,} tweets; the pool is "
-                f"the other {len(pool):,}; expert: one random annotator", {"train": len(train)})
+                f"the other {len(pool):,}; expert: one random annotator", {"train": len(train)}, predicted_kept,
+                predicted_deferred)
 
 
 def pool_convabuse(seed: int = 0, folds: int = 5, epochs: float = 50, cache_dir: str | None = None,
@@ -114,11 +121,11 @@ def pool_convabuse(seed: int = 0, folds: int = 5, epochs: float = 50, cache_dir:
     keep = labels != IGNORE_INDEX
     features, labels, correct = features[keep], labels[keep], correct[keep]
     logits = _cross_fit(features, labels, correct, 2, seed, Protocol(epochs=epochs), folds)
-    arrays = margins_and_losses(logits, labels, correct, 2, seed)
+    *arrays, predicted_kept, predicted_deferred = margins_and_losses(logits, labels, correct, 2, seed)
     nobody = float(np.isneginf(arrays[0]).mean())
     return Pool("ConvAbuse", *arrays, f"A-SM heads, 8 annotators as masked experts, {folds}-fold cross-fitted over "
                 f"{len(labels):,} labelled items ({100 * nobody:.1f} % with no annotator to ask: never deferred)",
-                {"folds": folds, "nobody_available": nobody})
+                {"folds": folds, "nobody_available": nobody}, predicted_kept, predicted_deferred)
 
 
 def pool_imagenet16h(path: str, noise: int, seed: int = 0, folds: int = 5, epochs: float = 100) -> Pool:
@@ -135,9 +142,11 @@ def pool_imagenet16h(path: str, noise: int, seed: int = 0, folds: int = 5, epoch
     correct = (np.asarray(table["expert_labels"]).reshape(-1, 1) == labels[:, None]).astype(np.float32)
     logits = _cross_fit(table["features"], labels, correct, k, seed, imagenet16h_protocol(epochs), folds,
                         optim="adamw_torch", optim_args=None)
-    return Pool(f"ImageNet-16H, noise {noise}", *margins_and_losses(logits, labels, correct, k, seed),
+    *arrays, predicted_kept, predicted_deferred = margins_and_losses(logits, labels, correct, k, seed)
+    return Pool(f"ImageNet-16H, noise {noise}", *arrays,
                 f"A-SM heads on the CNNs' log-probabilities, {folds}-fold cross-fitted over {len(labels):,} images; "
-                "expert: one participant per image", {"folds": folds, "noise": noise})
+                "expert: one participant per image", {"folds": folds, "noise": noise}, predicted_kept,
+                predicted_deferred)
 
 
 def tfidf_features(texts: list[str], train: np.ndarray, dimensions: int = 256, seed: int = 0) -> np.ndarray:
@@ -178,4 +187,5 @@ def pool_mmlu(seed: int = 0, train_size: int = 4000, encoder: str = "tfidf", cac
     return Pool("MMLU routing", estimate[:, 1] - estimate[:, 0], 1.0 - correct[pool, 0], 1.0 - correct[pool, 1],
                 f"route-only deferral model on {what} of the question, trained on {len(train):,} questions; the pool "
                 f"is the other {len(pool):,}; keep = Mixtral answers, defer = a GPT-4 call",
-                {"train": len(train), "encoder": encoder})
+                {"train": len(train), "encoder": encoder}, np.clip(1.0 - estimate[:, 0], 0, 1),
+                np.clip(1.0 - estimate[:, 1], 0, 1))

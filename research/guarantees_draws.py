@@ -50,6 +50,8 @@ class Pool:
     loss_if_deferred: np.ndarray  # [N] 0/1: the chosen expert is wrong (where nobody is available: the classifier's)
     description: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    predicted_if_kept: np.ndarray | None = None  # [N] in [0, 1]: 1 - the classifier's probability of its answer
+    predicted_if_deferred: np.ndarray | None = None  # [N] in [0, 1]: 1 - the chosen expert's estimated accuracy
 
     def __post_init__(self) -> None:
         self.margins = np.asarray(self.margins, dtype=np.float64)
@@ -63,6 +65,13 @@ class Pool:
                 raise ValueError(f"Pool {self.name!r}: {name} must hold 0/1 losses.")
         if np.isnan(self.margins).any() or np.isposinf(self.margins).any():
             raise ValueError(f"Pool {self.name!r}: margins must be finite or -inf (nobody available).")
+        for name in ("predicted_if_kept", "predicted_if_deferred"):
+            value = getattr(self, name)
+            if value is not None:
+                value = np.asarray(value, dtype=np.float64)
+                if value.shape != self.margins.shape or not ((value >= 0) & (value <= 1)).all():
+                    raise ValueError(f"Pool {self.name!r}: {name} must hold one estimate in [0, 1] per input.")
+                setattr(self, name, value)
 
 
 class Population:
@@ -331,3 +340,108 @@ def run_draws(pool: Pool, sizes: tuple[int, ...] = SIZES, draws: int = 1000, bud
     return record
 
 
+
+
+CHEAPER_RULES = {
+    "error_ltt": ("error", "Learn-then-Test (labelled inputs only, both ends)"),
+    "error_ppi": ("error", "prediction-powered Learn-then-Test (+ unlabelled inputs)"),
+    "error_crc": ("error", "conformal risk control's rule (expected error; not covered by its theorem here)"),
+    "selective_ltt": ("selective", "Learn-then-Test (labelled inputs only, both ends)"),
+    "selective_ppi": ("selective", "prediction-powered Learn-then-Test (+ unlabelled inputs)"),
+}
+"""The rules of issue 47 (results/guarantees.md, "Cheaper promises"), on the first draws of `run_draws`."""
+
+
+def crc_error_thresholds(margins: np.ndarray, loss_if_kept: np.ndarray, loss_if_deferred: np.ndarray,
+                         max_error: float) -> np.ndarray:
+    """Conformal risk control's rule (Angelopoulos et al., ICLR 2024) per draw: the fewest deferrals with
+    ``(n * error on the draw + 1) / (n + 1) <= max_error`` (losses bounded by 1). Its theorem bounds the *expected*
+    error at ``max_error`` when each input's loss can only fall as the threshold defers more; here it can rise (an
+    input the classifier gets right, deferred to an expert who errs), so the bound is measured, not guaranteed."""
+    n = margins.shape[1]
+    return plug_in_error_thresholds(margins, loss_if_kept, loss_if_deferred, ((n + 1) * max_error - 1) / n)
+
+
+def prediction_quality(pool: Pool) -> dict[str, float]:
+    """How well the model predicts its losses on the pool: the means of the losses and of their predictions, and, at
+    the oracle threshold of the error target, the variance of the system loss and of (loss - predicted loss), the
+    two quantities that set the width of Learn-then-Test's bound and of the prediction-powered correction's."""
+    population = Population(pool.margins, pool.loss_if_kept, pool.loss_if_deferred)
+    goal = targets(population)
+    t = oracle_thresholds(population, 0.1, goal["max_error"], goal["max_selective_risk"])["error"]
+    deferred = pool.margins > t
+    loss = np.where(deferred, pool.loss_if_deferred, pool.loss_if_kept)
+    predicted = np.where(deferred, pool.predicted_if_deferred, pool.predicted_if_kept)
+    return {"predicted_if_kept": float(pool.predicted_if_kept.mean()), "loss_if_kept": float(pool.loss_if_kept.mean()),
+            "predicted_if_deferred": float(pool.predicted_if_deferred.mean()),
+            "loss_if_deferred": float(pool.loss_if_deferred.mean()), "loss_variance": float(loss.var()),
+            "residual_variance": float((loss - predicted).var())}
+
+
+def run_cheaper_draws(pool: Pool, sizes: tuple[int, ...] = (100, 300, 1000), draws: int = 200,
+                      confidence: float = 0.9, seed: int = 0, unlabeled: int = 5000,
+                      log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Issue 47's rules ([`CHEAPER_RULES`]) on the first `draws` calibration draws of [`run_draws`] (the same
+    draws: same seed, same order), each with up to `unlabeled` inputs of the rest of the pool as its unlabelled set
+    (the model's predicted losses only). Returns the summaries per size, as `run_draws`, under the same keys."""
+    from hf_defer.evaluation.guarantees import certify_threshold, error_threshold
+
+    if pool.predicted_if_kept is None:
+        raise ValueError(f"Pool {pool.name!r} has no predicted losses: rebuild it (scripts/guarantees.py).")
+    population = Population(pool.margins, pool.loss_if_kept, pool.loss_if_deferred)
+    goal = targets(population)
+    limits = {"error": goal["max_error"], "selective": goal["max_selective_risk"]}
+    record: dict[str, Any] = {"name": pool.name, "draws": draws, "unlabeled": unlabeled, "sizes": {},
+                              "calibration": prediction_quality(pool)}
+
+    def refusing(call: Callable[[], float]) -> float:
+        try:
+            return call()
+        except ValueError:  # nothing certified at this n: a refusal
+            return float("nan")
+
+    for n in sizes:
+        if 2 * n > population.size:
+            continue
+        rng = np.random.default_rng([seed, n])
+        rows = np.stack([rng.choice(population.size, n, replace=False) for _ in range(draws)])
+        extra = np.random.default_rng([seed, n, 47])
+        m, lk, ld = pool.margins[rows], pool.loss_if_kept[rows], pool.loss_if_deferred[rows]
+        pk, pd = pool.predicted_if_kept[rows], pool.predicted_if_deferred[rows]
+        others = []
+        for row in rows:
+            rest = np.setdiff1d(np.arange(population.size), row)
+            pick = extra.choice(rest, min(unlabeled, rest.size), replace=False)
+            others.append({"margins": pool.margins[pick], "predicted_if_kept": pool.predicted_if_kept[pick],
+                           "predicted_if_deferred": pool.predicted_if_deferred[pick]})
+
+        def ppi(i: int, selective: bool) -> float:
+            target = limits["selective" if selective else "error"]
+            return certify_threshold(m[i], confidence=confidence, max_error=target, loss_if_kept=lk[i],
+                                     loss_if_deferred=None if selective else ld[i], selective=selective,
+                                     predicted_if_kept=pk[i], predicted_if_deferred=None if selective else pd[i],
+                                     unlabeled=others[i]).threshold
+
+        calls = {
+            "error_ltt": lambda: [refusing(lambda i=i: error_threshold(m[i], lk[i], ld[i], max_error=limits["error"],
+                                                                       confidence=confidence)) for i in range(draws)],
+            "error_ppi": lambda: [refusing(lambda i=i: ppi(i, False)) for i in range(draws)],
+            "error_crc": lambda: crc_error_thresholds(m, lk, ld, limits["error"]),
+            "selective_ltt": lambda: [refusing(lambda i=i: error_threshold(
+                m[i], lk[i], None, max_error=limits["selective"], confidence=confidence, selective=True))
+                for i in range(draws)],
+            "selective_ppi": lambda: [refusing(lambda i=i: ppi(i, True)) for i in range(draws)],
+        }
+        results = {}
+        for rule, call in calls.items():
+            start = time.perf_counter()
+            thresholds = np.asarray(call(), dtype=np.float64)
+            kind = CHEAPER_RULES[rule][0]
+            results[rule] = evaluate_thresholds(population, m, lk, ld, thresholds, kind, limits[kind]) | {
+                "seconds": round(time.perf_counter() - start, 3)}
+        record["sizes"][str(n)] = results
+        log(f"{pool.name}, n={n}: " + ", ".join(
+            f"{rule} broken {r['pool']['violation']:.3f} refused {r['pool']['refused']:.3f} deferred "
+            f"{r['pool']['deferral_rate'] if r['pool']['deferral_rate'] is None else round(r['pool']['deferral_rate'], 3)}"
+            for rule, r in results.items()))
+    return record

@@ -62,6 +62,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="recompute these rules on the cached draws (the same draws) and keep the rest")
     parser.add_argument("--quick", action="store_true", help="smoke run: small pools, 2 epochs, 50 draws")
     parser.add_argument("--overwrite", action="store_true", help="replace existing result files without asking")
+    parser.add_argument("--cheaper", action="store_true",
+                        help="issue 47: run prediction-powered Learn-then-Test and conformal risk control on the first "
+                             "--cheaper-draws draws (the same draws) and add them to the existing guarantees.json")
+    parser.add_argument("--cheaper-draws", type=int, default=200, help="draws per size for --cheaper")
+    parser.add_argument("--unlabeled", type=int, default=5000,
+                        help="unlabelled inputs per draw for --cheaper (at most the rest of the pool)")
     parser.add_argument("--render-only", action="store_true",
                         help="rewrite the .md, the .png and the findings in the JSON from the JSON")
     args = parser.parse_args(argv)
@@ -102,11 +108,12 @@ def build_pools(args: argparse.Namespace) -> list[tuple[str, g.Pool]]:
     for key, build in builders:
         tag = f"{key}_seed{args.seed}{'_quick' if args.quick else ''}{'_' + args.mmlu_encoder if key == 'mmlu' else ''}"
         file = cache / f"{tag}.npz"
-        if file.is_file():
+        if file.is_file() and "predicted_if_kept" in np.load(file, allow_pickle=False):
             saved = np.load(file, allow_pickle=False)
             info = json.loads(str(saved["info"]))
             pools.append((tag, g.Pool(info["name"], saved["margins"], saved["loss_if_kept"],
-                                      saved["loss_if_deferred"], info["description"], info["details"])))
+                                      saved["loss_if_deferred"], info["description"], info["details"],
+                                      saved["predicted_if_kept"], saved["predicted_if_deferred"])))
             print(f"{info['name']}: pool of {len(saved['margins']):,} from {file}", flush=True)
             continue
         start = time.perf_counter()
@@ -114,7 +121,7 @@ def build_pools(args: argparse.Namespace) -> list[tuple[str, g.Pool]]:
         pool.details["seconds"] = round(time.perf_counter() - start, 1)
         cache.mkdir(parents=True, exist_ok=True)
         np.savez(file, margins=pool.margins, loss_if_kept=pool.loss_if_kept, loss_if_deferred=pool.loss_if_deferred,
-                 info=json.dumps({"name": pool.name, "description": pool.description, "details": pool.details}))
+                 predicted_if_kept=pool.predicted_if_kept, predicted_if_deferred=pool.predicted_if_deferred, info=json.dumps({"name": pool.name, "description": pool.description, "details": pool.details}))
         print(f"{pool.name}: pool of {len(pool.margins):,} built in {pool.details['seconds']} s", flush=True)
         pools.append((tag, pool))
     return pools
@@ -130,6 +137,36 @@ def render(record: dict, output: Path) -> str:
     return text
 
 
+def run_cheaper(args: argparse.Namespace, output: Path) -> int:
+    """Issue 47's rules on the pools asked for, added to the record in `output/guarantees.json` (today's rows kept)
+    under "cheaper", one entry per pool (replacing an earlier one of the same pool), then the report rewritten."""
+    record = json.loads((output / "guarantees.json").read_text())
+    sizes = tuple(n for n in args.sizes if n <= 1000)
+    start = time.perf_counter()
+    done = {entry["name"]: entry for entry in record.get("cheaper", [])}
+    for tag, pool in build_pools(args):
+        file = pool_cache(args) / (f"{tag}_cheaper_{'-'.join(map(str, sizes))}_{args.cheaper_draws}_{args.unlabeled}_"
+                                   f"{args.confidence:g}.json")
+        if file.is_file():
+            done[pool.name] = json.loads(file.read_text()) | {"calibration": g.prediction_quality(pool)}
+            print(f"{pool.name}: issue-47 draws from {file}", flush=True)
+        else:
+            done[pool.name] = g.run_cheaper_draws(pool, sizes, args.cheaper_draws, args.confidence, args.seed,
+                                                  args.unlabeled)
+            write_json(file, done[pool.name])
+        record["cheaper"] = list(done.values())
+        write_json(output / "guarantees.json", record)
+    before = record.get("cheaper_settings", {}).get("sizes", [])
+    record["cheaper_settings"] = {"draws": args.cheaper_draws, "unlabeled": args.unlabeled,
+                                  "sizes": sorted(set(before) | set(sizes)),
+                                  "seconds": round(time.perf_counter() - start, 1),
+                                  "date": datetime.date.today().isoformat(),
+                                  "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, Python "
+                                             f"{platform.python_version()}"}
+    print(render(record, output))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     output = args.output_dir
@@ -141,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Rewrote {output / 'guarantees.md'}, the figure and the findings from {output / 'guarantees.json'}.")
         return 0
     confirm_overwrite(output, OUTPUTS, args.overwrite)
+    if args.cheaper:
+        return run_cheaper(args, output)
     if "imagenet16h" in args.datasets and not args.imagenet16h:
         print("ImageNet-16H left out: its data are not shipped; pass --imagenet16h PATH.", flush=True)
     start = time.perf_counter()

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from hypothesis_profiles import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import pipeline
@@ -153,7 +154,7 @@ def _cli(argv: list[str]) -> str:
     return stdout.getvalue()
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(5), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**16), n_dev=st.integers(10, 24), skip=st.sampled_from([0.0, 0.3, 0.7]),
        budget=st.sampled_from([0.2, 0.3, 0.5]), costs=st.sampled_from([(0.0, 0.0), (0.0, 0.1), (0.05, 0.0)]),
        confidence=st.sampled_from([None, 0.8]))
@@ -203,7 +204,7 @@ def test_calibrate_evaluate_predict_pipeline_and_card_agree(trained, seed, n_dev
         assert {tuple(o["expert_costs"]) for o in moved} == {tuple(other)}
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(5), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**16), skip=st.sampled_from([0.0, 0.5, 1.0]), threshold=st.sampled_from([-0.3, 0.0, 0.2]),
        available=st.sampled_from(["all", "alice", "per input"]))
 def test_the_library_metrics_are_the_pipeline_decisions_with_availability(trained, seed, skip, threshold, available):

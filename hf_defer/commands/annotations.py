@@ -77,7 +77,7 @@ def write_training_file(annotations_file: str, item_column: str, annotator_colum
     >>> write_training_file("annotations.csv", "item", "annotator", "answer", items_file="texts.csv")  # doctest: +SKIP
     ```
     """
-    from ..data.annotations import AGGREGATION_METHODS, aggregate_labels, annotations_to_columns
+    from ..data.annotations import AGGREGATION_METHODS
 
     if method not in AGGREGATION_METHODS:
         raise ValueError(f"--method must be one of {', '.join(AGGREGATION_METHODS)}, got {method!r}.")
@@ -93,6 +93,35 @@ def write_training_file(annotations_file: str, item_column: str, annotator_colum
     keep_columns, dropped = _kept_columns(long, item_column, annotator_column, answer_column, keep_columns,
                                           [*(items.columns if items is not None else []), label_column_name,
                                            f"{label_column_name}_tied"])
+    wide, experts = _answer_columns(long, item_column, annotator_column, answer_column, duplicates, keep_columns,
+                                    source)
+    if method == "leave_one_out" and len(experts) < 2:
+        raise ValueError(f"--method leave_one_out needs two or more annotators; {source} has {experts}.")
+    unannotated = 0
+    if items is not None:
+        wide, unannotated = _merge_items(wide, items, f"--items_file {items_file}", item_column, source)
+    answered = wide[experts].notna().any(axis=1)
+    wide = wide[answered].reset_index(drop=True)
+    no_answer = unannotated + int((~answered).sum())
+    wide, tied_items = _add_target(wide, item_column, experts, method, label_column_name, keep_tied)
+    if wide.empty:
+        raise ValueError(f"{source}: no item is left with a target ({len(tied_items)} tied, {no_answer} without an "
+                         "answer); nothing to train on (--keep_tied keeps the tied ones, without a target).")
+    unscored = 0
+    if method == "leave_one_out":
+        wide, unscored = _leave_one_out_correctness(wide, experts)
+    wide.to_csv(output, index=False)
+    flags = training_flags(output, label_column_name, experts, method, text="text" in wide.columns)
+    return {"rows": len(wide), "experts": experts, "tied": len(tied_items), "tied_items": tied_items,
+            "no_answer": no_answer, "unscored": unscored, "flags": flags, "dropped_columns": dropped}
+
+
+def _answer_columns(long: Any, item_column: str, annotator_column: str, answer_column: str, duplicates: str,
+                    keep_columns: Sequence[str], source: str) -> tuple[Any, list[str]]:
+    """The wide table ([`annotations_to_columns`]) and its expert columns, named as `hf-defer train` will read them
+    (stripped); an annotator id with a comma, or two that only spaces tell apart, is refused."""
+    from ..data.annotations import annotations_to_columns
+
     try:
         wide = annotations_to_columns(long, item_column, annotator_column, answer_column, duplicates=duplicates,
                                       keep_columns=list(keep_columns))
@@ -114,34 +143,37 @@ def write_training_file(annotations_file: str, item_column: str, annotator_colum
         raise ValueError(f"--annotator_column {annotator_column!r}: {collide!r} differ only in the spaces around them, "
                          "and `hf-defer train --expert_column_names` strips those, so they would be one column; give "
                          f"each annotator one id in {source} (e.g. strip the ids).")
-    wide = wide.rename(columns={name: name.strip() for name in experts})
-    experts = [name.strip() for name in experts]
-    if method == "leave_one_out" and len(experts) < 2:
-        raise ValueError(f"--method leave_one_out needs two or more annotators; {source} has {experts}.")
-    unannotated = 0
-    if items is not None:
-        where = f"--items_file {items_file}"
-        if item_column not in items.columns:
-            raise ValueError(f"--item_column {item_column!r} is not a column of {where}; its columns are "
-                             f"{list(items.columns)}.")
-        repeated = items[item_column][items[item_column].duplicated()].tolist()
-        if repeated:
-            raise ValueError(f"{where}: item(s) {repeated[:5]} have more than one row in column {item_column!r}; "
-                             "give one row per item.")
-        known = set(items[item_column].tolist())
-        missing = [item for item in wide[item_column].tolist() if item not in known]
-        if missing:
-            raise ValueError(f"{where} lacks {len(missing)} item(s) of {source} (column {item_column!r}), e.g. "
-                             f"{missing[:5]}; every annotated item needs its row there.")
-        clash = [str(column) for column in items.columns if column != item_column and str(column) in wide.columns]
-        if clash:
-            raise ValueError(f"{where}: column(s) {clash} are also annotators or --keep_columns of {source}; rename "
-                             "them.")
-        unannotated = len(items) - len(wide)
-        wide = items.merge(wide, on=item_column, how="inner")  # the items file's order and columns first
-    answered = wide[experts].notna().any(axis=1)
-    wide = wide[answered].reset_index(drop=True)
-    no_answer = unannotated + int((~answered).sum())
+    return wide.rename(columns={name: name.strip() for name in experts}), [name.strip() for name in experts]
+
+
+def _merge_items(wide: Any, items: Any, where: str, item_column: str, source: str) -> tuple[Any, int]:
+    """The items file (one row per item, every annotated item in it) merged with the wide table, its order and
+    columns first; and the count of its items nobody annotated."""
+    if item_column not in items.columns:
+        raise ValueError(f"--item_column {item_column!r} is not a column of {where}; its columns are "
+                         f"{list(items.columns)}.")
+    repeated = items[item_column][items[item_column].duplicated()].tolist()
+    if repeated:
+        raise ValueError(f"{where}: item(s) {repeated[:5]} have more than one row in column {item_column!r}; "
+                         "give one row per item.")
+    known = set(items[item_column].tolist())
+    missing = [item for item in wide[item_column].tolist() if item not in known]
+    if missing:
+        raise ValueError(f"{where} lacks {len(missing)} item(s) of {source} (column {item_column!r}), e.g. "
+                         f"{missing[:5]}; every annotated item needs its row there.")
+    clash = [str(column) for column in items.columns if column != item_column and str(column) in wide.columns]
+    if clash:
+        raise ValueError(f"{where}: column(s) {clash} are also annotators or --keep_columns of {source}; rename "
+                         "them.")
+    return items.merge(wide, on=item_column, how="inner"), len(items) - len(wide)
+
+
+def _add_target(wide: Any, item_column: str, experts: list[str], method: str, label_column_name: str,
+                keep_tied: bool) -> tuple[Any, list[Any]]:
+    """The wide table with the target in `label_column_name` (Dawid–Skene, else the majority), its tied rows dropped
+    unless `keep_tied`; and the tied items."""
+    from ..data.annotations import aggregate_labels
+
     tied_column = f"{label_column_name}_tied"
     taken = [name for name in (label_column_name, tied_column) if name in wide.columns]
     if taken:
@@ -157,25 +189,26 @@ def write_training_file(annotations_file: str, item_column: str, annotator_colum
     tied_items = wide.loc[tied, item_column].tolist()
     if not keep_tied:
         wide = wide[~tied].drop(columns=[tied_column]).reset_index(drop=True)
-    if wide.empty:
-        raise ValueError(f"{source}: no item is left with a target ({len(tied_items)} tied, {no_answer} without an "
-                         "answer); nothing to train on (--keep_tied keeps the tied ones, without a target).")
+    return wide, tied_items
+
+
+def _leave_one_out_correctness(wide: Any, experts: list[str]) -> tuple[Any, int]:
+    """The wide table with each annotator's answers moved to `<annotator>_answer` and their column holding their
+    correctness against the majority of the others (empty where unscored); and the answers left unscored (ties)."""
+    from ..data.annotations import aggregate_labels
+
+    taken = [f"{name}_answer" for name in experts if f"{name}_answer" in wide.columns]
+    if taken:
+        raise ValueError(f"--method leave_one_out moves the answers to <annotator>_answer, but {taken} exist.")
+    with _quiet_ties():
+        others = aggregate_labels(wide[experts], experts, "leave_one_out")
+    wide = wide.rename(columns={name: f"{name}_answer" for name in experts})
     unscored = 0
-    if method == "leave_one_out":
-        taken = [f"{name}_answer" for name in experts if f"{name}_answer" in wide.columns]
-        if taken:
-            raise ValueError(f"--method leave_one_out moves the answers to <annotator>_answer, but {taken} exist.")
-        with _quiet_ties():
-            others = aggregate_labels(wide[experts], experts, "leave_one_out")
-        wide = wide.rename(columns={name: f"{name}_answer" for name in experts})
-        for name in experts:
-            given, against = wide[f"{name}_answer"], others[f"{name}_loo_target"]
-            wide[name] = (given == against).astype(float).where(given.notna() & against.notna())
-            unscored += int((given.notna() & others[f"{name}_loo_tied"]).sum())
-    wide.to_csv(output, index=False)
-    flags = training_flags(output, label_column_name, experts, method, text="text" in wide.columns)
-    return {"rows": len(wide), "experts": experts, "tied": len(tied_items), "tied_items": tied_items,
-            "no_answer": no_answer, "unscored": unscored, "flags": flags, "dropped_columns": dropped}
+    for name in experts:
+        given, against = wide[f"{name}_answer"], others[f"{name}_loo_target"]
+        wide[name] = (given == against).astype(float).where(given.notna() & against.notna())
+        unscored += int((given.notna() & others[f"{name}_loo_tied"]).sum())
+    return wide, unscored
 
 
 def _kept_columns(long: Any, item_column: str, annotator_column: str, answer_column: str,

@@ -35,9 +35,14 @@ def parse_rates(value: str | None, expert_names: Sequence[str]) -> float | dict[
     try:
         if "=" not in value:
             return float(value)
-        rates = {name.strip(): float(rate) for name, rate in (item.split("=", 1) for item in value.split(","))}
+        pairs = [(name.strip(), float(rate)) for name, rate in (item.split("=", 1) for item in value.split(","))]
+        rates = dict(pairs)
     except ValueError:
         rates = None
+    if rates is not None and len(rates) != len(pairs):  # a repeated name: which of its budgets was meant?
+        twice = sorted({name for name, _ in pairs if [n for n, _ in pairs].count(name) > 1})
+        raise ValueError(f"--max_deferral_rate names {', '.join(map(repr, twice))} more than once ({value!r}): give "
+                         "each expert one budget.")
     if rates is None or set(rates) - set(expert_names):
         raise ValueError(f"--max_deferral_rate must be a share in (0, 1] or expert=share pairs of the model's experts "
                          f"({', '.join(expert_names)}), e.g. {expert_names[0]}=0.1; got {value!r}.")
@@ -51,7 +56,7 @@ def calibrate_file(model: str, input_path: str, *, confidence: float | None = No
                    missing_expert: str = "error", batch_size: int = 32,
                    text_column_names: Sequence[str] | None = None, text_pair_column_name: str | None = None,
                    image_column_name: str | None = None, text_column_delimiter: str = " ",
-                   trust_remote_code: bool = False) -> tuple[Any, dict[str, Any]]:
+                   trust_remote_code: bool = False, unlabeled_path: str | None = None) -> tuple[Any, dict[str, Any]]:
     """Calibrates the saved model `model` on the file `input_path` ([`calibrate_deferral`]) and returns its pipeline
     (the model's config updated) and a summary: the threshold, the guarantee and the plain-words statement. An error
     target reads the label and the experts' answer columns (matched by name, as `hf-defer evaluate` does).
@@ -113,6 +118,19 @@ def calibrate_file(model: str, input_path: str, *, confidence: float | None = No
         table = table.rename_column(text_pair_column_name, "text_pair")
     costs = parse_expert_costs(expert_costs, config.expert_names) if expert_costs else None
     options = {} if image else {"truncation": True, "max_length": input_length_limit(pipe)}
+    if unlabeled_path is not None:  # the same input columns, read the same way; no labels
+        if max_error is None:
+            raise ValueError("--unlabeled_file serves --max_error (the prediction-powered test): give --max_error.")
+        extra, extra_column = input_column(read_table(unlabeled_path), pipe.input_kind, text_column_names,
+                                           text_column_delimiter, image_column_name, f"--unlabeled_file {unlabeled_path}")
+        if image and isinstance(extra.features[extra_column], datasets.Value):
+            extra = extra.cast_column(extra_column, datasets.Image())
+        if not side and extra_column != pipe.input_kind:
+            extra = extra.rename_column(extra_column, pipe.input_kind)
+        if not side and text_pair_column_name and text_pair_column_name != "text_pair" and \
+                text_pair_column_name in extra.column_names:
+            extra = extra.rename_column(text_pair_column_name, "text_pair")
+        options["unlabeled"] = pipeline_inputs(extra, extra_column, text_pair_column_name, None, side) if side else extra
     threshold = calibrate_deferral(pipe, table if side_inputs is None else side_inputs, max_deferral_rate=parse_rates(max_deferral_rate, config.expert_names)
                                    if isinstance(max_deferral_rate, str) else max_deferral_rate,
                                    batch_size=batch_size, expert_costs=costs, confidence=confidence,
@@ -169,7 +187,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         expert_costs=args.expert_costs, label_column_name=args.label_column_name, expert_column_names=experts,
         missing_expert=args.missing_expert, batch_size=args.batch_size, text_column_names=names,
         text_pair_column_name=args.text_pair_column_name, image_column_name=args.image_column_name,
-        text_column_delimiter=args.text_column_delimiter, trust_remote_code=args.trust_remote_code)
+        text_column_delimiter=args.text_column_delimiter, trust_remote_code=args.trust_remote_code,
+        unlabeled_path=getattr(args, "unlabeled_file", None))
     if in_place:
         pipe.model.config.save_pretrained(output)  # only config.json changes: the threshold, costs and guarantee
     else:

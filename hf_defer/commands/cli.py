@@ -152,6 +152,10 @@ def _calibrate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Deferral budget: a share in (0, 1], or one per expert, 'alice=0.05,bob=0.1' (default: "
                              "0.1 when no other promise is given).")
     _guarantee_arguments(parser)
+    parser.add_argument("--unlabeled_file", default=None,
+                        help="With --max_error: more inputs from the same distribution, without labels (the input "
+                             "columns only): the prediction-powered test spends them and the model's own estimates "
+                             "on the target.")
     parser.add_argument("--expert_costs", default=None,
                         help="Comma-separated cost of asking each expert, in the model's order (default: the saved "
                              "costs).")

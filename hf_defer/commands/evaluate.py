@@ -47,7 +47,8 @@ def match_expert_columns(given: Sequence[str] | None, expert_names: Sequence[str
             f"{flag} must name one column per expert of the model ({', '.join(names)}), matched by "
             f"name: '{','.join(names)}' for columns named as the experts, or "
             f"'{','.join(f'{name}=<column>' for name in names)}'; got {','.join(given)!r}"
-            + (f" (not experts of the model: {unknown})" if unknown else "") + ".")
+            + (f" (not experts of the model: {unknown})" if unknown else "")
+            + (" (an expert named more than once)" if len(mapping) != len(pairs) else "") + ".")
     return [mapping[name] for name in names]
 
 

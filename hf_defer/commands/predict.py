@@ -250,14 +250,7 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
     >>> predict_file("my-deferral-model", "reviews.csv", "decisions.csv")  # doctest: +SKIP
     ```
     """
-    if resume and overwrite:
-        raise ValueError("--resume continues --output and --overwrite replaces it: pass one of them.")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive number, got {chunk_size}.")
-    data_format = prediction_format(output)
-    if resume and data_format == "parquet":
-        raise ValueError(f"--resume continues a .csv, .jsonl or .json --output, got {output!r}: a Parquet file is "
-                         "only readable once complete (its footer is written last).")
+    data_format = _check_run_options(output, resume, overwrite, chunk_size)
     state = _distributed_state()
     main = state is None or state.is_main_process
     _on_main(state, lambda: check_output_file(output, [input_path], overwrite=overwrite or resume))
@@ -267,68 +260,22 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
         text_column_names = [text_column_names]
     stream = TableStream(input_path, chunk_size=max(chunk_size, batch_size))
     flag_input = f"--input {input_path}"
-    id_column = id_column_name or ("id" if "id" in stream.column_names else "row")
-    if id_column_name is not None and id_column_name not in stream.column_names:
-        raise ValueError(f"--id_column_name {id_column_name!r} is not a column of {flag_input}; its columns are "
-                         f"{stream.column_names}.")
-    missing = [column for column in copy_columns or () if column not in stream.column_names]
-    if missing:
-        raise ValueError(f"--copy_columns {missing} are not columns of {flag_input}; its columns are "
-                         f"{stream.column_names}.")
-    if isinstance(pipeline_kwargs.get("expert_costs"), str):  # checked against the saved config, before the weights
-        from transformers import AutoConfig
-
-        import hf_defer  # noqa: F401  (registers the model type)
-        from ..hub.model_source import check_model_source
-
-        check_model_source(model, "--model")
-        config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
-        pipeline_kwargs["expert_costs"] = parse_expert_costs(pipeline_kwargs["expert_costs"], config.expert_names)
+    id_column, copied = _output_columns(stream, id_column_name, copy_columns, flag_input)
+    _parse_expert_costs(model, trust_remote_code, pipeline_kwargs)  # against the saved config, before the weights
     pipe = load_pipeline(model, trust_remote_code, device=None if state is None else state.device, backend=backend)
     to_inputs = _input_reader(stream.column_names, pipe.input_kind, text_column_names, text_column_delimiter,
                               text_pair_column_name, image_column_name, features_column_name, flag_input)
-    if pipe.input_kind == "image":
-        import datasets
-
-        column = image_column_name or "image"
-        if stream.features is None or isinstance(stream.features[column], datasets.Value):
-            stream.cast_column(column, datasets.Image())  # a column of image paths
-    elif pipe.input_kind == "text":
-        pipeline_kwargs.setdefault("truncation", True)
-        pipeline_kwargs.setdefault("max_length", input_length_limit(pipe))
+    _prepare_input_kind(pipe, stream, image_column_name, pipeline_kwargs)
     config = pipe.model.config
     route_only = is_route_only(config)
-    copied = list(copy_columns or ())
     pipeline_kwargs.setdefault("return_margin", True)  # the output shows why an input was (not) deferred
     header = prediction_header(config.expert_names, id_column, copied, route_only, margin=True)
-    specs = getattr(config, "side_features", None) or []
-    side = {spec["name"]: spec["kind"] == "numeric" for spec in specs}  # name -> numeric
-    missing = [name for name in side if name not in stream.column_names]
-    if missing:
-        raise ValueError(f"the model routes on the side features {list(side)}: {flag_input} lacks the column(s) "
-                         f"{missing}; its columns are {stream.column_names}.")
-    record = {"defer_threshold": float(pipeline_kwargs.get("defer_threshold", config.defer_threshold)),
-              "expert_costs": [float(cost) for cost in pipeline_kwargs.get("expert_costs")
-                               or getattr(config, "expert_costs", None) or [0.0] * config.num_experts],
-              "input": {"name": os.path.basename(input_path), "size": os.path.getsize(input_path)},
-              "options": {"text_column_names": list(text_column_names or []) or None,
-                          "text_pair_column_name": text_pair_column_name, "image_column_name": image_column_name,
-                          "text_column_delimiter": text_column_delimiter, "features_column_name": features_column_name,
-                          "pipeline": {key: value for key, value in sorted(pipeline_kwargs.items())
-                                       if key not in ("defer_threshold", "expert_costs")}},
-              "columns": header}
-
-    def start_output() -> tuple[int, str] | None:  # on the main process: it reads and writes the output
-        record["model"] = model_fingerprint(model, pipe)
-        record["input"]["sha256"] = file_digest(input_path)
-        found = None
-        if resuming:
-            check_provenance(output, record)  # the same model, threshold, costs, input and options, or nothing
-            found = resume_predictions(output, header)
-        write_provenance(output, record)
-        return found
-
-    found = _on_main(state, start_output)
+    side = _side_feature_kinds(config, stream, flag_input)
+    record = _provenance_record(config, input_path, header, pipeline_kwargs, {
+        "text_column_names": list(text_column_names or []) or None, "text_pair_column_name": text_pair_column_name,
+        "image_column_name": image_column_name, "text_column_delimiter": text_column_delimiter,
+        "features_column_name": features_column_name})
+    found = _on_main(state, lambda: _start_output(output, record, model, pipe, input_path, resuming, header))
     done, written_digest = found if found is not None else (0, None)
     writer = None
     if main:
@@ -348,12 +295,8 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
             ids = chunk[id_column] if id_column in chunk else range(start, start + size)
             skip = min(max(done - start, 0), size)
             if skip and writer is not None:
-                for value in ids[:skip]:
-                    skipped.update(writer.id_text(value).encode("utf-8", "surrogateescape") + b"\x1f")
-                if start + skip == done and skipped.hexdigest() != written_digest:
-                    raise ValueError(f"--resume: the {done} rows of --output {output!r} do not hold the ids of the "
-                                     f"first {done} rows of {flag_input}; was it written from another input? Choose "
-                                     "another --output, or pass --overwrite to start again.")
+                _check_resumed_ids(writer, ids[:skip], skipped, start + skip, done, written_digest, output,
+                                   flag_input)
             if skip == size:
                 start += size
                 continue
@@ -362,19 +305,13 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
                                        "features" if pipe.input_kind == "features" else "text", start)
             outputs = _decide(pipe, inputs, batch_size, state, **pipeline_kwargs)[skip:]
             if writer is not None:
-                columns = [ids, *(chunk[name] for name in copied)]
-                writer.write_rows([[column[row] for column in columns]
-                                   + prediction_values(out, route_only, margin=True)
-                                   for row, out in zip(range(skip, size), outputs)])
+                _write_decisions(writer, [ids, *(chunk[name] for name in copied)], skip, outputs, route_only)
             written += len(outputs)
             progress.update(len(outputs))
             start += size
     except BaseException:
         if writer is not None:
-            writer.close()
-            if written == 0 and found is None:
-                os.remove(output)  # nothing but a header: leave no file that a rerun would have to --overwrite
-                remove_provenance(output)
+            _close_failed_output(writer, output, nothing_written=written == 0 and found is None)
         raise
     finally:
         progress.close()
@@ -384,6 +321,129 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
     if writer is not None:
         writer.close()
     return start
+
+
+def _check_run_options(output: str, resume: bool, overwrite: bool, chunk_size: int) -> str:
+    """The output's format (`prediction_format`), once `--resume`, `--overwrite` and the chunk size agree."""
+    if resume and overwrite:
+        raise ValueError("--resume continues --output and --overwrite replaces it: pass one of them.")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive number, got {chunk_size}.")
+    data_format = prediction_format(output)
+    if resume and data_format == "parquet":
+        raise ValueError(f"--resume continues a .csv, .jsonl or .json --output, got {output!r}: a Parquet file is "
+                         "only readable once complete (its footer is written last).")
+    return data_format
+
+
+def _output_columns(stream: TableStream, id_column_name: str | None, copy_columns: Sequence[str] | None,
+                    flag_input: str) -> tuple[str, list[str]]:
+    """The id column (the input's `--id_column_name`, else `id` when there is one, else `row`) and the copied
+    columns, each checked to be a column of the input."""
+    id_column = id_column_name or ("id" if "id" in stream.column_names else "row")
+    if id_column_name is not None and id_column_name not in stream.column_names:
+        raise ValueError(f"--id_column_name {id_column_name!r} is not a column of {flag_input}; its columns are "
+                         f"{stream.column_names}.")
+    missing = [column for column in copy_columns or () if column not in stream.column_names]
+    if missing:
+        raise ValueError(f"--copy_columns {missing} are not columns of {flag_input}; its columns are "
+                         f"{stream.column_names}.")
+    return id_column, list(copy_columns or ())
+
+
+def _parse_expert_costs(model: str, trust_remote_code: bool, pipeline_kwargs: dict[str, Any]) -> None:
+    """Turns `--expert_costs` given as text into numbers, checked against the saved config's experts (in place)."""
+    if not isinstance(pipeline_kwargs.get("expert_costs"), str):
+        return
+    from transformers import AutoConfig
+
+    import hf_defer  # noqa: F401  (registers the model type)
+    from ..hub.model_source import check_model_source
+
+    check_model_source(model, "--model")
+    config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+    pipeline_kwargs["expert_costs"] = parse_expert_costs(pipeline_kwargs["expert_costs"], config.expert_names)
+
+
+def _prepare_input_kind(pipe: Any, stream: TableStream, image_column_name: str | None,
+                        pipeline_kwargs: dict[str, Any]) -> None:
+    """Images: a column of paths read as images; text: truncated where the model's tokenizer says (in place)."""
+    if pipe.input_kind == "image":
+        import datasets
+
+        column = image_column_name or "image"
+        if stream.features is None or isinstance(stream.features[column], datasets.Value):
+            stream.cast_column(column, datasets.Image())  # a column of image paths
+    elif pipe.input_kind == "text":
+        pipeline_kwargs.setdefault("truncation", True)
+        pipeline_kwargs.setdefault("max_length", input_length_limit(pipe))
+
+
+def _side_feature_kinds(config: Any, stream: TableStream, flag_input: str) -> dict[str, bool]:
+    """The model's side features (name -> whether numeric), each checked to be a column of the input."""
+    specs = getattr(config, "side_features", None) or []
+    side = {spec["name"]: spec["kind"] == "numeric" for spec in specs}  # name -> numeric
+    missing = [name for name in side if name not in stream.column_names]
+    if missing:
+        raise ValueError(f"the model routes on the side features {list(side)}: {flag_input} lacks the column(s) "
+                         f"{missing}; its columns are {stream.column_names}.")
+    return side
+
+
+def _provenance_record(config: Any, input_path: str, header: list[str], pipeline_kwargs: dict[str, Any],
+                       options: dict[str, Any]) -> dict[str, Any]:
+    """What writes the output (the model's fingerprint and the input's digest are added on the main process): the
+    threshold and costs the decisions use, the input, the options and the columns."""
+    return {"defer_threshold": float(pipeline_kwargs.get("defer_threshold", config.defer_threshold)),
+            "expert_costs": [float(cost) for cost in pipeline_kwargs.get("expert_costs")
+                             or getattr(config, "expert_costs", None) or [0.0] * config.num_experts],
+            "input": {"name": os.path.basename(input_path), "size": os.path.getsize(input_path)},
+            "options": {**options,
+                        "pipeline": {key: value for key, value in sorted(pipeline_kwargs.items())
+                                     if key not in ("defer_threshold", "expert_costs")}},
+            "columns": header}
+
+
+def _start_output(output: str, record: dict[str, Any], model: str, pipe: Any, input_path: str, resuming: bool,
+                  header: list[str]) -> tuple[int, str] | None:
+    """On the main process: the record completed and written beside the output, after checking, when resuming,
+    that it is the earlier run's; the rows and id digest an earlier run left (None: none)."""
+    record["model"] = model_fingerprint(model, pipe)
+    record["input"]["sha256"] = file_digest(input_path)
+    found = None
+    if resuming:
+        check_provenance(output, record)  # the same model, threshold, costs, input and options, or nothing
+        found = resume_predictions(output, header)
+    write_provenance(output, record)
+    return found
+
+
+def _check_resumed_ids(writer: PredictionWriter, ids: Sequence[Any], digest: Any, end: int, done: int,
+                       written_digest: str | None, output: str, flag_input: str) -> None:
+    """Adds the ids of rows an earlier run wrote (up to row `end`) to `digest`; once all `done` are in, they must be
+    the ids the output holds."""
+    for value in ids:
+        digest.update(writer.id_text(value).encode("utf-8", "surrogateescape") + b"\x1f")
+    if end == done and digest.hexdigest() != written_digest:
+        raise ValueError(f"--resume: the {done} rows of --output {output!r} do not hold the ids of the "
+                         f"first {done} rows of {flag_input}; was it written from another input? Choose "
+                         "another --output, or pass --overwrite to start again.")
+
+
+def _write_decisions(writer: PredictionWriter, columns: list[Sequence[Any]], skip: int, outputs: list[dict[str, Any]],
+                     route_only: bool) -> None:
+    """Writes a chunk's decisions from row `skip` on, each after its id and copied columns."""
+    writer.write_rows([[column[row] for column in columns] + prediction_values(out, route_only, margin=True)
+                       for row, out in enumerate(outputs, start=skip)])
+
+
+def _close_failed_output(writer: PredictionWriter, output: str, nothing_written: bool) -> None:
+    """Closes the output of a failed run; one that holds nothing but a header is removed with its record, so that a
+    rerun needs no --overwrite."""
+    writer.close()
+    if nothing_written:
+        os.remove(output)  # nothing but a header: leave no file that a rerun would have to --overwrite
+        remove_provenance(output)
 
 
 def _check_record(output: str, resuming: bool, overwrite: bool) -> None:

@@ -183,6 +183,23 @@ def annotations_to_columns(
 
     ```
     """
+    _check_long_table(data, item_column, annotator_column, answer_column, keep_columns, duplicates, min_answers)
+    items, annotators, answers = (_values(data, name) for name in (item_column, annotator_column, answer_column))
+    answered = _answered_rows(items, annotators, answers, item_column, annotator_column, answer_column, label_names)
+    cells = _resolve_repeats(items, annotators, answers, answered, duplicates)
+    kept = _kept_annotators(cells, min_answers)
+    names = [f"{column_prefix}{annotator}" for annotator in kept]
+    taken = [item_column, *keep_columns]
+    clash = sorted({name for name in names if names.count(name) > 1 or name in taken})
+    if clash:
+        raise ValueError(f"annotator column name(s) {clash} collide with each other or with `item_column` / "
+                         "`keep_columns`; pass a `column_prefix`.")
+    return _wide_table(data, items, cells, dict(zip(names, kept)), item_column, answer_column, keep_columns)
+
+
+def _check_long_table(data: Table, item_column: str, annotator_column: str, answer_column: str,
+                      keep_columns: Sequence[str], duplicates: str, min_answers: int) -> None:
+    """Checks the arguments of [`annotations_to_columns`]: the columns exist, the policy and minimum are valid."""
     _require(data, [item_column], "item_column")
     _require(data, [annotator_column], "annotator_column")
     _require(data, [answer_column], "answer_column")
@@ -194,7 +211,11 @@ def annotations_to_columns(
     if isinstance(min_answers, bool) or not isinstance(min_answers, numbers.Integral) or min_answers < 1:
         raise ValueError(f"`min_answers` must be an int >= 1, got {min_answers!r}.")
 
-    items, annotators, answers = (_values(data, name) for name in (item_column, annotator_column, answer_column))
+
+def _answered_rows(items: list[Any], annotators: list[Any], answers: list[Any], item_column: str,
+                   annotator_column: str, answer_column: str, label_names: Sequence[Any] | None) -> list[int]:
+    """The rows with an answer (the others counted in the log); every row needs an item and an annotator id, and
+    no answer may be -1 or outside `label_names`."""
     for column, ids in ((annotator_column, annotators), (item_column, items)):
         bad = [row for row, value in enumerate(ids) if is_missing(value) or value == ""]
         if bad:
@@ -209,7 +230,13 @@ def annotations_to_columns(
     if len(answered) < len(answers):
         logger.info(f"annotations_to_columns: skipped {len(answers) - len(answered)} row(s) without an answer.")
     _check_label_set([answers[row] for row in answered], label_names, answer_column)
+    return answered
 
+
+def _resolve_repeats(items: list[Any], annotators: list[Any], answers: list[Any], answered: list[int],
+                     duplicates: str) -> dict[tuple[Any, Any], Any]:
+    """One answer per (item, annotator): a repeat resolved by `duplicates` (an error with `"error"`; a tie among a
+    `"majority"` is `None`), the counts logged."""
     grouped: dict[tuple[Any, Any], list[Any]] = {}
     for row in answered:
         grouped.setdefault((items[row], annotators[row]), []).append(answers[row])
@@ -236,7 +263,11 @@ def annotations_to_columns(
     if conflicts:
         logger.warning(f"annotations_to_columns: {conflicts} (item, annotator) pair(s) have tied repeated answers; "
                        "left missing (duplicates='majority' never picks between them).")
+    return cells
 
+
+def _kept_annotators(cells: dict[tuple[Any, Any], Any], min_answers: int) -> list[Any]:
+    """The annotators with at least `min_answers` answers, sorted by name (the others named in the log)."""
     counts = Counter(annotator for (_, annotator), value in cells.items() if value is not None)
     kept = sorted((name for name, count in counts.items() if count >= min_answers), key=str)
     if not kept:
@@ -246,13 +277,13 @@ def annotations_to_columns(
     if dropped:
         logger.warning(f"annotations_to_columns: dropped {len(dropped)} annotator(s) with fewer than {min_answers} "
                        f"answers: {dropped[:20]}.")
-    names = [f"{column_prefix}{annotator}" for annotator in kept]
-    taken = [item_column, *keep_columns]
-    clash = sorted({name for name in names if names.count(name) > 1 or name in taken})
-    if clash:
-        raise ValueError(f"annotator column name(s) {clash} collide with each other or with `item_column` / "
-                         "`keep_columns`; pass a `column_prefix`.")
+    return kept
 
+
+def _wide_table(data: Table, items: list[Any], cells: dict[tuple[Any, Any], Any], annotator_of: dict[str, Any],
+                item_column: str, answer_column: str, keep_columns: Sequence[str]) -> Table:
+    """One row per item (in the order of first appearance): the item id, the `keep_columns`, then each annotator's
+    answer (`None` where they gave none), as the same kind of table as `data`."""
     first_row: dict[Any, int] = {}
     for row, item in enumerate(items):
         first_row.setdefault(item, row)
@@ -261,18 +292,24 @@ def annotations_to_columns(
     source_features = data.features if isinstance(data, datasets.Dataset) else {}
     features: dict[str, Any] = {item_column: source_features.get(item_column) or _feature_of(order, None)}
     for column in keep_columns:
-        values = _values(data, column)
-        for row, item in enumerate(items):
-            first = values[first_row[item]]
-            if values[row] != first and not (is_missing(values[row]) and is_missing(first)):
-                raise ValueError(f"`keep_columns`: column {column!r} has different values for item {item!r} "
-                                 f"({first!r} and {values[row]!r}); keep only item-level columns.")
-        columns[column] = [values[first_row[item]] for item in order]
+        columns[column] = _item_level_values(data, column, items, first_row)
         features[column] = source_features.get(column) or _feature_of(columns[column], None)
-    for name, annotator in zip(names, kept):
+    for name, annotator in annotator_of.items():
         columns[name] = [cells.get((item, annotator)) for item in order]
         features[name] = _feature_of(columns[name], source_features.get(answer_column))
     return _build(data, columns, features)
+
+
+def _item_level_values(data: Table, column: str, items: list[Any], first_row: dict[Any, int]) -> list[Any]:
+    """A `keep_columns` column's value per item (in `first_row`'s order); one that differs within an item is an
+    error."""
+    values = _values(data, column)
+    for row, item in enumerate(items):
+        first = values[first_row[item]]
+        if values[row] != first and not (is_missing(values[row]) and is_missing(first)):
+            raise ValueError(f"`keep_columns`: column {column!r} has different values for item {item!r} "
+                             f"({first!r} and {values[row]!r}); keep only item-level columns.")
+    return [values[first_row[item]] for item in first_row]
 
 
 def _dawid_skene(answers: list[list[Any]], columns: Sequence[str], n_iter: int, tol: float) -> tuple[list, list]:
@@ -360,6 +397,29 @@ def aggregate_labels(
 
     ```
     """
+    columns = _checked_annotator_columns(data, annotator_columns, method, output_column)
+    rows, shared = _annotator_answers(data, columns, label_names)
+    if method == "leave_one_out":
+        added, flags = _leave_one_out_targets(rows, columns)
+    else:
+        if method == "majority":
+            results = [_plurality([value for value in row if value is not None]) for row in rows]
+            targets, tied = [target for target, _ in results], [flag for _, flag in results]
+        else:
+            targets, tied = _dawid_skene(rows, columns, n_iter, tol)
+        added, flags = {output_column: targets, f"{output_column}_tied": tied}, [f"{output_column}_tied"]
+    features: dict[str, Any] = {}
+    for name, values in added.items():
+        features[name] = datasets.Value("bool") if name in flags else _feature_of(values, shared)
+    ties = {name: int(sum(added[name])) for name in flags if any(added[name])}
+    if ties:
+        logger.warning(f"aggregate_labels(method={method!r}): tied rows left as None (not broken): {ties}.")
+    return _add_columns(data, added, features)
+
+
+def _checked_annotator_columns(data: Table, annotator_columns: Sequence[str], method: str,
+                               output_column: str) -> list[str]:
+    """The annotator columns of [`aggregate_labels`], checked with its method and output column."""
     if method not in AGGREGATION_METHODS:
         raise ValueError(f"`method` must be one of {AGGREGATION_METHODS}, got {method!r}.")
     _columns(data, "data")
@@ -374,7 +434,13 @@ def aggregate_labels(
         raise ValueError(f"method='leave_one_out' needs at least two `annotator_columns`, got {columns}.")
     if not isinstance(output_column, str) or not output_column:
         raise ValueError(f"`output_column` must be a non-empty column name, got {output_column!r}.")
+    return columns
 
+
+def _annotator_answers(data: Table, columns: list[str],
+                       label_names: Sequence[Any] | None) -> tuple[list[list[Any]], Any]:
+    """Each row's answers (`None` where missing; each checked against `label_names`) and the feature the annotator
+    columns share (a `Dataset`'s, when all have the same), for the targets."""
     by_column = {}
     for column in columns:
         values = [None if is_missing(value) else value for value in _values(data, column)]
@@ -384,29 +450,17 @@ def aggregate_labels(
     source = data.features.get(columns[0]) if isinstance(data, datasets.Dataset) else None
     shared = source if isinstance(data, datasets.Dataset) and all(
         data.features[column] == source for column in columns) else None
+    return rows, shared
 
+
+def _leave_one_out_targets(rows: list[list[Any]], columns: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
+    """For each annotator column `c`, the majority of the other annotators (`c_loo_target`) and its tie flags
+    (`c_loo_tied`); and the names of the flag columns."""
     added: dict[str, list[Any]] = {}  # target, then its tie flags, per target
     flags: list[str] = []
-    if method == "leave_one_out":
-        for j, column in enumerate(columns):
-            results = [_plurality([value for k, value in enumerate(row) if k != j and value is not None])
-                       for row in rows]
-            added[f"{column}_loo_target"] = [target for target, _ in results]
-            added[f"{column}_loo_tied"] = [tied for _, tied in results]
-            flags.append(f"{column}_loo_tied")
-    else:
-        if method == "majority":
-            results = [_plurality([value for value in row if value is not None]) for row in rows]
-            targets, tied = [target for target, _ in results], [flag for _, flag in results]
-        else:
-            targets, tied = _dawid_skene(rows, columns, n_iter, tol)
-        added[output_column], added[f"{output_column}_tied"] = targets, tied
-        flags.append(f"{output_column}_tied")
-
-    features: dict[str, Any] = {}
-    for name, values in added.items():
-        features[name] = datasets.Value("bool") if name in flags else _feature_of(values, shared)
-    ties = {name: int(sum(added[name])) for name in flags if any(added[name])}
-    if ties:
-        logger.warning(f"aggregate_labels(method={method!r}): tied rows left as None (not broken): {ties}.")
-    return _add_columns(data, added, features)
+    for j, column in enumerate(columns):
+        results = [_plurality([value for k, value in enumerate(row) if k != j and value is not None]) for row in rows]
+        added[f"{column}_loo_target"] = [target for target, _ in results]
+        added[f"{column}_loo_tied"] = [tied for _, tied in results]
+        flags.append(f"{column}_loo_tied")
+    return added, flags

@@ -220,30 +220,53 @@ def load_imagenet16h(
 
     ```
     """
+    folder = _check_folder(path)
+    noise = _check_noise(noise)
+    seed = check_seed(seed, "seed")
+    expert_seed = seed if expert_seed is None else check_seed(expert_seed, "expert_seed")
+    models = _check_models(models)
+    split_sizes(10**6, split)
+    images, labels = _images_and_classes(folder)
+    features = _model_features(folder, noise, models, images)
+    counts, participants = _answers(_find(folder, _ANSWER_FILES, f"participant answers at noise {noise}",
+                                          noise=noise), images)
+    full = _study_table(images, features, labels, counts, participants)
+    full = annotator_expert(full, "answer_counts", seed=expert_seed, column="expert_labels")
+    return _split_study(full, split, seed)
+
+
+def _check_folder(path: object) -> Path:
+    """`path` as the folder it names; anything else, or a folder that does not exist, is an error."""
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise ValueError(f"`path` must be the ImageNet-16H folder (a path), got {path!r}.")
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise FileNotFoundError(f"`path` {str(folder)!r} is not a folder; expected the ImageNet-16H folder (see the "
                                 "docstring of load_imagenet16h for its layout and where to download it).")
-    noise = _check_noise(noise)
-    seed = check_seed(seed, "seed")
-    expert_seed = seed if expert_seed is None else check_seed(expert_seed, "expert_seed")
-    models = _check_models(models)
-    split_sizes(10**6, split)
+    return folder
 
+
+def _images_and_classes(folder: Path) -> tuple[pd.Index, np.ndarray]:
+    """The study's images (in the order of its list of images) and their class ids."""
     categories_file = _find(folder, [_CATEGORIES], "list of images and classes")
     categories = _read(categories_file, ["image_name", "category"])
     labels = _check_classes(categories["category"], categories_file, "category")
-    images = pd.Index(categories["image_name"])
-    features = np.concatenate(
+    return pd.Index(categories["image_name"]), labels
+
+
+def _model_features(folder: Path, noise: int, models: Sequence[str], images: pd.Index) -> np.ndarray:
+    """The features: each model's 16 log-probabilities per image at `noise`, side by side in the order of `models`."""
+    return np.concatenate(
         [_log_probabilities(_find(folder, _MODEL_FILES, f"probabilities of model {model!r} at noise {noise}",
                                   noise=noise, model=model), images) for model in models], axis=1)
-    counts, participants = _answers(_find(folder, _ANSWER_FILES, f"participant answers at noise {noise}",
-                                          noise=noise), images)
 
+
+def _study_table(images: pd.Index, features: np.ndarray, labels: np.ndarray, counts: np.ndarray,
+                 participants: dict[str, np.ndarray]) -> datasets.Dataset:
+    """One row per image: its name, the CNNs' log-probabilities, the class, the answer counts and each participant's
+    answer, typed (`ClassLabel` for the classes)."""
     classes = datasets.ClassLabel(names=list(IMAGENET16H_LABELS))
-    full = datasets.Dataset.from_dict(
+    return datasets.Dataset.from_dict(
         {"image_name": images.tolist(), "features": features.astype(np.float32), "labels": labels,
          "answer_counts": counts, **participants},
         features=datasets.Features({
@@ -252,8 +275,10 @@ def load_imagenet16h(
             "labels": classes,
             "answer_counts": datasets.List(datasets.Value("int64"), length=len(IMAGENET16H_LABELS)),
             **{name: classes for name in participants}}))
-    full = annotator_expert(full, "answer_counts", seed=expert_seed, column="expert_labels")
 
+
+def _split_study(full: datasets.Dataset, split: Sequence[float], seed: int) -> datasets.DatasetDict:
+    """`full` split into train, validation and test by the `split` fractions (test first, then validation)."""
     _, num_validation, num_test = split_sizes(full.num_rows, split)
     first = full.train_test_split(test_size=num_test, seed=seed)
     second = first["train"].train_test_split(test_size=num_validation, seed=seed)

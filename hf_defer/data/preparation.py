@@ -126,7 +126,7 @@ def _check_string_column(split: datasets.Dataset, column: str, where: str) -> No
 def _expert_answers(split: datasets.Dataset, experts: list[str], label_map: _LabelMap,
                     split_name: Any) -> tuple[np.ndarray, list[str], list[str]]:
     """The class ids `[N, M]` of the experts' answers (-1: missing), the expert names and each expert's column."""
-    where = "" if split_name is None else f" of split {split_name!r}"
+    where = _where(split_name)
     blocks, names_here, sources = [], [], []
     for column in experts:
         feature, values = split.features[column], split[column][:]
@@ -154,7 +154,7 @@ def _expert_answers(split: datasets.Dataset, experts: list[str], label_map: _Lab
 def _expert_scores(split: datasets.Dataset, columns: list[str], split_name: Any) -> np.ndarray:
     """The experts' correctness or scores `[N, M]` as float64 in [0, 1], NaN where missing; anything else (a string, a
     number outside [0, 1]) is an error naming the column, the row and the value."""
-    where = "" if split_name is None else f" of split {split_name!r}"
+    where = _where(split_name)
     out = np.full((len(split), len(columns)), np.nan)
     for j, column in enumerate(columns):
         if isinstance(split.features[column], (datasets.List, datasets.LargeList, list)):
@@ -264,21 +264,13 @@ def check_side_feature_columns(split: datasets.Dataset, side_features: Sequence[
 
 
 def prepare_deferral_dataset(
-    dataset: datasets.Dataset | datasets.DatasetDict,
-    label_column: str | None = "label",
-    expert_columns: str | Sequence[str] | None = (),
-    *,
-    text_column: str | None = None,
-    text_pair_column: str | None = None,
-    image_column: str | None = None,
-    processor: Any = None,
-    max_length: int | None = None,
-    label_names: Sequence[str] | None = None,
-    missing_expert: str = "error",
+    dataset: datasets.Dataset | datasets.DatasetDict, label_column: str | None = "label",
+    expert_columns: str | Sequence[str] | None = (), *, text_column: str | None = None,
+    text_pair_column: str | None = None, image_column: str | None = None, processor: Any = None,
+    max_length: int | None = None, label_names: Sequence[str] | None = None, missing_expert: str = "error",
     expert_correct_columns: str | Sequence[str] = (),
     side_feature_columns: str | Sequence[str] | Sequence[Mapping[str, Any]] = (),
-    categorical_side_features: Sequence[str] = (),
-    side_feature_dim: int = 8,
+    categorical_side_features: Sequence[str] = (), side_feature_dim: int = 8,
 ) -> PreparedDeferralData:
     """Prepares any dataset with a label column and one or more expert columns for [`DeferralTrainer`].
 
@@ -374,6 +366,55 @@ def prepare_deferral_dataset(
 
     ```
     """
+    splits = _dataset_splits(dataset)
+    request = _checked_request(label_column, expert_columns, expert_correct_columns, label_names, missing_expert,
+                               text_column, text_pair_column, image_column, processor, max_length,
+                               side_feature_columns, categorical_side_features, side_feature_dim)
+    side_values, side_specs = _side_feature_values(splits, request)
+    _check_split_columns(splits, request)
+    names, label_map = _classes(splits, request, label_names)
+    result, expert_names = _prepare_splits(splits, request, names, label_map, side_specs, side_values)
+    return PreparedDeferralData(result, dict(enumerate(names)), expert_names, route_only=request.route_only,
+                                side_features=side_specs)
+
+
+@dataclass
+class _Request:
+    """The checked arguments of [`prepare_deferral_dataset`], read by each of its steps."""
+
+    label_column: str | None
+    experts: list[str]
+    judged: list[str]
+    text_column: str | None
+    text_pair_column: str | None
+    image_column: str | None
+    processor: Any
+    max_length: int | None
+    missing_expert: str
+    side_given: list[Any]
+    given_specs: bool
+    categorical_side_features: Sequence[str]
+    side_feature_dim: int
+
+    @property
+    def route_only(self) -> bool:
+        """Route-only data: no label column, only which expert to call."""
+        return self.label_column is None
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        """The input columns given, each with the name it takes (`text`, `text_pair`, `image`)."""
+        return {name: renamed for name, renamed in ((self.text_column, "text"), (self.text_pair_column, "text_pair"),
+                                                    (self.image_column, "image")) if name is not None}
+
+
+def _where(split_name: Any) -> str:
+    """Where a split is, for an error message: `" of split 'train'"`, or nothing for a lone `Dataset`."""
+    return "" if split_name is None else f" of split {split_name!r}"
+
+
+def _dataset_splits(dataset: Any) -> dict[Any, datasets.Dataset]:
+    """The splits of `dataset` by name (`None` for a lone `Dataset`); anything else, or no split, is an error."""
     if isinstance(dataset, datasets.DatasetDict):
         splits: dict[Any, datasets.Dataset] = dict(dataset)
     elif isinstance(dataset, datasets.Dataset):
@@ -382,6 +423,30 @@ def prepare_deferral_dataset(
         raise ValueError(f"dataset must be a datasets.Dataset or DatasetDict, got {type(dataset).__name__}.")
     if not splits:
         raise ValueError("dataset is an empty DatasetDict: it has no split.")
+    return splits
+
+
+def _checked_request(label_column: str | None, expert_columns: str | Sequence[str] | None,
+                     expert_correct_columns: str | Sequence[str], label_names: Any, missing_expert: str,
+                     text_column: str | None, text_pair_column: str | None, image_column: str | None,
+                     processor: Any, max_length: int | None,
+                     side_feature_columns: str | Sequence[str] | Sequence[Mapping[str, Any]],
+                     categorical_side_features: Sequence[str], side_feature_dim: int) -> _Request:
+    """The arguments checked among themselves (before any split is read): experts, inputs, then side features."""
+    experts, judged = _checked_experts(label_column, expert_columns, expert_correct_columns, label_names)
+    if missing_expert not in MISSING_EXPERT_MODES:
+        raise ValueError(f"missing_expert must be one of {MISSING_EXPERT_MODES}, got {missing_expert!r}.")
+    _check_inputs(text_column, text_pair_column, image_column, processor)
+    inputs = [name for name in (text_column, text_pair_column, image_column) if name is not None]
+    side_given, given_specs = _checked_side_features(side_feature_columns, categorical_side_features,
+                                                     side_feature_dim, [label_column, *experts, *judged, *inputs])
+    return _Request(label_column, experts, judged, text_column, text_pair_column, image_column, processor,
+                    max_length, missing_expert, side_given, given_specs, categorical_side_features, side_feature_dim)
+
+
+def _checked_experts(label_column: str | None, expert_columns: str | Sequence[str] | None,
+                     expert_correct_columns: str | Sequence[str], label_names: Any) -> tuple[list[str], list[str]]:
+    """The expert columns (answers) and the judged ones (correctness or scores), checked against the label column."""
     if expert_columns is None:
         expert_columns = ()
     if isinstance(expert_columns, str):
@@ -395,20 +460,23 @@ def prepare_deferral_dataset(
             f"with their correctness), got {expert_columns!r} and {expert_correct_columns!r} "
             "(no expert column? simulate one with hf_defer.experts.class_subset_expert / annotator_expert)."
         )
-    route_only = label_column is None
-    if route_only and (experts or label_names is not None or len(judged) < 2):
+    if label_column is None and (experts or label_names is not None or len(judged) < 2):
         raise ValueError(
             "label_column=None prepares route-only data (no class, only which expert to call): it needs at least two "
             "expert_correct_columns (each expert's correctness or score) and no expert_columns or label_names (an "
             f"answer cannot be scored without a label); got expert_columns={experts!r}, expert_correct_columns="
             f"{judged!r}, label_names={label_names!r}. Give label_column to train a classifier that defers.")
-    if not route_only and not isinstance(label_column, str):
+    if label_column is not None and not isinstance(label_column, str):
         raise ValueError(f"label_column must be a column name (or None for route-only data), got {label_column!r}.")
     if len(set(experts + judged)) != len(experts + judged) or label_column in experts + judged:
         raise ValueError(f"expert_columns {experts} and expert_correct_columns {judged} must be distinct and differ "
                          f"from label_column {label_column!r}.")
-    if missing_expert not in MISSING_EXPERT_MODES:
-        raise ValueError(f"missing_expert must be one of {MISSING_EXPERT_MODES}, got {missing_expert!r}.")
+    return experts, judged
+
+
+def _check_inputs(text_column: str | None, text_pair_column: str | None, image_column: str | None,
+                  processor: Any) -> None:
+    """Checks that the input columns and the processor go together (text with a tokenizer, images with the other)."""
     if text_column is not None and image_column is not None:
         raise ValueError(f"give text_column or image_column, not both (got {text_column!r} and {image_column!r}).")
     if text_pair_column is not None and text_column is None:
@@ -419,8 +487,12 @@ def prepare_deferral_dataset(
             f"processor {type(processor).__name__} needs {'text_column' if is_tokenizer else 'image_column'}: a "
             "tokenizer goes with a text column, an image processor with an image column."
         )
-    inputs = {name: renamed for name, renamed in ((text_column, "text"), (text_pair_column, "text_pair"),
-                                                  (image_column, "image")) if name is not None}
+
+
+def _checked_side_features(side_feature_columns: str | Sequence[str] | Sequence[Mapping[str, Any]],
+                           categorical_side_features: Sequence[str], side_feature_dim: int,
+                           other_columns: list[Any]) -> tuple[list[Any], bool]:
+    """The side features given (column names, or a model's specs, checked) and whether they are specs."""
     if isinstance(side_feature_columns, str):
         side_feature_columns = [side_feature_columns]
     side_given = list(side_feature_columns or ())
@@ -433,7 +505,7 @@ def prepare_deferral_dataset(
     side_names = [item["name"] if given_specs else item for item in side_given]
     if len(set(side_names)) != len(side_names):
         raise ValueError(f"side_feature_columns {side_names} name a column twice.")
-    taken = [name for name in side_names if name in [label_column, *experts, *judged, *inputs]]
+    taken = [name for name in side_names if name in other_columns]
     if taken:
         raise ValueError(f"side_feature_columns {taken} are also the label, an expert or the input column: a side "
                          "feature is a column of its own.")
@@ -443,125 +515,206 @@ def prepare_deferral_dataset(
                          f"side_feature_columns {side_names} (and are given by the specs when those are a model's).")
     if isinstance(side_feature_dim, bool) or not isinstance(side_feature_dim, int) or side_feature_dim < 1:
         raise ValueError(f"side_feature_dim must be a positive integer, got {side_feature_dim!r}.")
+    return side_given, given_specs
+
+
+def _side_feature_values(splits: dict[Any, datasets.Dataset],
+                         request: _Request) -> tuple[dict[Any, dict[str, list[Any]]], list[dict[str, Any]] | None]:
+    """Each split's side-feature values (checked) and the specs: the model's, or learnt from the training split."""
     side_values: dict[Any, dict[str, list[Any]]] = {}
     for split_name, split in splits.items():
-        where = "" if split_name is None else f" of split {split_name!r}"
-        side_values[split_name] = check_side_feature_columns(split, side_given, categorical_side_features, where) \
-            if side_given else {}
-    side_specs: list[dict[str, Any]] | None = None
-    if side_given:
-        side_specs = side_given if given_specs else side_feature_specs(
-            side_values[_training_split(splits)], dim=side_feature_dim, categorical=categorical_side_features)
-        for split_name, split in splits.items():  # a numeric feature must be a number in every split
-            where = "" if split_name is None else f" of split {split_name!r}"
-            check_side_feature_columns(split, [spec for spec in side_specs if spec["kind"] == "numeric"], (), where)
+        side_values[split_name] = check_side_feature_columns(
+            split, request.side_given, request.categorical_side_features, _where(split_name)) \
+            if request.side_given else {}
+    if not request.side_given:
+        return side_values, None
+    side_specs = request.side_given if request.given_specs else side_feature_specs(
+        side_values[_training_split(splits)], dim=request.side_feature_dim,
+        categorical=request.categorical_side_features)
+    for split_name, split in splits.items():  # a numeric feature must be a number in every split
+        check_side_feature_columns(split, [spec for spec in side_specs if spec["kind"] == "numeric"], (),
+                                   _where(split_name))
+    return side_values, side_specs
+
+
+def _check_split_columns(splits: dict[Any, datasets.Dataset], request: _Request) -> None:
+    """Checks that every split has the columns named, text in the text columns and images in the image column."""
     for split_name, split in splits.items():
-        where = "" if split_name is None else f" of split {split_name!r}"
-        for role, names in (("label_column", [] if route_only else [label_column]), ("expert_columns", experts),
-                            ("expert_correct_columns", judged), ("text/image column", list(inputs))):
+        where = _where(split_name)
+        for role, names in (("label_column", [] if request.route_only else [request.label_column]),
+                            ("expert_columns", request.experts), ("expert_correct_columns", request.judged),
+                            ("text/image column", list(request.inputs))):
             missing = [name for name in names if name not in split.column_names]
             if missing:
                 raise ValueError(f"{role} {missing} not found in the dataset{where}; its columns are "
                                  f"{split.column_names}.")
-        if text_column is not None:
-            _check_string_column(split, text_column, where)
-        if text_pair_column is not None:
-            _check_string_column(split, text_pair_column, where)
+        if request.text_column is not None:
+            _check_string_column(split, request.text_column, where)
+        if request.text_pair_column is not None:
+            _check_string_column(split, request.text_pair_column, where)
+        image_column = request.image_column
         if image_column is not None and not isinstance(split.features[image_column], datasets.Image):
             raise ValueError(
                 f"image column {image_column!r}{where} must hold images (datasets.Image), got "
                 f"{split.features[image_column]}."
             )
 
-    if route_only:
-        clash = [name for name in judged if name in (text_column, text_pair_column, image_column)]
+
+def _classes(splits: dict[Any, datasets.Dataset], request: _Request,
+             label_names: Any) -> tuple[list[str], _LabelMap | None]:
+    """The class names and the label map every split's labels and answers go through (none for route-only data)."""
+    if request.route_only:
+        clash = [name for name in request.judged
+                 if name in (request.text_column, request.text_pair_column, request.image_column)]
         if clash:
             raise ValueError(f"expert_correct_columns {clash} are also the input column: name different columns.")
-        names, label_map = [], None
-    else:
-        first = splits[_training_split(splits)]  # its label column's feature: how integer answers read
-        names = _class_names(splits, label_column, label_names)
-        label_map = _LabelMap(names, first.features[label_column], declared=label_names is not None)
-    expert_names: list[str] | None = None
+        return [], None
+    first = splits[_training_split(splits)]  # its label column's feature: how integer answers read
+    names = _class_names(splits, request.label_column, label_names)
+    return names, _LabelMap(names, first.features[request.label_column], declared=label_names is not None)
+
+
+def _prepare_splits(splits: dict[Any, datasets.Dataset], request: _Request, names: list[str],
+                    label_map: _LabelMap | None, side_specs: list[dict[str, Any]] | None,
+                    side_values: dict[Any, dict[str, list[Any]]]) -> tuple[Any, list[str]]:
+    """Every split prepared (a `Dataset` for a lone one, else a `DatasetDict`) and the expert names they share."""
     prepared: dict[Any, datasets.Dataset] = {}
+    expert_names: list[str] | None = None
     for split_name, split in splits.items():
-        where = "" if split_name is None else f" of split {split_name!r}"
-        if route_only:  # no class: the first correctness column holds the rows' place until the new columns are in
-            labels = np.full(len(split), IGNORE_INDEX, dtype=np.int64)
-        else:
-            labels = label_map.ids(split[label_column][:], split.features[label_column], label_column, split_name,
-                                   True)
-        if not route_only and (labels == -1).any():
-            rows = np.flatnonzero(labels == -1)[:5].tolist()
-            raise ValueError(f"label column {label_column!r}{where} has no label in rows {rows} (None, NaN, -1, '-1' "
-                             "and '' mark a missing label; classes numbered -1, 0, 1 need names first).")
-        if not route_only and len(labels) and (labels == IGNORE_INDEX).all():
-            raise ValueError(f"every label of label column {label_column!r}{where} is {IGNORE_INDEX} (ignored).")
-        expert_ids, names_here, sources = (_expert_answers(split, experts, label_map, split_name) if experts
-                                           else (np.zeros((len(split), 0), dtype=np.int64), [], []))
-        names_here, sources = names_here + judged, sources + judged
-        if expert_names is not None and names_here != expert_names:
-            raise ValueError(f"the expert columns hold {names_here}{where} but {expert_names} in the first split.")
-        expert_names = names_here
-        scores = _expert_scores(split, judged, split_name)
-        absent = np.concatenate([expert_ids == -1, np.isnan(scores)], axis=1)  # [N, M]: no answer
-        missing = absent.any(axis=1) if missing_expert != "mask" else np.zeros(len(split), dtype=bool)
-        if missing.any() and missing_expert == "error":
-            row = int(np.flatnonzero(missing)[0])
-            column = sources[int(np.argmax(absent[row]))]
-            raise ValueError(
-                f"expert column {column!r}{where}, row {row}: the annotation is missing (None, -1 or NaN) in "
-                f"{int(missing.sum())} row(s); pass missing_expert='drop' to drop them, or missing_expert='mask' "
-                "to keep them without that expert's answer."
-            )
-        if missing_expert == "mask" and absent.any():
-            logger.info(f"prepare_deferral_dataset: rows{where} answered per expert (of {len(split)}): "
-                        f"{dict(zip(names_here, (~absent).sum(axis=0).tolist()))}")
-        expert_ids = np.where(expert_ids == -1, IGNORE_INDEX, expert_ids)
-        # The label column is kept until the new columns are in: a table without columns has no rows.
-        kept = judged[0] if route_only else label_column
-        out = split.select_columns([*inputs, kept]).rename_columns({**inputs, kept: "_raw_label"})
-        ignored = (labels == IGNORE_INDEX).any()
-        if not route_only:
-            out = out.add_column("labels", labels.tolist(),
-                                 feature=datasets.Value("int64") if ignored else datasets.ClassLabel(names=names))
-        column, values, dtype = "expert_labels", expert_ids, "int64"
-        if judged:  # targets rather than answers: the answers' correctness against the label, then the scores
-            right = np.where((expert_ids == IGNORE_INDEX) | (labels == IGNORE_INDEX)[:, None], IGNORE_INDEX,
-                             (expert_ids == labels[:, None]).astype(np.float64))
-            column, values, dtype = "expert_correct", np.concatenate([right, np.nan_to_num(scores, nan=IGNORE_INDEX)],
-                                                                     axis=1), "float64"
-        if values.shape[1] == 1:
-            out = out.add_column(column, values[:, 0].tolist(), feature=datasets.Value(dtype))
-        else:
-            out = out.add_column(column, values.tolist(), feature=datasets.List(datasets.Value(dtype),
-                                                                                length=values.shape[1]))
-        if side_specs:  # the model's side inputs, as side_feature_tensors makes them for the pipeline
-            values = side_values[split_name]
-            categorical, numeric = side_feature_tensors(side_specs, [dict(zip(values, row))
-                                                                     for row in zip(*values.values())])
-            for name, tensor, dtype in (("side_categorical", categorical, "int64"),
-                                        ("side_numeric", numeric, "float32")):
-                if tensor.shape[1]:
-                    out = out.add_column(name, tensor.tolist(), feature=datasets.List(datasets.Value(dtype),
-                                                                                    length=tensor.shape[1]))
-        out = out.remove_columns("_raw_label")
-        if missing.any():
-            logger.warning(f"prepare_deferral_dataset: dropped {int(missing.sum())} of {len(out)} rows{where} with a "
-                           f"missing expert annotation.")
-            out = out.select(np.flatnonzero(~missing))
-            if len(out) == 0:
-                raise ValueError(f"every row{where} misses an expert annotation: nothing is left after dropping them.")
-        if is_tokenizer:
-            pair = "text_pair" if text_pair_column is not None else None
-
-            def tokenize(batch: dict[str, list]) -> Any:
-                return processor(batch["text"], batch[pair] if pair else None, truncation=True, max_length=max_length)
-
-            out = out.map(tokenize, batched=True, desc="Tokenizing")
-        elif processor is not None:
-            out = out.with_transform(_ImageTransform(processor))
-        prepared[split_name] = out
+        prepared[split_name], expert_names = _prepare_split(split, split_name, request, names, label_map, expert_names,
+                                                            side_specs, side_values[split_name])
     result = prepared[None] if None in prepared else datasets.DatasetDict(prepared)
-    return PreparedDeferralData(result, dict(enumerate(names)), list(expert_names or []), route_only=route_only,
-                                side_features=side_specs)
+    return result, list(expert_names or [])
+
+
+def _prepare_split(split: datasets.Dataset, split_name: Any, request: _Request, names: list[str],
+                   label_map: _LabelMap | None, expected_experts: list[str] | None,
+                   side_specs: list[dict[str, Any]] | None,
+                   side_values: dict[str, list[Any]]) -> tuple[datasets.Dataset, list[str]]:
+    """One split prepared (labels, expert targets, side features; rows missing an answer dropped; inputs
+    processed), and its expert names."""
+    where = _where(split_name)
+    labels = _split_labels(split, split_name, request, label_map)
+    expert_ids, scores, expert_names, sources = _split_experts(split, split_name, request, label_map,
+                                                               expected_experts)
+    missing = _rows_missing_expert(expert_ids, scores, expert_names, sources, request.missing_expert, where)
+    expert_ids = np.where(expert_ids == -1, IGNORE_INDEX, expert_ids)
+    # The label column is kept until the new columns are in: a table without columns has no rows (route-only data:
+    # the first correctness column holds the rows' place).
+    kept = request.judged[0] if request.route_only else request.label_column
+    out = split.select_columns([*request.inputs, kept]).rename_columns({**request.inputs, kept: "_raw_label"})
+    out = _add_targets(out, labels, names, expert_ids, scores, request)
+    if side_specs:
+        out = _add_side_features(out, side_specs, side_values)
+    out = _drop_rows(out.remove_columns("_raw_label"), missing, where)
+    return _attach_processor(out, request), expert_names
+
+
+def _split_labels(split: datasets.Dataset, split_name: Any, request: _Request,
+                  label_map: _LabelMap | None) -> np.ndarray:
+    """A split's class ids (-100: an ignored row; all -100 for route-only data); a missing label is an error."""
+    if request.route_only or label_map is None:
+        return np.full(len(split), IGNORE_INDEX, dtype=np.int64)
+    label_column, where = request.label_column, _where(split_name)
+    labels = label_map.ids(split[label_column][:], split.features[label_column], label_column, split_name, True)
+    if (labels == -1).any():
+        rows = np.flatnonzero(labels == -1)[:5].tolist()
+        raise ValueError(f"label column {label_column!r}{where} has no label in rows {rows} (None, NaN, -1, '-1' "
+                         "and '' mark a missing label; classes numbered -1, 0, 1 need names first).")
+    if len(labels) and (labels == IGNORE_INDEX).all():
+        raise ValueError(f"every label of label column {label_column!r}{where} is {IGNORE_INDEX} (ignored).")
+    return labels
+
+
+def _split_experts(split: datasets.Dataset, split_name: Any, request: _Request, label_map: _LabelMap | None,
+                   expected: list[str] | None) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+    """A split's expert answers (class ids, -1: missing), judged experts' scores (NaN: missing), the expert names
+    (the same as the first split's) and each expert's column."""
+    if request.experts and label_map is not None:
+        expert_ids, names_here, sources = _expert_answers(split, request.experts, label_map, split_name)
+    else:
+        expert_ids, names_here, sources = np.zeros((len(split), 0), dtype=np.int64), [], []
+    names_here, sources = names_here + request.judged, sources + request.judged
+    if expected is not None and names_here != expected:
+        raise ValueError(f"the expert columns hold {names_here}{_where(split_name)} but {expected} in the first "
+                         "split.")
+    return expert_ids, _expert_scores(split, request.judged, split_name), names_here, sources
+
+
+def _rows_missing_expert(expert_ids: np.ndarray, scores: np.ndarray, expert_names: list[str], sources: list[str],
+                         missing_expert: str, where: str) -> np.ndarray:
+    """The rows to drop for a missing annotation (none with `"mask"`, which logs the answers per expert); with
+    `"error"` a missing annotation is an error naming the column and the row."""
+    absent = np.concatenate([expert_ids == -1, np.isnan(scores)], axis=1)  # [N, M]: no answer
+    missing = absent.any(axis=1) if missing_expert != "mask" else np.zeros(len(expert_ids), dtype=bool)
+    if missing.any() and missing_expert == "error":
+        row = int(np.flatnonzero(missing)[0])
+        column = sources[int(np.argmax(absent[row]))]
+        raise ValueError(
+            f"expert column {column!r}{where}, row {row}: the annotation is missing (None, -1 or NaN) in "
+            f"{int(missing.sum())} row(s); pass missing_expert='drop' to drop them, or missing_expert='mask' "
+            "to keep them without that expert's answer."
+        )
+    if missing_expert == "mask" and absent.any():
+        logger.info(f"prepare_deferral_dataset: rows{where} answered per expert (of {len(expert_ids)}): "
+                    f"{dict(zip(expert_names, (~absent).sum(axis=0).tolist()))}")
+    return missing
+
+
+def _add_targets(out: datasets.Dataset, labels: np.ndarray, names: list[str], expert_ids: np.ndarray,
+                 scores: np.ndarray, request: _Request) -> datasets.Dataset:
+    """`out` with `labels` (unless route-only) and `expert_labels`, or `expert_correct` when some experts are judged
+    (the answers' correctness against the label, then the scores; -100 where missing)."""
+    ignored = (labels == IGNORE_INDEX).any()
+    if not request.route_only:
+        out = out.add_column("labels", labels.tolist(),
+                             feature=datasets.Value("int64") if ignored else datasets.ClassLabel(names=names))
+    column, values, dtype = "expert_labels", expert_ids, "int64"
+    if request.judged:  # targets rather than answers: the answers' correctness against the label, then the scores
+        right = np.where((expert_ids == IGNORE_INDEX) | (labels == IGNORE_INDEX)[:, None], IGNORE_INDEX,
+                         (expert_ids == labels[:, None]).astype(np.float64))
+        column, values, dtype = "expert_correct", np.concatenate([right, np.nan_to_num(scores, nan=IGNORE_INDEX)],
+                                                                 axis=1), "float64"
+    if values.shape[1] == 1:
+        return out.add_column(column, values[:, 0].tolist(), feature=datasets.Value(dtype))
+    return out.add_column(column, values.tolist(), feature=datasets.List(datasets.Value(dtype),
+                                                                         length=values.shape[1]))
+
+
+def _add_side_features(out: datasets.Dataset, side_specs: list[dict[str, Any]],
+                       values: dict[str, list[Any]]) -> datasets.Dataset:
+    """`out` with the model's side inputs `side_categorical` / `side_numeric`, as `side_feature_tensors` makes them
+    for the pipeline."""
+    categorical, numeric = side_feature_tensors(side_specs, [dict(zip(values, row)) for row in zip(*values.values())])
+    for name, tensor, dtype in (("side_categorical", categorical, "int64"), ("side_numeric", numeric, "float32")):
+        if tensor.shape[1]:
+            out = out.add_column(name, tensor.tolist(), feature=datasets.List(datasets.Value(dtype),
+                                                                            length=tensor.shape[1]))
+    return out
+
+
+def _drop_rows(out: datasets.Dataset, missing: np.ndarray, where: str) -> datasets.Dataset:
+    """`out` without the rows missing an expert annotation (their count logged); none left is an error."""
+    if not missing.any():
+        return out
+    logger.warning(f"prepare_deferral_dataset: dropped {int(missing.sum())} of {len(out)} rows{where} with a "
+                   f"missing expert annotation.")
+    out = out.select(np.flatnonzero(~missing))
+    if len(out) == 0:
+        raise ValueError(f"every row{where} misses an expert annotation: nothing is left after dropping them.")
+    return out
+
+
+def _attach_processor(out: datasets.Dataset, request: _Request) -> datasets.Dataset:
+    """`out` tokenized (a tokenizer) or turning images into `pixel_values` when read (an image processor)."""
+    processor, max_length = request.processor, request.max_length
+    if isinstance(processor, PreTrainedTokenizerBase):
+        pair = "text_pair" if request.text_pair_column is not None else None
+
+        def tokenize(batch: dict[str, list]) -> Any:
+            return processor(batch["text"], batch[pair] if pair else None, truncation=True, max_length=max_length)
+
+        return out.map(tokenize, batched=True, desc="Tokenizing")
+    if processor is not None:
+        return out.with_transform(_ImageTransform(processor))
+    return out

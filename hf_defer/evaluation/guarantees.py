@@ -8,7 +8,10 @@ calibration sample, the promise holds on the population in at least 90 % of draw
 
 * A deferral budget ([`budget_threshold`]): the exact binomial bound on the population quantile of the margin.
 * An error target ([`error_threshold`]), the system error or the selective error: Learn-then-Test (Angelopoulos et
-  al. 2021) with fixed-sequence testing over a fixed lattice of thresholds, from most deferral to least.
+  al. 2021) with fixed-sequence testing over a fixed lattice of thresholds, from most deferral up and from no
+  deferral down (the level split between the two); with unlabelled inputs too, prediction-powered (Angelopoulos et
+  al. 2023, inside Learn-then-Test as in Einbinder et al. 2024): the model's own predicted losses on them, corrected
+  on the labelled ones.
 * A mean-cost budget, per-expert budgets and all of these together: [`certify_threshold`], one confidence shared
   by a Bonferroni split.
 
@@ -34,8 +37,29 @@ LTT_GRID_STEP = 1e-4
 """The thresholds Learn-then-Test tests: ``0, 1e-4, 2e-4, ...`` (margins are differences of probabilities), fixed
 before the data are seen, as fixed-sequence testing needs; up to the first one above every calibration margin."""
 
+PPI_GRID_STEP = 1e-3
+"""The thresholds the prediction-powered test tests (up to the first above every labelled and unlabelled margin):
+coarser, as each costs a pass over the labelled inputs."""
+
 EXACT_LTT = "Learn-then-Test, fixed-sequence, exact binomial p-values"
 HB_LTT = "Learn-then-Test, fixed-sequence, Hoeffding-Bentkus p-values"
+BOTH_ENDS = "Learn-then-Test, fixed-sequence from both ends"
+PPI_LTT = ("Learn-then-Test, fixed-sequence from both ends, prediction-powered (the model's predicted losses on {n} "
+           "unlabelled inputs, empirical-Bernstein bound, corrected on the labelled ones by a betting test)")
+
+TOP_DOWN_SHARE = 0.02
+"""The error target is tested by two fixed sequences over the lattice, their levels adding up to the test's (a
+Bonferroni split, as Learn-then-Test allows): from ``t = 0`` (most deferral) upwards with ``1 - TOP_DOWN_SHARE`` of
+it, and from the top (no deferral) downwards with ``TOP_DOWN_SHARE``. The first finds the fewest deferrals that keep
+the target where deferring helps; the second reaches "defer little or nothing" where the experts are worse than the
+classifier (issue 42), which the first, stopping at its first failure, never tests. A small share: "defer nothing"
+is either far inside the target (the experts always wrong of issue 42: p = 3.9e-4) or not worth testing, while the
+first sequence's level sets the cost of every certificate (with 0.1 of the level on the second, HateSpeech at
+n = 1,000 refused 20.5 % of 200 draws instead of 17 %; with 0.02, the same 17 %)."""
+
+UNLABELED_SHARE = 0.2
+"""Of a prediction-powered test's level, the share spent on the bound on the unlabelled inputs' mean predicted loss
+(the rest goes to the labelled correction, whose bound is the wider one: far fewer inputs)."""
 
 
 def _hoeffding_bentkus() -> Any:
@@ -56,15 +80,15 @@ def _binom() -> Any:
     return binom
 
 
-def _lattice(margins: np.ndarray) -> np.ndarray:
+def _lattice(margins: np.ndarray, step: float = LTT_GRID_STEP) -> np.ndarray:
     """``0, step, 2 step, ...`` up to the first point above every finite margin (beyond it every point decides alike
     on these inputs)."""
     finite = margins[np.isfinite(margins)]
     top = float(finite.max()) if finite.size else 0.0
-    count = max(0, math.floor(top / LTT_GRID_STEP)) + 2
-    while (count - 1) * LTT_GRID_STEP <= top:
+    count = max(0, math.floor(top / step)) + 2
+    while (count - 1) * step <= top:
         count += 1
-    return np.arange(count) * LTT_GRID_STEP
+    return np.arange(count) * step
 
 
 def _clear(margins: np.ndarray, points: np.ndarray, unit: float) -> np.ndarray:
@@ -118,19 +142,6 @@ def _certified(total: np.ndarray, n_obs: np.ndarray, target: float, binary: bool
     return _fixed_sequence(_p_values(total, n_obs, target, binary), delta)
 
 
-def _smallest_target(total: np.ndarray, n_obs: np.ndarray, delta: float, binary: bool) -> float:
-    """The smallest target at which every one of these hypotheses is rejected at level ``delta`` (a bisection: the
-    p-values fall as the target rises), rounded up to 4 digits."""
-    low, high = 0.0, 1.0
-    for _ in range(40):
-        middle = (low + high) / 2
-        if bool(np.all(_p_values(total, n_obs, middle, binary) <= delta)):
-            high = middle
-        else:
-            low = middle
-    return math.ceil(high * 1e4) / 1e4
-
-
 def _is_binary(values: np.ndarray) -> bool:
     return bool(np.all((values == 0) | (values == 1)))
 
@@ -150,25 +161,135 @@ def _error_sums(margins: np.ndarray, kept_loss: np.ndarray, deferred_loss: np.nd
     return kept_loss.sum() + change, np.full(points.size, n)
 
 
-def _error_threshold(margins: np.ndarray, kept_loss: np.ndarray, deferred_loss: np.ndarray, alpha: float,
-                     selective: bool, delta: float, lattice: np.ndarray, clear: np.ndarray, low: float,
-                     confidence: float, budgets: bool) -> float:
-    """Learn-then-Test over the lattice from ``t = 0``: the certified, clear point with the fewest deferrals at or
-    above ``low``."""
-    binary = _error_binary(kept_loss, deferred_loss, selective)
-    total, n_obs = _error_sums(margins, kept_loss, deferred_loss, selective, lattice)
-    certified = _certified(total, n_obs, alpha, binary, delta)
-    usable = np.flatnonzero(clear[:certified] & (lattice[:certified] >= low))
+def _both_ends(up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    """Which lattice points are certified by the two fixed sequences: ``up`` (the rejections at the first level) read
+    from ``t = 0`` (most deferral) upwards, ``down`` (at the second level) from the top (no deferral) downwards, each
+    stopping at its first hypothesis not rejected."""
+    certified = np.zeros(up.shape, dtype=bool)
+    certified[:_fixed_sequence(~up, 0.5)] = True
+    certified[up.size - _fixed_sequence(~down[::-1], 0.5):] = True
+    return certified
+
+
+def _error_threshold(margins: np.ndarray, test: Any, alpha: float, what: str, delta: float, lattice: np.ndarray,
+                     clear: np.ndarray, low: float, confidence: float, budgets: bool) -> float:
+    """Learn-then-Test over the lattice, two fixed sequences with the level split (``TOP_DOWN_SHARE``): the certified,
+    clear point with the fewest deferrals at or above ``low``. ``test(alpha, level)`` says which hypotheses
+    ``risk(t) > alpha`` are rejected at ``level`` (``test(alpha, level, points)``: among ``lattice[points]``)."""
+    levels = ((1.0 - TOP_DOWN_SHARE) * delta, TOP_DOWN_SHARE * delta)
+    reach = np.flatnonzero(clear & (lattice >= low))
+
+    def certified(target: float) -> np.ndarray:
+        return _both_ends(test(target, levels[0]), test(target, levels[1]))
+
+    usable = reach[certified(alpha)[reach]]
     if usable.size:
         return float(lattice[usable[-1]])
-    reach = np.flatnonzero(clear & (lattice >= low))
-    last = int(reach[0]) if reach.size else lattice.size - 1
-    smallest = _smallest_target(total[:last + 1], n_obs[:last + 1], delta, binary)
-    what = "selective error" if selective else "system error"
+    first, last = (int(reach[0]), int(reach[-1])) if reach.size else (lattice.size - 1, lattice.size - 1)
+
+    def reaches(target: float) -> bool:  # a point of `reach` is certified: all before it on one of the sequences
+        return bool(test(target, levels[0], slice(0, first + 1)).all() or
+                    test(target, levels[1], slice(last, None)).all())
+
+    smallest = _smallest_target(reaches)
     raise ValueError(
         f"max_error {alpha!r} ({what}) cannot be certified at confidence {confidence!r} with {margins.size} "
         f"calibration inputs{' and these budgets' if budgets else ''}: the smallest max_error certified here is "
         f"{smallest:.4g}" + (" (none below 1: more calibration inputs are needed)" if smallest >= 1 else "") + ".")
+
+
+def _smallest_target(reaches: Any) -> float:
+    """The smallest target (rounded up to 4 digits) at which ``reaches(target)`` holds: a bisection (the tests reject
+    more as the target rises), then checked, and raised a step at a time where a rounding leaves it short; 1 when
+    none below 1 does."""
+    low, high = 0.0, 1.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        if reaches(middle):
+            high = middle
+        else:
+            low = middle
+    smallest = math.ceil(high * 1e4) / 1e4
+    while smallest < 1 and not reaches(smallest):
+        smallest = min(1.0, smallest + 1e-4)
+    return smallest
+
+
+def _bernstein_upper(total: np.ndarray, squares: np.ndarray, count: int, level: float) -> np.ndarray:
+    """An upper confidence bound at ``level`` on the mean of i.i.d. values in [0, 1] from their sum and sum of squares
+    over ``count`` of them: the empirical Bernstein bound of Maurer & Pontil (2009, Theorem 4), capped at 1."""
+    if count < 2:
+        return np.ones(total.shape)
+    mean = total / count
+    variance = np.maximum(squares - count * mean ** 2, 0.0) / (count - 1)
+    log = math.log(2.0 / level)
+    return np.minimum(1.0, mean + np.sqrt(2.0 * variance * log / count) + 7.0 * log / (3.0 * (count - 1)))
+
+
+def _betting_rejects(z: np.ndarray, null: np.ndarray, level: float) -> np.ndarray:
+    """Per row of ``z`` (``[R, n]``: values in [-1, 1] in the inputs' own order), whether the betting test rejects
+    ``mean(z) >= null`` (the row's entry) at ``level``: the capital ``prod_i (1 + l_i (null - z_i))`` reaches
+    ``1 / level`` (Ville's inequality: under the null it is a non-negative supermartingale). The bets ``l_i`` are
+    predictable (from ``z_1 .. z_{i-1}``: ``sqrt(2 log(1 / level) / (n s^2))`` with the running variance ``s^2``, the
+    plug-in bets of Waudby-Smith & Ramdas, 2024) and at most 1/2, so no factor is negative (``null >= -1``) and the
+    capital only grows with ``null``."""
+    n = z.shape[1]
+    steps = np.arange(1, n + 1)
+    means = np.cumsum(z, axis=1) / (steps + 1)  # running means with a prior of 0, weight 1
+    variances = (0.25 + np.cumsum((z - means) ** 2, axis=1)) / (steps + 1)
+    before = np.hstack([np.full((z.shape[0], 1), 0.25), variances[:, :-1]])  # predictable: up to the one before
+    bets = np.minimum(np.sqrt(2.0 * math.log(1.0 / level) / (n * before)), 0.5)
+    capital = np.cumsum(np.log1p(bets * (null[:, None] - z)), axis=1)
+    return capital.max(axis=1) >= math.log(1.0 / level)
+
+
+def _ppi_test(margins: np.ndarray, kept_loss: np.ndarray, deferred_loss: np.ndarray, predicted: tuple,
+              unlabeled: tuple, lattice: np.ndarray, selective: bool) -> Any:
+    """``test(alpha, level)`` for prediction-powered Learn-then-Test (Angelopoulos et al. 2023, inside Learn-then-Test
+    as in Einbinder et al. 2024). At a threshold ``t`` the loss is ``L_t`` (the expert's where deferred, the
+    classifier's elsewhere; for the selective risk the deferred inputs count ``alpha``:
+    ``E[loss_if_kept; kept] <= alpha P(kept)`` iff ``E[L_t] <= alpha``) and the model predicts it, ``f_t``, in
+    [0, 1]. ``E[L_t] = E[f_t] + E[L_t - f_t]``: the first mean is bounded on the unlabelled inputs
+    ([`_bernstein_upper`], at ``UNLABELED_SHARE`` of the level), the second on the labelled ones by a betting test
+    ([`_betting_rejects`], the rest of the level). The two samples are independent, so the union bound makes the test
+    valid at ``level`` whatever the predictions are worth: poor ones widen the correction, never bias it."""
+    predicted_kept, predicted_deferred = predicted
+    u_margins, u_kept, u_deferred = unlabeled
+    count = u_margins.size
+    z_kept = kept_loss - predicted_kept
+    z_deferred = np.zeros(margins.size) if selective else deferred_loss - predicted_deferred
+    rows = max(1, 2_000_000 // max(margins.size, 1))  # lattice points per block: [rows, n] at most 2e6 values
+
+    def test(alpha: float, level: float, points: slice = slice(None)) -> np.ndarray:
+        chosen = lattice[points]
+        deferred_u = np.full(count, alpha) if selective else u_deferred
+        total, _ = _above(u_margins, deferred_u - u_kept, chosen)
+        squares, _ = _above(u_margins, deferred_u ** 2 - u_kept ** 2, chosen)
+        upper = _bernstein_upper(u_kept.sum() + total, (u_kept ** 2).sum() + squares, count, UNLABELED_SHARE * level)
+        null = alpha - upper  # reject E[L - f] >= alpha - upper: then E[L] <= alpha (unless the bound failed)
+        rejected = np.zeros(chosen.size, dtype=bool)
+        for start in range(0, chosen.size, rows):
+            block = chosen[start:start + rows]
+            z = np.where(margins[None, :] > block[:, None], z_deferred[None, :], z_kept[None, :])
+            rejected[start:start + rows] = _betting_rejects(z, null[start:start + rows],
+                                                            (1.0 - UNLABELED_SHARE) * level)
+        return rejected
+
+    return test
+
+
+def _p_value_test(total: np.ndarray, n_obs: np.ndarray, binary: bool) -> Any:
+    """``test(alpha, level)``: the hypotheses whose p-value ([`_p_values`]) is at most ``level`` (the p-values of the
+    last target asked are kept: the two sequences ask the same one at two levels)."""
+    last: dict[float, np.ndarray] = {}
+
+    def test(alpha: float, level: float, points: slice = slice(None)) -> np.ndarray:
+        if alpha not in last:
+            last.clear()
+            last[alpha] = _p_values(total, n_obs, alpha, binary)
+        return last[alpha][points] <= level
+
+    return test
 
 
 def _scaled_costs(margins: np.ndarray, cost_if_deferred: Any, max_mean_cost: Any,
@@ -431,6 +552,9 @@ def certify_threshold(
     max_mean_cost: float | None = None,
     cost_if_deferred: Any = None,
     cost_bound: float | None = None,
+    predicted_if_kept: Any = None,
+    predicted_if_deferred: Any = None,
+    unlabeled: Mapping[str, Any] | None = None,
 ) -> DeferralGuarantee:
     """The threshold that keeps every promise given, all together with probability at least ``confidence``.
 
@@ -449,10 +573,19 @@ def certify_threshold(
       mean at most ``alpha`` (with ``selective=True``: the mean of ``loss_if_kept`` over the inputs kept, the
       selective risk of Geifman & El-Yaniv 2017, each test given the number kept). Learn-then-Test (Angelopoulos et
       al. 2021): one hypothesis ``risk(t) > alpha`` per lattice point, fixed before the data; p-values exact binomial
-      for 0/1 losses, else MAPIE's Hoeffding-Bentkus (losses in [0, 1]); MAPIE's fixed-sequence test from ``t = 0``
-      (most deferral) upwards. Every rejected hypothesis is certified; the answer is the one with the fewest
-      deferrals that also meets the budgets. When none does, a `ValueError` names the smallest ``alpha`` that
-      would be certified with these inputs.
+      for 0/1 losses, else MAPIE's Hoeffding-Bentkus (losses in [0, 1]); two fixed-sequence tests, from ``t = 0``
+      (most deferral) upwards at ``1 - TOP_DOWN_SHARE`` of the level and from the top (no deferral) downwards at
+      ``TOP_DOWN_SHARE`` of it, so that "defer nothing" is reached where the experts are worse than the classifier.
+      Every rejected hypothesis is certified; the answer is the one with the fewest deferrals that also meets the
+      budgets. When none does, a `ValueError` names the smallest ``alpha`` that would be certified with these
+      inputs (checked: calibrating at that target succeeds).
+    * **error, prediction-powered** (``unlabeled`` given): the same hypotheses and sequences, each tested on
+      ``E[L_t] = E[f_t] + E[L_t - f_t]``, ``f_t`` the model's predicted loss (``predicted_if_kept`` where it
+      answers, ``predicted_if_deferred`` where it defers, on a lattice of step ``PPI_GRID_STEP``): the first mean
+      bounded on the unlabelled inputs (empirical Bernstein), the second on the labelled ones (a betting test, whose
+      width follows the variance of ``L - f``: small where the predictions are sharp and calibrated). Valid whatever
+      the predictions are worth; cheaper than the labelled test alone only where the predictions explain most of
+      the loss (the betting test is wider than the exact binomial one at equal variance).
 
     With no error target the answer defers as much as the budgets allow (the tightest certified threshold). The
     threshold is never below 0 and never closer than ``MARGIN_TOLERANCE`` to a calibration margin (only moved towards
@@ -474,6 +607,12 @@ def certify_threshold(
         max_mean_cost (`float`, *optional*): the budget on the mean cost per input.
         cost_if_deferred (array-like `[N]`): each input's cost if deferred (non-negative).
         cost_bound (`float`, *optional*): the largest cost any input can have; defaults to the largest given.
+        predicted_if_kept, predicted_if_deferred (array-like of `float` in [0, 1], `[N]`, *optional*): the model's
+            prediction of each labelled input's loss either way (e.g. ``1 -`` its probability of its answer, ``1 -``
+            the chosen expert's estimated accuracy), for the prediction-powered test.
+        unlabeled (`dict`, *optional*): inputs from the same distribution without labels: ``{"margins": [U],
+            "predicted_if_kept": [U], "predicted_if_deferred": [U]}`` (the last not needed with ``selective``);
+            with ``max_error`` it makes the error test prediction-powered.
 
     Returns:
         [`DeferralGuarantee`]: the threshold, and the claims with their bounds and values on the calibration inputs.
@@ -508,6 +647,7 @@ def certify_threshold(
         kept_loss = _check_losses("loss_if_kept", loss_if_kept, n)
         deferred_loss = (np.zeros(n) if loss_if_deferred is None else
                          _check_losses("loss_if_deferred", loss_if_deferred, n, allow_nan=np.isneginf(margins)))
+    predictions = _check_predictions(margins, predicted_if_kept, predicted_if_deferred, unlabeled, max_error, selective)
     if max_mean_cost is not None:
         costs, budget, bound = _scaled_costs(margins, cost_if_deferred, max_mean_cost, cost_bound)
     trivial_cost = max_mean_cost is not None and budget >= 1  # no price can exceed it: nothing to test
@@ -541,11 +681,22 @@ def certify_threshold(
                        "bound": "always (no input can cost more)", "confidence": 1.0})
     threshold = low
     if max_error is not None:
-        threshold = _error_threshold(margins, kept_loss, deferred_loss, alpha, selective, delta, lattice, clear, low,
-                                     confidence, bool(rates or max_mean_cost is not None))
-        claims.append({"kind": "selective_error" if selective else "system_error", "target": alpha,
-                       "bound": EXACT_LTT if _error_binary(kept_loss, deferred_loss, selective) else HB_LTT,
-                       "confidence": share})
+        binary = _error_binary(kept_loss, deferred_loss, selective)
+        if predictions is None:
+            test = _p_value_test(*_error_sums(margins, kept_loss, deferred_loss, selective, lattice), binary)
+            points, bound = (lattice, clear), (f"{BOTH_ENDS}, {'exact binomial' if binary else 'Hoeffding-Bentkus'} "
+                                               "p-values")
+        else:
+            every = np.concatenate([margins, predictions[2][0]])
+            points = (_lattice(every, PPI_GRID_STEP),)
+            points += (_clear(margins, points[0], MARGIN_TOLERANCE),)
+            test = _ppi_test(margins, kept_loss, deferred_loss, predictions[:2], predictions[2], points[0], selective)
+            bound = PPI_LTT.format(n=predictions[2][0].size)
+        threshold = _error_threshold(margins, test, alpha, "selective error" if selective else "system error", delta,
+                                     *points, low, confidence, bool(rates or max_mean_cost is not None))
+        claims.append({"kind": "selective_error" if selective else "system_error", "target": alpha, "bound": bound,
+                       "confidence": share, "method": "learn_then_test" if predictions is None else
+                       "prediction_powered"} | ({} if predictions is None else {"unlabeled": predictions[2][0].size}))
     values = {"experts": experts}
     if max_error is not None:
         values.update(kept_loss=kept_loss, deferred_loss=deferred_loss)
@@ -554,6 +705,42 @@ def certify_threshold(
     for claim in claims:
         claim["observed"] = _observed(claim, margins > threshold, values)
     return DeferralGuarantee(threshold=float(threshold), confidence=confidence, n=n, claims=claims)
+
+
+def _check_predictions(margins: np.ndarray, predicted_if_kept: Any, predicted_if_deferred: Any,
+                       unlabeled: Mapping[str, Any] | None, max_error: Any, selective: bool) -> tuple | None:
+    """The labelled inputs' predicted losses and the unlabelled inputs' (margins, predicted losses), checked; `None`
+    without ``unlabeled``."""
+    if unlabeled is None:
+        if predicted_if_kept is not None or predicted_if_deferred is not None:
+            raise ValueError("predicted_if_kept / predicted_if_deferred are given without unlabeled=: the predicted "
+                             "losses serve the prediction-powered test, which needs the unlabelled inputs too.")
+        return None
+    if max_error is None:
+        raise ValueError("unlabeled= serves the error target: give max_error (budgets need no labels at all).")
+    if not isinstance(unlabeled, Mapping) or set(unlabeled) - {"margins", "predicted_if_kept",
+                                                                "predicted_if_deferred"}:
+        raise ValueError("unlabeled must be a dict with 'margins', 'predicted_if_kept' and (unless selective) "
+                         f"'predicted_if_deferred', got {unlabeled!r:.200}.")
+    needed = ["predicted_if_kept"] + ([] if selective else ["predicted_if_deferred"])
+    if "margins" not in unlabeled or any(name not in unlabeled for name in needed):
+        raise ValueError(f"unlabeled needs 'margins' and {needed}, got the keys {sorted(unlabeled)}.")
+    if predicted_if_kept is None or (predicted_if_deferred is None and not selective):
+        raise ValueError("unlabeled= needs the labelled inputs' predicted losses too: predicted_if_kept and (unless "
+                         "selective) predicted_if_deferred.")
+    n = margins.size
+    kept = _check_losses("predicted_if_kept", predicted_if_kept, n)
+    deferred = (np.zeros(n) if predicted_if_deferred is None else
+                _check_losses("predicted_if_deferred", predicted_if_deferred, n, allow_nan=np.isneginf(margins)))
+    try:
+        u_margins = _check_margins(unlabeled["margins"])
+    except ValueError as error:
+        raise ValueError(f"unlabeled['margins']: {error}") from None
+    u_kept = _check_losses("unlabeled['predicted_if_kept']", unlabeled["predicted_if_kept"], u_margins.size)
+    u_deferred = (np.zeros(u_margins.size) if unlabeled.get("predicted_if_deferred") is None else
+                  _check_losses("unlabeled['predicted_if_deferred']", unlabeled["predicted_if_deferred"],
+                                u_margins.size, allow_nan=np.isneginf(u_margins)))
+    return kept, deferred, (u_margins, u_kept, u_deferred)
 
 
 def _observed(claim: dict[str, Any], deferred: np.ndarray, values: dict[str, Any]) -> float:

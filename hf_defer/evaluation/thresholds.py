@@ -84,6 +84,7 @@ def calibrate_deferral(
     labels: Any = None,
     expert_labels: Any = None,
     expert_correct: Any = None,
+    unlabeled: Any = None,
     **processor_kwargs: Any,
 ) -> float:
     """Sets the deferral threshold so that at most ``max_deferral_rate`` of held-out inputs go to an expert, or, with
@@ -101,6 +102,10 @@ def calibrate_deferral(
       those names; rows labelled -100 are left out. The decisions are the pipeline's, made with no knowledge of
       who answered: an input deferred to an expert with no recorded answer (-100) counts as an error, so the bound
       holds whatever that expert would have said. A `ValueError` names the smallest ``alpha`` certifiable.
+      With ``unlabeled`` (more inputs, no labels): the prediction-powered test ([`certify_threshold`]) spends them
+      and the model's own estimates (``1 -`` its probability of its answer where it answers, ``1 -`` the chosen
+      expert's estimated accuracy where it defers) on the target, the labelled inputs correcting the estimates' bias;
+      valid whatever the estimates are worth, and cheaper than the labelled inputs alone only where they are sharp.
     * ``max_mean_cost=P``: the mean price per input (``expert_costs``) at most ``P``.
 
     What was certified is recorded in ``model.config.deferral_guarantee`` (claims, ``n``, date, costs, experts and
@@ -150,6 +155,9 @@ def calibrate_deferral(
         max_mean_cost (`float`, *optional*): the budget on the mean cost per input.
         labels / expert_labels / expert_correct (array-like, *optional*): for ``max_error``, instead of the dataset's
             columns: ``[N]`` classes, ``[N, M]`` answers or correctness (-100 where missing).
+        unlabeled (`datasets.Dataset` or `list`, *optional*): for ``max_error``, inputs from the same distribution
+            without labels (as ``dataset`` takes them), for the prediction-powered test; every expert must have
+            answered every labelled row, and ``available_experts`` (if given) must hold for the whole call.
 
     Returns:
         `float`: the threshold, also in ``model.config.defer_threshold``.
@@ -210,25 +218,31 @@ def calibrate_deferral(
             raise ValueError("max_error needs a model with a class head; a route-only model takes a budget "
                              "(max_deferral_rate, max_mean_cost).")
         targets = _targets(dataset, labels, expert_labels, expert_correct, count, len(names))
+    if unlabeled is not None:
+        if max_error is None:
+            raise ValueError("unlabeled= serves the error target: give max_error (budgets need no labels at all).")
+        if not targets[2].all() or (available_experts is not None and
+                                     parse_available_experts(available_experts, names)[0]):
+            raise ValueError("unlabeled= needs every expert to have answered every labelled row and availability "
+                             "given for the whole call (not per input): who would answer an unlabelled input is "
+                             "not known.")
     inputs, availability = _with_experts(inputs, count, available_experts, names)
     if availability is not None:
         processor_kwargs = {**processor_kwargs, "available_experts": availability}
-    # At threshold 0 the pipeline's own decisions (today's rule); certifying, a threshold below every margin names the
-    # expert each input would go to.
-    with warnings.catch_warnings():  # calibrating is not deciding: a former guarantee has nothing to say about it
-        warnings.filterwarnings("ignore", message="this call is not covered by the model's deferral guarantee")
-        warnings.filterwarnings("ignore", message="this call decides with .* was calibrated")
-        outputs = pipe(inputs, batch_size=batch_size, expert_costs=costs,
-                       defer_threshold=-1e300 if certified else 0.0, return_margin=True, **processor_kwargs)
-    margins, deferred = np.empty(count), np.empty(count, dtype=bool)
-    chosen, predicted = np.full(count, -1), np.full(count, -1)
-    index = {name: j for j, name in enumerate(names)}
-    classes = {name: k for k, name in (config.id2label or {}).items()}
-    for i, out in enumerate(tqdm(outputs, total=count, desc="Calibrating deferral",
-                                 disable=count < 1000 or are_progress_bars_disabled())):
-        margins[i], deferred[i] = out["margin"], out["defer"]
-        chosen[i] = index.get(out["expert"], -1)
-        predicted[i] = classes.get(out.get("class_label"), -1)
+    margins, deferred, chosen, predicted, estimated = _run(pipe, inputs, count, batch_size, costs, certified, names,
+                                                           processor_kwargs)
+    others = None
+    if unlabeled is not None:
+        extra, extra_count = _pipeline_inputs(unlabeled, pipe.input_kind)
+        if extra_count == 0:
+            raise ValueError("unlabeled is empty: give the inputs without labels, or leave it out.")
+        options = {key: value for key, value in processor_kwargs.items() if key != "available_experts"}
+        if available_experts is not None:
+            options["available_experts"] = available_experts
+        u_margins, _, _, _, u_estimated = _run(pipe, extra, extra_count, min(batch_size, extra_count), costs,
+                                                      True, names, options)
+        others = {"margins": u_margins, "predicted_if_kept": u_estimated[0],
+                  "predicted_if_deferred": u_estimated[1]}
     if np.isposinf(margins).any():  # a route-only default expert left out: deferred at any threshold; above all others
         margins[np.isposinf(margins)] = max(0.0, float(margins[np.isfinite(margins)].max(initial=0.0))) + 1.0
     if not certified:
@@ -237,7 +251,8 @@ def calibrate_deferral(
     else:
         threshold = _certify(margins, chosen, predicted, targets, names, costs, confidence=confidence,
                              max_deferral_rate=max_deferral_rate, max_error=max_error, selective=selective,
-                             max_mean_cost=max_mean_cost, config=config, available_experts=available_experts)
+                             max_mean_cost=max_mean_cost, config=config, available_experts=available_experts,
+                             estimated=estimated if others is not None else None, unlabeled=others)
     config.defer_threshold = threshold
     if costs is not None:
         config.expert_costs = [float(cost) for cost in costs]
@@ -299,8 +314,35 @@ def _with_experts(inputs: Iterator[Any], count: int, available_experts: Any,
     return (InputWithAvailability(item, row) for item, row in zip(inputs, mask)), None
 
 
+def _run(pipe: Any, inputs: Iterator[Any], count: int, batch_size: int, costs: Any, certified: bool,
+         names: list[str], processor_kwargs: dict[str, Any]) -> tuple[np.ndarray, ...]:
+    """The pipeline over the inputs: margins, decisions at threshold 0, the chosen expert and class (-1: none), and
+    the model's predicted losses (1 - its probability of its answer, 1 - the chosen expert's estimated accuracy)."""
+    # At threshold 0 the pipeline's own decisions (today's rule); certifying, a threshold below every margin names the
+    # expert each input would go to.
+    with warnings.catch_warnings():  # calibrating is not deciding: a former guarantee has nothing to say about it
+        warnings.filterwarnings("ignore", message="this call is not covered by the model's deferral guarantee")
+        warnings.filterwarnings("ignore", message="this call decides with .* was calibrated")
+        outputs = pipe(inputs, batch_size=batch_size, expert_costs=costs,
+                       defer_threshold=-1e300 if certified else 0.0, return_margin=True, **processor_kwargs)
+    margins, deferred = np.empty(count), np.empty(count, dtype=bool)
+    chosen, predicted = np.full(count, -1), np.full(count, -1)
+    estimated = np.zeros((2, count))
+    index = {name: j for j, name in enumerate(names)}
+    classes = {name: k for k, name in (pipe.model.config.id2label or {}).items()}
+    for i, out in enumerate(tqdm(outputs, total=count, desc="Calibrating deferral",
+                                 disable=count < 1000 or are_progress_bars_disabled())):
+        margins[i], deferred[i] = out["margin"], out["defer"]
+        chosen[i] = index.get(out["expert"], -1)
+        predicted[i] = classes.get(out.get("class_label"), -1)
+        estimated[0, i] = 1.0 - float(out.get("class_score", 0.0))
+        estimated[1, i] = 1.0 - out["expert_accuracy"][chosen[i]] if chosen[i] >= 0 else estimated[0, i]
+    return margins, deferred, chosen, predicted, np.clip(estimated, 0.0, 1.0)
+
+
 def _certify(margins: np.ndarray, chosen: np.ndarray, predicted: np.ndarray, targets: tuple | None,
              names: list[str], costs: list[float] | None, *, config: Any, available_experts: Any,
+             estimated: np.ndarray | None = None, unlabeled: dict[str, np.ndarray] | None = None,
              **promises: Any) -> float:
     """[`certify_threshold`] on what the pipeline found, recorded in ``config.deferral_guarantee``."""
     rates = promises["max_deferral_rate"]
@@ -323,6 +365,9 @@ def _certify(margins: np.ndarray, chosen: np.ndarray, predicted: np.ndarray, tar
             raise ValueError("max_mean_cost needs expert_costs (the price of each expert), some above 0.")
         losses["cost_if_deferred"] = np.where(chosen >= 0, np.asarray(costs)[np.maximum(chosen, 0)], np.nan)[keep]
         losses["cost_bound"] = float(max(costs))
+    if unlabeled is not None:
+        losses.update(predicted_if_kept=estimated[0][keep], predicted_if_deferred=estimated[1][keep],
+                      unlabeled=unlabeled)
     guarantee = certify_threshold(margins[keep], experts=experts[keep], **promises, **losses)
     config.deferral_guarantee = {
         **guarantee.to_dict(), "date": date.today().isoformat(), "expert_names": names,

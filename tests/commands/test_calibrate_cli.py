@@ -131,3 +131,51 @@ def test_calibrate_rewrites_the_card_of_the_folder_it_writes(saved, tmp_path, ca
     assert hf_defer_main([*argv, "--overwrite"]) == 0
     assert (tmp_path / "model" / "README.md").read_text() == "# my own notes\n"
     assert "not written by hf_defer, was left as it is" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["alice=0.1,alice=0.5", "alice=0.1, alice =0.1"])
+def test_a_budget_given_twice_for_one_expert_is_an_error(value):
+    """Issue 42: `alice=0.1,alice=0.5` kept 0.5 and dropped the stricter 0.1; a repeated name is refused, named."""
+    from hf_defer.commands.calibrate import parse_rates
+
+    with pytest.raises(ValueError, match=r"--max_deferral_rate names 'alice' more than once"):
+        parse_rates(value, ["alice", "bob"])
+    assert parse_rates("alice=0.1,bob=0.5", ["alice", "bob"]) == {"alice": 0.1, "bob": 0.5}
+
+
+def test_an_expert_column_given_twice_is_an_error():
+    from hf_defer.commands.evaluate import match_expert_columns
+
+    with pytest.raises(ValueError, match="named more than once"):
+        match_expert_columns(["alice=a", "alice=b", "bob=c"], ["alice", "bob"])
+
+
+def test_calibrate_with_unlabeled_file_is_prediction_powered(saved, tmp_path, capsys):
+    """Issue 47: --unlabeled_file runs the prediction-powered test; the record names the method and the number of
+    unlabelled inputs, and the threshold is the library's on the same inputs."""
+    model, table = saved
+    labelled = pd.read_csv(table)
+    labelled["bob"] = labelled["bob"].fillna(labelled["label"])  # the unlabelled test needs every expert's answer
+    labelled.to_csv(tmp_path / "cal.csv", index=False)
+    rng = np.random.default_rng(1)
+    texts = [" ".join(rng.choice(WORDS, size=rng.integers(2, 6))) for _ in range(500)]
+    pd.DataFrame({"review": texts}).to_csv(tmp_path / "unlabeled.csv", index=False)
+    argv = ["calibrate", "--model", str(model), "--input", str(tmp_path / "cal.csv"), "--text_column_name", "review",
+            "--max_error", "0.3", "--confidence", "0.9", "--unlabeled_file", str(tmp_path / "unlabeled.csv"),
+            "--output_dir", str(tmp_path / "out")]
+    assert hf_defer_main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    claim = summary["deferral_guarantee"]["claims"][0]
+    assert claim["method"] == "prediction_powered" and claim["unlabeled"] == 500
+    assert "prediction-powered" in claim["bound"] and "prediction-powered" in summary["statement"]
+    expected = EncoderForDeferral.from_pretrained(model)
+    threshold = calibrate_deferral(expected, labelled["review"].tolist(), max_error=0.3, confidence=0.9,
+                                   labels=labelled["label"].map(CLASSES.index).to_numpy(),
+                                   expert_labels=np.stack([labelled[name].map(CLASSES.index) for name in
+                                                           ("alice", "bob")], axis=1),
+                                   unlabeled=texts, tokenizer=BertTokenizer.from_pretrained(model), truncation=True,
+                                   max_length=32)
+    assert summary["defer_threshold"] == pytest.approx(threshold, abs=1e-6)
+    argv[argv.index(str(tmp_path / "cal.csv"))] = str(table)  # bob did not answer some rows: who would, unlabelled?
+    assert hf_defer_main([*argv[:-1], str(tmp_path / "out2"), "--missing_expert", "mask"]) == 2
+    assert "every expert to have answered every labelled row" in capsys.readouterr().err

@@ -439,11 +439,14 @@ def test_encoder_model_rejects_features_and_missing_inputs():
 
 @pytest.mark.parametrize(("make_dir", "error"), [(False, OSError), (True, ValueError)])
 def test_unloadable_encoder_path_names_the_path(tmp_path, make_dir, error):
-    """A missing folder is an OSError; a folder without a model config a ValueError; both name the path."""
+    """A missing folder is an OSError (named before transformers is asked: hf_defer.hub.resolve_model_name); a folder
+    without a model config a ValueError; both name the path."""
     path = tmp_path / "no_such_encoder"
     if make_dir:
         path.mkdir()
-    with pytest.raises(error, match=r"could not load an encoder from name_or_path='.*no_such_encoder'"):
+    named = (r"could not load an encoder from name_or_path='.*no_such_encoder'" if make_dir else
+             r"name_or_path '.*no_such_encoder': no folder '.*no_such_encoder' exists")
+    with pytest.raises(error, match=named):
         EncoderForDeferral.from_encoder_pretrained(str(path), num_labels=2)
 
 

@@ -13,6 +13,7 @@ import logging
 import httpx
 import openai
 import pytest
+from hypothesis_profiles import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -251,7 +252,7 @@ BODY = st.fixed_dictionaries({}, optional={"model": st.sampled_from(["hf-defer-r
                                            "stream": st.just(False) | JSON, "metadata": JSON})
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=BODY)
 def test_no_request_body_makes_the_server_fail(served, body):
     """Any JSON object with the chat fields of any type: a 200 from an upstream, or a 4xx in OpenAI's shape; never a

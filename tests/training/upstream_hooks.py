@@ -214,6 +214,14 @@ UPSTREAM_HOOKS: tuple[UpstreamHook, ...] = (
         referenced_by=("datasets.Dataset.__init__",), instance_attribute=True),
     # argparse (the standard library): the flag checks read the parser's tables instead of parsing twice.
     UpstreamHook(
+        "argparse.HelpFormatter._format_text", "override", "hf_defer.commands.flags.PlainHelpFormatter._format_text",
+        "formats a parser's description and epilog; overridden to strip docstring markup from --help",
+        ("self", "text"), ("argparse.HelpFormatter.add_text",)),
+    UpstreamHook(
+        "argparse.HelpFormatter._expand_help", "override", "hf_defer.commands.flags.PlainHelpFormatter._expand_help",
+        "expands one flag's help (its %(default)s); overridden to strip docstring markup from --help",
+        ("self", "action"), ("argparse.HelpFormatter._format_action",)),
+    UpstreamHook(
         "argparse.ArgumentParser._actions", "read", "hf_defer.commands.flags, arguments and cli",
         "every flag of a parser (its dest and option strings): the names a mistyped flag is matched against",
         referenced_by=("argparse._ActionsContainer.__init__",), instance_attribute=True),
