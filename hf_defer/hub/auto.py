@@ -93,14 +93,20 @@ class AutoModelForDeferral:
         A folder or repository holding only a PEFT adapter (``adapter_config.json``, as `save_pretrained` of a model
         with adapters writes it) loads its base model (``base_model_name_or_path``) with the adapter on top, as
         transformers' own auto classes do. A name that is neither a folder here nor a Hub id that can be loaded fails at
-        once, saying both ([`resolve_model_name`]).
+        once, saying both ([`resolve_model_name`]). A folder that `hf-defer export --onnx` wrote (an ONNX graph and no
+        PyTorch weights) loads as an [`~hf_defer.onnx.ORTModelForDeferral`] (the `onnx` extra), so that
+        `pipeline("deferral", model=folder)` runs it with ONNX Runtime.
         """
         if not (kwargs.get("local_files_only") or kwargs.get("subfolder")):  # a missing folder is named at once
             pretrained_model_name_or_path = resolve_model_name(
                 pretrained_model_name_or_path, "pretrained_model_name_or_path", token=kwargs.get("token"),
                 revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"))
-        config = kwargs.pop("config", None)
         path = os.fspath(pretrained_model_name_or_path)
+        if _is_onnx_export(path):
+            from ..onnx.modeling_ort import ORTModelForDeferral
+
+            return ORTModelForDeferral.from_pretrained(path, file_name=kwargs.get("file_name"))
+        config = kwargs.pop("config", None)
         config_source = pretrained_model_name_or_path
         if config is None and not os.path.isfile(os.path.join(path, CONFIG_NAME)) and is_peft_available():
             # an adapter folder: the config is the base model's; `from_pretrained` itself loads the base and the
@@ -116,6 +122,14 @@ class AutoModelForDeferral:
         model_class = cls._model_class(config)
         kwargs.pop("trust_remote_code", None)
         return model_class.from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
+
+
+def _is_onnx_export(path: str) -> bool:
+    """Whether `path` is a local folder holding an ONNX export of a deferral model and no PyTorch weights."""
+    if not os.path.isdir(path) or not any(name.endswith(".onnx") for name in os.listdir(path)):
+        return False
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+    return not any(os.path.isfile(os.path.join(path, name)) for name in weights)
 
 
 def _register() -> None:

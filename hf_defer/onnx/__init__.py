@@ -4,10 +4,23 @@
 
 Needs the `onnx` extra (`pip install 'hf-defer[onnx]'`: `onnxruntime` and `onnx`); importing this package does not
 import either, a call that needs them says which extra to install. Imports modeling and experts (a head-only router
-put on its sentence encoder before export); never training, hub, commands, review or serving.
+put on its sentence encoder before export); never training, hub, commands, review or serving. Each name is imported
+from its module when first read (`hf_defer._lazy`).
 """
 
-from .export import export_onnx, require_onnx
-from .modeling_ort import ORTModelForDeferral, onnx_pipeline
+from typing import TYPE_CHECKING
 
-__all__ = ["ORTModelForDeferral", "export_onnx", "onnx_pipeline", "require_onnx"]
+from .._lazy import lazy_exports
+
+_EXPORTS = {
+    "ORTModelForDeferral": "modeling_ort",
+    "export_onnx": "export",
+    "onnx_pipeline": "modeling_ort",
+    "require_onnx": "export",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from .export import export_onnx, require_onnx
+    from .modeling_ort import ORTModelForDeferral, onnx_pipeline

@@ -52,6 +52,10 @@ def test_the_pipeline_over_onnx_decides_as_the_pytorch_pipeline(folders):
     # the transformers factory takes the model object, as with optimum's ORTModel classes
     same = pipeline("deferral", model=ORTModelForDeferral.from_pretrained(onnx_folder), tokenizer=str(onnx_folder))
     assert [out["label"] for out in same(TEXTS)] == [out["label"] for out in expected]
+    # and the exported folder by its name: AutoModelForDeferral loads an ONNX export as an ORTModelForDeferral
+    by_name = pipeline("deferral", model=str(onnx_folder))
+    assert isinstance(by_name.model, ORTModelForDeferral)
+    assert [out["label"] for out in by_name(TEXTS)] == [out["label"] for out in expected]
 
 
 def test_from_pretrained_says_what_is_missing(folders, tmp_path):
