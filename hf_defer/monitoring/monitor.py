@@ -296,13 +296,17 @@ class DeferralMonitor:
     not_monitored: list[str] = []
 
     def recalibrate(self, outputs: Sequence[Mapping[str, Any]], labels: Sequence[Any], *,
-                    expert_answers: Sequence[Any] | None = None, min_rows: int = 10) -> "DeferralMonitor":
+                    expert_answers: Sequence[Any] | None = None, min_rows: int = 10,
+                    cross_check: bool = True) -> "DeferralMonitor":
         """Recalibrates the label-free estimate on labelled reference rows (the calibration inputs, or any labelled
         set from the population the targets were certified on), as NannyML's CBPE does: an isotonic regression
         (scikit-learn's ``IsotonicRegression``, a monotone map fitted to what happened) of whether the classifier
         was right on its ``class_score``, and of whether each expert was right on its estimated accuracy; a
-        route-only model's ``estimated_accuracy`` against its 0/1 labels. The ``estimated_error`` channel is then fed
-        the recalibrated chances. Call it before the first [`~DeferralMonitor.update`].
+        route-only model's ``estimated_accuracy`` against its 0/1 labels. Each map is fitted on the rows where the
+        estimate uses it: the classifier's on the rows it keeps, an expert's on the rows deferred to it (the
+        selection matters: among the rows it keeps, the classifier is surer and more often right). The
+        ``estimated_error`` channel is then fed the recalibrated chances. Call it before the first
+        [`~DeferralMonitor.update`].
 
         The alarm's validity does not depend on it: the channel's bound and test are on the mean of the
         recalibrated estimate, whatever map was fitted (it is fixed before the stream). That it tracks the true
@@ -313,12 +317,14 @@ class DeferralMonitor:
             outputs (list of `dict`): the pipeline's outputs on the reference rows (or a decision log's rows).
             labels (sequence): each row's true label (class names, or ids with ``id2label``); for a route-only
                 model whether the chosen expert was right (1/0).
-            expert_answers (sequence, *optional*): per row, an expert's answer: one answer (of the expert the row
-                was deferred to; on a kept row, of the expert with the highest estimated accuracy), or a dict
-                ``{expert: answer}`` (any experts), or `None`. An expert's map is fitted on the rows that carry its
-                answer.
+            expert_answers (sequence, *optional*): per row, the answer of the expert it was deferred to (`None` on
+                kept rows or where unknown; a model expert's answer is read from the output's ``label``).
             min_rows (`int`, *optional*, defaults to 10): a map is fitted only from at least this many rows (and
                 both outcomes); the others stay raw (``recalibration`` says which).
+            cross_check (`bool`, *optional*, defaults to `True`): keep a map only where it predicts held-out
+                reference rows better than the raw estimates (the Brier score of 5-fold cross-fitted isotonic maps
+                against the raw one's), as CBPE recalibrates only where that improves the calibration: on a small or
+                already calibrated reference set an isotonic fit is mostly noise.
 
         Returns:
             The monitor (recalibrated in place). ``recalibration`` holds the rows each map was fitted on.
@@ -330,7 +336,7 @@ class DeferralMonitor:
         >>> monitor = DeferralMonitor(["alice"])
         >>> reference = [{"defer": False, "expert": None, "class_label": "y", "class_score": score,
         ...               "expert_scores": {"alice": 0.8}} for score in (0.6, 0.7, 0.8, 0.9)]
-        >>> _ = monitor.recalibrate(reference, ["y", "n", "y", "y"], min_rows=4)  # right, wrong, right, right
+        >>> _ = monitor.recalibrate(reference, ["y", "n", "y", "y"], min_rows=4, cross_check=False)  # 1, 0, 1, 1
         >>> monitor.estimated_errors([{**reference[0], "class_score": 0.75}]).round(4).tolist()  # 1 - (0.5 + 1) / 2
         [0.25]
 
@@ -366,26 +372,32 @@ class DeferralMonitor:
                                      f"model, got {label!r}.")
                 add("route", 1.0 - error, float(label))
                 continue
-            add("classifier", float(out["class_score"]),
-                float(self._name(out["class_label"]) == self._name(label)))
-            if answer is None:
+            if not deferred:  # each map is fitted on the rows where the estimate uses it
+                add("classifier", float(out["class_score"]),
+                    float(self._name(out["class_label"]) == self._name(label)))
                 continue
-            scores = _expert_scores(out, self.expert_names)
-            if not isinstance(answer, Mapping):
-                expert = self.expert_names[chosen] if deferred else max(self.expert_names,
-                                                                         key=lambda name: float(scores[name]))
-                answer = {expert: answer}
-            for expert, said in answer.items():
-                if str(expert) not in self.expert_names:
-                    raise ValueError(f"expert_answers[{i}] names {expert!r}, which is not among the experts "
-                                     f"{self.expert_names}.")
-                if said is not None:
-                    add(f"expert:{expert}", float(scores[str(expert)]), float(self._name(said) == self._name(label)))
+            if answer is None and out.get("answered_by") not in (None, "classifier") and out.get("label") not in (
+                    None, "defer"):
+                answer = out["label"]  # a model expert answered
+            if answer is not None:
+                expert = self.expert_names[chosen]
+                add(f"expert:{expert}", float(_expert_scores(out, self.expert_names)[expert]),
+                    float(self._name(answer) == self._name(label)))
         maps, fitted = {}, {}
         for key, (xs, ys) in sorted(pairs.items()):
             if len(xs) < min_rows or len(set(ys)) < 2:
                 continue
-            iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(xs, ys)
+            x, y = np.asarray(xs), np.asarray(ys)
+            if cross_check:
+                fold = np.arange(x.size) % 5
+                held = np.empty(x.size)
+                for k in range(5):
+                    train = fold != k
+                    held[~train] = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(
+                        x[train], y[train]).predict(x[~train]) if len(set(y[train])) > 1 else y[train].mean()
+                if np.mean((held - y) ** 2) >= np.mean((x - y) ** 2):
+                    continue
+            iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(x, y)
             maps[key] = (np.asarray(iso.X_thresholds_, dtype=np.float64), np.asarray(iso.y_thresholds_,
                                                                                      dtype=np.float64))
             fitted[key] = len(xs)

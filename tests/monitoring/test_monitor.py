@@ -181,21 +181,20 @@ def test_cost_channel_and_labels_not_asked_for():
 def test_recalibration_isotonic_values_by_hand():
     monitor = DeferralMonitor(["alice", "bob"])
     rows = [kept(0.6), kept(0.7), kept(0.8), kept(0.9), deferred("alice", alice=0.5), deferred("alice", alice=0.6),
-            deferred("alice", alice=0.7), deferred("alice", alice=0.9)]
-    # classifier right, wrong, right, right on the kept rows (label "yes" = its answer); on the deferred ones it
-    # answered "no" to a "yes": wrong four times at class_score 0.6
-    labels = ["yes", "no", "yes", "yes", "yes", "yes", "yes", "yes"]
-    answers = [None, None, None, {"bob": "yes"}, "no", "yes", "no", "yes"]  # alice: wrong, right, wrong, right
-    monitor.recalibrate(rows, labels, expert_answers=answers, min_rows=4)
-    # classifier (score, right): (0.6,1) (0.7,0) (0.8,1) (0.9,1) and four (0.6,0): the pool at 0.6 is 1/5, then
-    # 0 at 0.7 violates the order: pooled with it, (1 + 0) / 6 = 1/6 at 0.6 and 0.7; 1 at 0.8 and 0.9
-    # alice (score, right): (0.5,0) (0.6,1) (0.7,0) (0.9,1): 0, then 1 and 0 pooled to 1/2, then 1
-    assert monitor.recalibration == {"fitted_on_rows": {"classifier": 8, "expert:alice": 4}, "raw": ["expert:bob"]}
+            deferred("alice", alice=0.7), deferred("alice", alice=0.9), deferred("bob", bob=0.7)]
+    labels = ["yes", "no", "yes", "yes", "yes", "yes", "yes", "yes", "yes"]  # the classifier answers "yes" on kept rows
+    answers = [None, None, None, None, "no", "yes", "no", "yes", "yes"]  # alice: wrong, right, wrong, right
+    monitor.recalibrate(rows, labels, expert_answers=answers, min_rows=4, cross_check=False)
+    # classifier on the kept rows (score, right): (0.6,1) (0.7,0) (0.8,1) (0.9,1): 1 then 0 break the order and are
+    # pooled to 1/2 at 0.6 and 0.7; 1 at 0.8 and 0.9. Alice on the rows deferred to her: (0.5,0) (0.6,1) (0.7,0)
+    # (0.9,1): 0, then 1/2 at 0.6 and 0.7, then 1. Bob: one row, fewer than min_rows: raw
+    assert monitor.recalibration == {"fitted_on_rows": {"classifier": 4, "expert:alice": 4}, "raw": ["expert:bob"]}
     got = monitor.estimated_errors([kept(0.65), kept(0.75), kept(0.95), kept(0.3), deferred("alice", alice=0.8),
                                     deferred("alice", alice=0.55), deferred("bob", bob=0.7)])
-    np.testing.assert_allclose(got, [1 - 1 / 6, 1 - (1 / 6 + 1) / 2, 0.0, 1 - 1 / 6, 1 - 0.75, 1 - 0.25, 0.3])
+    # between the fitted points linearly, beyond them the end values
+    np.testing.assert_allclose(got, [0.5, 1 - 0.75, 0.0, 0.5, 1 - 0.75, 1 - 0.25, 0.3])
     monitor.update([kept(0.75)])
-    assert monitor.state()["channels"]["estimated_error"]["mean"] == pytest.approx(1 - 7 / 12)
+    assert monitor.state()["channels"]["estimated_error"]["mean"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="before its first update"):
         monitor.recalibrate(rows, labels)
 
@@ -208,7 +207,8 @@ def miscalibrated(rng, n):
     outputs = [{"defer": bool(d), "expert": "alice" if d else None, "class_label": "yes", "class_score": float(s),
                 "expert_scores": {"alice": float(a)}} for d, s, a in zip(defer, score, alice)]
     labels = ["yes" if r else "no" for r in right_class]
-    answers = [label if r else ("no" if label == "yes" else "yes") for label, r in zip(labels, right_alice)]
+    answers = [(label if r else ("no" if label == "yes" else "yes")) if d else None
+               for label, r, d in zip(labels, right_alice, defer)]
     return outputs, labels, answers, np.where(defer, alice - 0.3, score ** 3)
 
 
@@ -229,6 +229,17 @@ def test_recalibrated_estimate_is_closer_to_the_truth_on_miscalibrated_scores():
     assert np.abs((1 - fixed.estimated_errors(outputs)) - chance).mean() < 0.05
 
 
+def test_cross_check_keeps_calibrated_scores_raw():
+    rng = np.random.default_rng(2)
+    score = rng.uniform(0.5, 1, 300)  # calibrated: right with chance score
+    outputs = [kept(float(p), label="yes") for p in score]
+    labels = ["yes" if r else "no" for r in rng.random(300) < score]
+    checked = DeferralMonitor(["alice", "bob"]).recalibrate(outputs, labels)
+    assert checked.recalibration == {"fitted_on_rows": {}, "raw": ["classifier"]}
+    assert DeferralMonitor(["alice", "bob"]).recalibrate(outputs, labels, cross_check=False).recalibration == {
+        "fitted_on_rows": {"classifier": 300}, "raw": []}
+
+
 def test_from_model_with_a_reference(tmp_path):
     config = hf_defer.DeferralConfig(feature_size=4, num_labels=2, expert_names=["alice"])
     config.deferral_guarantee = {"confidence": 0.9, "claims": [{"kind": "deferral_rate", "target": 0.2}]}
@@ -236,7 +247,8 @@ def test_from_model_with_a_reference(tmp_path):
     outputs, labels, answers, _ = miscalibrated(rng, 500)
     monitor = DeferralMonitor.from_model(config, reference={"outputs": outputs, "labels": labels,
                                                             "expert_answers": answers}, horizon=1000)
-    assert monitor.recalibration["fitted_on_rows"] == {"classifier": 500, "expert:alice": 500}
+    deferred_rows = sum(out["defer"] for out in outputs)
+    assert monitor.recalibration["fitted_on_rows"] == {"classifier": 500 - deferred_rows, "expert:alice": deferred_rows}
     assert monitor.channels["deferral_rate"].detector.horizon == 1000
     same = DeferralMonitor.from_model(config, reference=(outputs, labels, answers))
     np.testing.assert_allclose(same.estimated_errors(outputs), monitor.estimated_errors(outputs))
