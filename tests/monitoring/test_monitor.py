@@ -258,3 +258,17 @@ def test_from_model_with_a_reference(tmp_path):
         DeferralMonitor.from_model(config, reference=(outputs, labels[:-1]))
     with pytest.raises(ValueError, match="horizon must be a positive whole number"):
         DeferralMonitor(["alice"], horizon=-5)
+
+
+def test_recalibration_of_a_route_only_model_by_hand():
+    def routed(accuracy):
+        return {"defer": True, "expert": "alice", "estimated_accuracy": accuracy}
+
+    monitor = DeferralMonitor(["alice"])
+    # (estimated accuracy, right): (0.9,0) (0.8,1) (0.7,1) (0.6,0): sorted 0, 1, 1, 0 -> 0, then 1, 1, 0 pooled to 2/3
+    monitor.recalibrate([routed(0.9), routed(0.8), routed(0.7), routed(0.6)], [0, 1, 1, 0], min_rows=4,
+                        cross_check=False)
+    assert monitor.recalibration == {"fitted_on_rows": {"route": 4}, "raw": []}
+    np.testing.assert_allclose(monitor.estimated_errors([routed(0.65), routed(0.85)]), [1 - 1 / 3, 1 - 2 / 3])
+    with pytest.raises(ValueError, match=r"labels\[1\] must be 1 \(the chosen expert was right\) or 0"):
+        DeferralMonitor(["alice"]).recalibrate([routed(0.9), routed(0.8)], [1, "yes"])
