@@ -217,3 +217,94 @@ def monitoring_markdown(record: dict[str, Any]) -> str:
               "heads on fixed features; TF-IDF instead of MiniLM for HateSpeech and MMLU) keep the run to minutes on "
               "a shared 2-core machine."]
     return "\n".join(lines) + "\n"
+
+
+def followup_markdown(record: dict[str, Any]) -> str:
+    """The follow-up section of `results/monitoring.md` (research/monitoring_followup.py): the monitor with its
+    alarm processes starting every 50 rows, with and without the stream's length as its horizon, and the label-free
+    estimate recalibrated on the calibration inputs, beside the first run's numbers."""
+    follow = record.get("followup")
+    if not follow:
+        return ""
+    s = record["settings"]
+    pre, window = s["pre"], s["window"]
+    first = {row["scenario"]: row for row in record["scenarios"]}
+    lines = ["", "## Follow-up: a cheaper start-row mixture, a horizon, and a recalibrated estimate", "",
+             f"`research/monitoring_followup.py`, {follow['streams']} streams per scenario (the first "
+             f"{follow['streams']} of the streams above: same seeds, checked against the recorded truth), "
+             f"{follow['seconds'] / 60:.0f} minutes. Three changes to the monitor:", "",
+             "- The alarm's wealth processes start every 50 rows instead of at every row (`ChangeDetector(stride=50)`, "
+             "the default now): the k-th start weighs 1/(C (k+1) log²(k+1)), so a change at row 2,000 costs about "
+             "7.3 nats above log(1/alpha) instead of 12.6; a change between two starts loses at most 49 of its rows "
+             "to the next one. The weights are fixed in advance and sum to at most 1: Ville's inequality holds as "
+             "before.",
+             "- `horizon=` (here the stream's length, 4,000 rows: what the Bonferroni window test knows too): the "
+             "starts within it share 0.9 of the weight equally, those after it the remaining 0.1; a change inside "
+             "the horizon then costs log(80 / 0.9) = 4.5 nats. The false-alarm bound holds past the horizon too.",
+             "- The label-free estimate recalibrated on the calibration inputs "
+             "(`DeferralMonitor.recalibrate` / `from_model(reference=...)`): isotonic regressions of the "
+             "classifier's correctness on its confidence, over the calibration inputs it keeps, and of the expert's "
+             "correctness on its estimated accuracy, over those deferred to it; each map kept only where it predicts "
+             "held-out calibration inputs better than the raw estimates (5-fold cross-fitting, Brier score). The "
+             "alarms below use it on the `estimated_error` channel.", "",
+             "| scenario | method | alarm before the shift | any alarm (no harmful shift) | detected after the shift "
+             "| median delay (inputs) |", "|---|---|---|---|---|---|"]
+    methods = (("alarm", "first run: DeferralMonitor, a start at every row", first),
+               ("alarm", "DeferralMonitor, starts every 50 rows", None),
+               ("alarm_horizon", "DeferralMonitor, starts every 50 rows, horizon 4,000", None),
+               ("naive_bonferroni", "window test, Bonferroni over windows", None))
+    rows = {row["scenario"]: row for row in follow["scenarios"]}
+    for name, row in rows.items():
+        for key, label, source in methods:
+            e = (source[name]["summary"] if source else row["summary"])[key]
+            lines.append(f"| {name} | {label} | {_pct(e['false_alarm_before_shift'])} | {_pct(e.get('any_alarm'))} "
+                         f"| {_pct(e.get('detected'))} | {_delay(e.get('median_delay'))} |")
+    quiet = [row for name, row in rows.items() if not first[name]["harmful"]]
+    for key, label in (("alarm", "starts every 50 rows"), ("alarm_horizon", "with the horizon")):
+        lines += ["", f"Without a harmful shift ({len(quiet)} scenarios), the monitor ({label}) raised an alarm on "
+                  f"{_pct(float(np.mean([row['summary'][key]['any_alarm'] for row in quiet])))} of the streams (at "
+                  f"most {1 - s['confidence']:.2g} promised)."]
+    lines += ["", "Channels that raised the horizon monitor's alarms: " + "; ".join(
+        f"{name}: {row['summary']['alarm_horizon_channels'] or 'none'}" for name, row in rows.items()) + ".", "",
+        f"The label-free estimate per window ({window} inputs) against the truth, mean absolute difference (bias in "
+        f"brackets), on the first {len(next(iter(rows.values()))['estimate_recalibrated'])} streams; CBPE's column is the first "
+        "run's:", "",
+        "| scenario | hf_defer raw, before | recalibrated, before | CBPE, before | hf_defer raw, after | "
+        "recalibrated, after | CBPE, after |", "|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        k = len(row["estimate_recalibrated"])
+        old = {**first[name], "truth": first[name]["truth"][:k], "cbpe": first[name]["cbpe"][:k]}
+        raw = _estimate_errors(old, pre // window)
+        new = _estimate_errors({**old, "estimate": row["estimate_recalibrated"]}, pre // window)
+        lines.append(f"| {name} | {raw['hf_defer_before']:.4f} ({raw['bias_hf_defer_before']:+.4f}) | "
+                     f"{new['hf_defer_before']:.4f} ({new['bias_hf_defer_before']:+.4f}) | "
+                     f"{raw['cbpe_before']:.4f} ({raw['bias_cbpe_before']:+.4f}) | "
+                     f"{raw['hf_defer_after']:.4f} ({raw['bias_hf_defer_after']:+.4f}) | "
+                     f"{new['hf_defer_after']:.4f} ({new['bias_hf_defer_after']:+.4f}) | "
+                     f"{raw['cbpe_after']:.4f} ({raw['bias_cbpe_after']:+.4f}) |")
+    lines += ["", "What improved and what still misses:", "",
+              "- **Detection, with a horizon**: given the stream's length (what the Bonferroni window test uses), the "
+              "monitor caught the mild ImageNet-16H shift (deferral 0.22 against a 0.2 budget) and the MMLU shift "
+              "more often than the window test with the same bound on false alarms, and the large shift three times "
+              "sooner (table above); its median delay on the mild shifts is still a little longer than the window "
+              "test's, on the streams each caught.",
+              "- **Detection, without a horizon** (the default): the cheaper start mixture doubled the detections of "
+              "the mild shifts against the first run, but the window test, which knows the horizon, still caught "
+              "the mild ImageNet-16H shift more often, and MMLU as often. A deferral rate 0.02 above its budget "
+              "gains about 0.0012 nats per input for the best bet: 2.4 nats in the 2,000 shifted inputs, below the "
+              "3.4 of log(1/alpha) alone; any valid test catches it only by chance fluctuations in this stream, and "
+              "a horizon-free one pays about 7 nats more for not knowing when to look.",
+              "- **False alarms** stayed within the bound on every unshifted stream set (at most "
+              + _pct(max(row["summary"][key]["any_alarm"] for row in quiet for key in ("alarm", "alarm_horizon")))
+              + f" of a scenario's streams, against {1 - s['confidence']:.2g} promised); "
+              "`tests/monitoring/test_sequential.py` checks the detector at its target by simulation, with and "
+              "without a horizon.",
+              "- **The label-free estimate**: recalibrated, it is as close to the truth as NannyML's CBPE on "
+              "HateSpeech (where the first run trailed it) and closer on MMLU in distribution, whose routing model "
+              "underestimates its error there and which CBPE left raw (CBPE fits one map of the system's chance of "
+              "being right; hf_defer one per source, on the rows where each is used). On ImageNet-16H it is a little "
+              "further from the truth than the raw estimate: 200 calibration images (about 35 deferred) are few for "
+              "an isotonic fit, and the cross-check let a map through that overestimates the error. Under the "
+              "harmful shifts every label-free estimate still misses most of the rise: the recalibration corrects "
+              "the model on the reference population, not what the shift does (only the labelled channel sees it)."]
+    return "\n".join(lines) + "\n"

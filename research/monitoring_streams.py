@@ -82,9 +82,30 @@ def _naive_first_alarm(deferred: np.ndarray, estimated: np.ndarray, targets: Tar
     return None
 
 
+def reference_rows(setting: Setting, targets: Targets) -> tuple[list, list, list]:
+    """The calibration inputs as `DeferralMonitor.recalibrate` takes them: the outputs at the certified threshold,
+    the labels, and on the deferred rows the expert's answer (right or wrong: the calibration inputs' truth)."""
+    cal = setting.calibration
+    at = cal.at(targets.threshold)
+    name = setting.expert_names[0]
+    outputs = [{"defer": bool(d), "expert": name if d else None, "class_label": "n" if lk else "y",
+                "class_score": float(c), "expert_scores": {name: float(e)}}
+               for d, lk, c, e in zip(at["deferred"], cal.loss_kept, cal.class_score, cal.expert_score)]
+    answers = [("n" if ld else "y") if d else None for d, ld in zip(at["deferred"], cal.loss_deferred)]
+    return outputs, ["y"] * len(outputs), answers
+
+
+def recalibrated_estimates(setting: Setting, label: str, targets: Targets, monitor: DeferralMonitor) -> np.ndarray:
+    """The recalibrated label-free estimate of every input of a population (by a recalibrated monitor)."""
+    population = setting.populations[label]
+    at = population.at(targets.threshold)
+    outputs, _, _ = _outputs(at, population.class_score, population.expert_score, setting.expert_names[0])
+    return monitor.estimated_errors(outputs)
+
+
 def run_streams(setting: Setting, before: str, after: str, targets: Targets, *, streams: int, pre: int, post: int,
                 batch: int = 50, window: int = 250, audit_rate: float = 0.1, seed: int = 0,
-                keep_rows: int = 0) -> dict[str, Any]:
+                keep_rows: int = 0, followup: bool = False) -> dict[str, Any]:
     """`streams` streams of `pre` inputs of population `before` then `post` of `after`, each watched by a
     `DeferralMonitor` (fed `batch` decisions at a time, the labels of the rows it draws arriving with them) and by
     the naive window tests (unadjusted, at the monitor's per-test level, and Bonferroni-adjusted over the stream's
@@ -98,19 +119,33 @@ def run_streams(setting: Setting, before: str, after: str, targets: Targets, *, 
     length = pre + post
     windows = length // window
     results: dict[str, Any] = {"alarm": [], "channel": [], "since": [], "naive": [], "naive_bonferroni": [],
-                               "estimate": [], "truth": [], "kept_rows": []}
+                               "estimate": [], "truth": [], "kept_rows": [], "alarm_horizon": [],
+                               "channel_horizon": [], "estimate_recalibrated": []}
+    reference = reference_rows(setting, targets) if followup else None
+    if followup:
+        template = DeferralMonitor([name]).recalibrate(reference[0], reference[1], expert_answers=reference[2])
+        recalibrated = (recalibrated_estimates(setting, before, targets, template),
+                        recalibrated_estimates(setting, after, targets, template))
     for s in range(streams):
         rng = np.random.default_rng([seed, s])
         i, j = rng.integers(len(a["loss"]), size=pre), rng.integers(len(b["loss"]), size=post)
         rows = {key: np.concatenate([a[key][i], b[key][j]]) for key in ("deferred", "loss", "estimated")}
         class_score, expert_score = np.concatenate([cs[0][i], cs[1][j]]), np.concatenate([es[0][i], es[1][j]])
-        monitor = DeferralMonitor([name], confidence=targets.confidence, max_deferral_rate=targets.max_deferral_rate,
-                                  max_error=targets.max_error, audit_rate=audit_rate, seed=s)
+        monitors = [DeferralMonitor([name], confidence=targets.confidence, max_deferral_rate=targets.max_deferral_rate,
+                                    max_error=targets.max_error, audit_rate=audit_rate, seed=s,
+                                    horizon=horizon) for horizon in ((None, length) if followup else (None,))]
+        if followup:
+            for monitor in monitors:
+                monitor._maps = template._maps  # the same isotonic maps (fitted once, on the same rows)
+        monitor = monitors[0]
         drawn = np.zeros(length, dtype=bool)
         for start in range(0, length, batch):
             part = {key: value[start:start + batch] for key, value in rows.items()}
             outputs, labels, answers = _outputs(part, class_score[start:start + batch],
                                                 expert_score[start:start + batch], name)
+            for m in monitors[1:]:
+                m.update(outputs, ids=[str(r) for r in range(start, start + len(outputs))], labels=labels,
+                         expert_answers=answers)
             asked = monitor.update(outputs, ids=[str(r) for r in range(start, start + len(outputs))], labels=labels,
                                    expert_answers=answers)
             drawn[[int(r) for r in asked]] = True
@@ -118,6 +153,12 @@ def run_streams(setting: Setting, before: str, after: str, targets: Targets, *, 
         results["alarm"].append(None if alarm is None else alarm["raised_at_row"])
         results["channel"].append(None if alarm is None else alarm["channel"])
         results["since"].append(None if alarm is None else alarm["since_row"])
+        if followup:
+            other = monitors[1].alarm
+            results["alarm_horizon"].append(None if other is None else other["raised_at_row"])
+            results["channel_horizon"].append(None if other is None else other["channel"])
+            est = np.concatenate([recalibrated[0][i], recalibrated[1][j]])[:windows * window]
+            results["estimate_recalibrated"].append(est.reshape(windows, window).mean(axis=1))
         # the naive tests see the same rows, the same audit draw and the same weights
         weight = np.where(rows["deferred"], audit_rate, 1.0)
         labelled = rng.random(length) < np.where(drawn, rows["loss"] * weight, 0.0)  # Bernoulli(value) draws
@@ -132,6 +173,7 @@ def run_streams(setting: Setting, before: str, after: str, targets: Targets, *, 
         if s < keep_rows:
             results["kept_rows"].append({"p": 1.0 - rows["estimated"], "y": 1.0 - rows["loss"]})
     results["estimate"], results["truth"] = np.array(results["estimate"]), np.array(results["truth"])
+    results["estimate_recalibrated"] = np.array(results["estimate_recalibrated"])
     return results
 
 
@@ -139,7 +181,7 @@ def summarize(results: dict[str, Any], pre: int, harmful: bool) -> dict[str, Any
     """False alarms (an alarm before the shift, or at all on a benign stream), detection and its delay."""
     out: dict[str, Any] = {}
     n = len(results["alarm"])
-    for key in ("alarm", "naive", "naive_bonferroni"):
+    for key in ("alarm", "naive", "naive_bonferroni") + (("alarm_horizon",) if results.get("alarm_horizon") else ()):
         first = [np.inf if row is None else row for row in results[key]]
         first = np.asarray(first, dtype=np.float64)
         before = first <= pre

@@ -8,7 +8,9 @@ What it watches (each a *channel*; the statistics are in `sequential.py`):
   classifier answers, ``1 - a_j`` (the chosen expert's estimated accuracy) where it defers; for a route-only model
   ``1 - estimated_accuracy`` of the chosen expert (the way NannyML's CBPE estimates accuracy from calibrated scores).
   Its bound is on the *expected estimated* error: it equals the true error only while the model's estimates stay
-  calibrated, which a shift may break; the labelled channel below needs no such assumption.
+  calibrated, which a shift may break; the labelled channel below needs no such assumption. After
+  [`~DeferralMonitor.recalibrate`] (labelled reference rows, as CBPE's reference set) the chances are first mapped by
+  isotonic regressions fitted there; the bound is then on the expected recalibrated estimate.
 * ``system_error`` (with labels): the true system error. Deferred inputs are all labelled (the reviewers' answers),
   the inputs the model keeps only on a random audit share ``audit_rate`` that the monitor draws (seeded); each label
   is weighted by the inverse of its chance to be asked for (Horvitz-Thompson), so the estimate is unbiased for the
@@ -45,11 +47,11 @@ class _Channel:
     """One monitored mean: values in [0, 1] (``scale`` times the quantity reported) and, with a target, its test."""
 
     def __init__(self, name: str, alpha: float, target: float | None = None, scale: float = 1.0,
-                 what: str = "", top: float = 1.0) -> None:
+                 what: str = "", top: float = 1.0, horizon: int | None = None) -> None:
         self.name, self.alpha, self.target, self.scale, self.what, self.top = name, alpha, target, scale, what, top
         self.sequence = BettingConfidenceSequence()
         scaled = None if target is None else target * scale
-        self.detector = None if scaled is None or scaled >= 1 else ChangeDetector(scaled, alpha)
+        self.detector = None if scaled is None or scaled >= 1 else ChangeDetector(scaled, alpha, horizon=horizon)
         self.raised_at: str | None = None
 
     def update(self, values: np.ndarray) -> None:
@@ -124,6 +126,9 @@ class DeferralMonitor:
             audit), in [0, 1]; `None` (default): no labels are expected and no ``system_error`` channel exists.
         seed (`int`, *optional*, defaults to 0): seeds the audit draw.
         id2label (`dict`, *optional*): class ids to names, so that labels may be given as ids.
+        horizon (`int`, *optional*): the rows a review period is planned to hold: changes within it are caught
+            sooner (the alarm's start rows within it weigh more; see `hf_defer.monitoring.sequential`). The
+            false-alarm bound holds either way, past the horizon too.
 
     Example:
 
@@ -149,7 +154,7 @@ class DeferralMonitor:
                  max_deferral_rate: float | Mapping[str, float] | None = None, max_error: float | None = None,
                  max_mean_cost: float | None = None, expert_costs: Sequence[float] | None = None,
                  cost_bound: float | None = None, audit_rate: float | None = None, seed: int = 0,
-                 id2label: Mapping[Any, str] | None = None) -> None:
+                 id2label: Mapping[Any, str] | None = None, horizon: int | None = None) -> None:
         self.expert_names = [str(name) for name in expert_names]
         if not self.expert_names:
             raise ValueError("expert_names is empty: a deferral model has at least one expert.")
@@ -184,6 +189,11 @@ class DeferralMonitor:
                 raise ValueError(f"max_mean_cost must be a positive number, got {max_mean_cost!r}.")
         self.id2label = {str(k): str(v) for k, v in (id2label or {}).items()}
         self._rng = np.random.default_rng(seed)
+        if horizon is not None and (not isinstance(horizon, int) or isinstance(horizon, bool) or horizon < 1):
+            raise ValueError(f"horizon must be a positive whole number of rows (or None), got {horizon!r}.")
+        self.horizon = horizon
+        self.recalibration: dict[str, Any] | None = None  # set by recalibrate()
+        self._maps: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
         targets = len(rates) + 2 * (self.max_error is not None and self.audit_rate is not None) + (
             self.max_error is not None and self.audit_rate is None) + (max_mean_cost is not None)
@@ -191,22 +201,27 @@ class DeferralMonitor:
         self.alpha = (1.0 - self.confidence) / self.tests
         a = self.alpha
         self.channels: dict[str, _Channel] = {
-            "deferral_rate": _Channel("deferral_rate", a, rates.get(None), what="share of inputs deferred")}
+            "deferral_rate": _Channel("deferral_rate", a, rates.get(None), what="share of inputs deferred",
+                                      horizon=horizon)}
         for name in self.expert_names:
             self.channels[f"deferral_rate[{name}]"] = _Channel(f"deferral_rate[{name}]", a, rates.get(name),
-                                                               what=f"share of inputs deferred to {name}")
+                                                               what=f"share of inputs deferred to {name}",
+                                                               horizon=horizon)
         self.channels["estimated_error"] = _Channel("estimated_error", a, self.max_error,
-                                                    what="system error the model expects, without labels")
+                                                    what="system error the model expects, without labels",
+                                                    horizon=horizon)
         self._audit_scale = 1.0
         if self.audit_rate is not None:
             self._audit_scale = self.audit_rate if self.audit_rate > 0 else 1.0
             self.channels["system_error"] = _Channel(
                 "system_error", a, self.max_error, scale=self._audit_scale,
                 what="true system error, from the labels" + (" of deferred inputs only (a lower bound)"
-                                                             if self.audit_rate == 0 else ", audit-weighted"))
+                                                             if self.audit_rate == 0 else ", audit-weighted"),
+                horizon=horizon)
         if max_mean_cost is not None:
             self.channels["mean_cost"] = _Channel("mean_cost", a, float(max_mean_cost), scale=1.0 / self.cost_bound,
-                                                  what="mean price per input", top=self.cost_bound)
+                                                  what="mean price per input", top=self.cost_bound,
+                                                  horizon=horizon)
         self.rows = 0
         self.labels_ignored = 0
         self._queue: deque[list[Any]] = deque()  # [row, value or None] for the labelled channel, in row order
@@ -215,14 +230,18 @@ class DeferralMonitor:
 
     @classmethod
     def from_model(cls, model: Any, *, confidence: float | None = None, audit_rate: float | None = None,
-                   seed: int = 0) -> "DeferralMonitor":
+                   seed: int = 0, horizon: int | None = None, reference: Any = None) -> "DeferralMonitor":
         """The monitor of a calibrated model's promises (``config.deferral_guarantee``, written by
         [`calibrate_deferral`] with a confidence).
 
         Args:
             model: a deferral model, its pipeline, its config, or a saved folder (only `config.json` is read).
             confidence (`float`, *optional*): of the alarm; defaults to the guarantee's own.
-            audit_rate / seed: as in [`DeferralMonitor`].
+            audit_rate / seed / horizon: as in [`DeferralMonitor`].
+            reference (`tuple` or `dict`, *optional*): labelled reference rows to recalibrate the label-free estimate
+                on, ``(outputs, labels)`` or ``(outputs, labels, expert_answers)`` or a dict with those keys: the
+                pipeline's outputs on the calibration inputs and what happened there (see
+                [`~DeferralMonitor.recalibrate`]).
 
         Promises it cannot watch from decisions are listed in ``state()["not_monitored"]`` (a selective error
         target: the classifier's error among the inputs it keeps).
@@ -255,12 +274,137 @@ class DeferralMonitor:
                       else confidence, max_deferral_rate=rates or total, max_error=max_error,
                       max_mean_cost=max_cost, expert_costs=guarantee.get("expert_costs") or getattr(
                           config, "expert_costs", None), cost_bound=cost_bound, audit_rate=audit_rate, seed=seed,
-                      id2label=getattr(config, "id2label", None))
+                      id2label=getattr(config, "id2label", None), horizon=horizon)
         monitor.guarantee = dict(guarantee)
         monitor.not_monitored = skipped
+        if reference is not None:
+            if isinstance(reference, Mapping):
+                unknown = sorted(set(reference) - {"outputs", "labels", "expert_answers"})
+                if unknown or not {"outputs", "labels"} <= set(reference):
+                    raise ValueError(f"reference must hold outputs, labels and optionally expert_answers, got keys "
+                                     f"{sorted(reference)}.")
+                monitor.recalibrate(reference["outputs"], reference["labels"],
+                                    expert_answers=reference.get("expert_answers"))
+            elif isinstance(reference, (tuple, list)) and len(reference) in (2, 3):
+                monitor.recalibrate(reference[0], reference[1],
+                                    expert_answers=reference[2] if len(reference) == 3 else None)
+            else:
+                raise ValueError("reference must be (outputs, labels), (outputs, labels, expert_answers) or a dict "
+                                 f"with those keys, got {type(reference).__name__}.")
         return monitor
 
     not_monitored: list[str] = []
+
+    def recalibrate(self, outputs: Sequence[Mapping[str, Any]], labels: Sequence[Any], *,
+                    expert_answers: Sequence[Any] | None = None, min_rows: int = 10,
+                    cross_check: bool = True) -> "DeferralMonitor":
+        """Recalibrates the label-free estimate on labelled reference rows (the calibration inputs, or any labelled
+        set from the population the targets were certified on), as NannyML's CBPE does: an isotonic regression
+        (scikit-learn's ``IsotonicRegression``, a monotone map fitted to what happened) of whether the classifier
+        was right on its ``class_score``, and of whether each expert was right on its estimated accuracy; a
+        route-only model's ``estimated_accuracy`` against its 0/1 labels. Each map is fitted on the rows where the
+        estimate uses it: the classifier's on the rows it keeps, an expert's on the rows deferred to it (the
+        selection matters: among the rows it keeps, the classifier is surer and more often right). The
+        ``estimated_error`` channel is then fed the recalibrated chances. Call it before the first
+        [`~DeferralMonitor.update`].
+
+        The alarm's validity does not depend on it: the channel's bound and test are on the mean of the
+        recalibrated estimate, whatever map was fitted (it is fixed before the stream). That it tracks the true
+        error is an assumption, as for the raw estimate: the map corrects the model's miscalibration on the
+        reference population, not what a shift does to it. The labelled ``system_error`` channel needs neither.
+
+        Args:
+            outputs (list of `dict`): the pipeline's outputs on the reference rows (or a decision log's rows).
+            labels (sequence): each row's true label (class names, or ids with ``id2label``); for a route-only
+                model whether the chosen expert was right (1/0).
+            expert_answers (sequence, *optional*): per row, the answer of the expert it was deferred to (`None` on
+                kept rows or where unknown; a model expert's answer is read from the output's ``label``).
+            min_rows (`int`, *optional*, defaults to 10): a map is fitted only from at least this many rows (and
+                both outcomes); the others stay raw (``recalibration`` says which).
+            cross_check (`bool`, *optional*, defaults to `True`): keep a map only where it predicts held-out
+                reference rows better than the raw estimates (the Brier score of 5-fold cross-fitted isotonic maps
+                against the raw one's), as CBPE recalibrates only where that improves the calibration: on a small or
+                already calibrated reference set an isotonic fit is mostly noise.
+
+        Returns:
+            The monitor (recalibrated in place). ``recalibration`` holds the rows each map was fitted on.
+
+        Example:
+
+        ```python
+        >>> from hf_defer import DeferralMonitor
+        >>> monitor = DeferralMonitor(["alice"])
+        >>> reference = [{"defer": False, "expert": None, "class_label": "y", "class_score": score,
+        ...               "expert_scores": {"alice": 0.8}} for score in (0.6, 0.7, 0.8, 0.9)]
+        >>> _ = monitor.recalibrate(reference, ["y", "n", "y", "y"], min_rows=4, cross_check=False)  # 1, 0, 1, 1
+        >>> monitor.estimated_errors([{**reference[0], "class_score": 0.75}]).round(4).tolist()  # 1 - (0.5 + 1) / 2
+        [0.25]
+
+        ```
+        """
+        if self.rows:
+            raise ValueError("recalibrate the monitor before its first update: the estimated_error channel has "
+                             f"already been fed {self.rows} raw estimates.")
+        try:
+            from sklearn.isotonic import IsotonicRegression
+        except ImportError:  # pragma: no cover - scikit-learn comes with the guarantees extra (mapie)
+            raise ImportError("recalibrate needs scikit-learn: pip install 'hf-defer[guarantees]'.") from None
+        outputs = list(outputs)
+        labels = list(labels)
+        answers = [None] * len(outputs) if expert_answers is None else list(expert_answers)
+        if len(labels) != len(outputs) or len(answers) != len(outputs):
+            raise ValueError(f"recalibrate got {len(outputs)} outputs, {len(labels)} labels and {len(answers)} "
+                             "expert_answers: give one of each per reference row.")
+        pairs: dict[str, tuple[list[float], list[float]]] = {}
+
+        def add(key: str, chance: float, right: float) -> None:
+            xs, ys = pairs.setdefault(key, ([], []))
+            xs.append(chance)
+            ys.append(right)
+
+        for i, (out, label, answer) in enumerate(zip(outputs, labels, answers)):
+            deferred, chosen, error = self._read(out, i)
+            if label is None:
+                continue
+            if "estimated_accuracy" in out and "class_score" not in out:
+                if label not in (0, 1, 0.0, 1.0, True, False):
+                    raise ValueError(f"labels[{i}] must be 1 (the chosen expert was right) or 0 for a route-only "
+                                     f"model, got {label!r}.")
+                add("route", 1.0 - error, float(label))
+                continue
+            if not deferred:  # each map is fitted on the rows where the estimate uses it
+                add("classifier", float(out["class_score"]),
+                    float(self._name(out["class_label"]) == self._name(label)))
+                continue
+            if answer is None and out.get("answered_by") not in (None, "classifier") and out.get("label") not in (
+                    None, "defer"):
+                answer = out["label"]  # a model expert answered
+            if answer is not None:
+                expert = self.expert_names[chosen]
+                add(f"expert:{expert}", float(_expert_scores(out, self.expert_names)[expert]),
+                    float(self._name(answer) == self._name(label)))
+        maps, fitted = {}, {}
+        for key, (xs, ys) in sorted(pairs.items()):
+            if len(xs) < min_rows or len(set(ys)) < 2:
+                continue
+            x, y = np.asarray(xs), np.asarray(ys)
+            if cross_check:
+                fold = np.arange(x.size) % 5
+                held = np.empty(x.size)
+                for k in range(5):
+                    train = fold != k
+                    held[~train] = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(
+                        x[train], y[train]).predict(x[~train]) if len(set(y[train])) > 1 else y[train].mean()
+                if np.mean((held - y) ** 2) >= np.mean((x - y) ** 2):
+                    continue
+            iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(x, y)
+            maps[key] = (np.asarray(iso.X_thresholds_, dtype=np.float64), np.asarray(iso.y_thresholds_,
+                                                                                     dtype=np.float64))
+            fitted[key] = len(xs)
+        self._maps = maps
+        self.recalibration = {"fitted_on_rows": fitted,
+                              "raw": sorted(set(pairs) - set(maps))}
+        return self
 
     # -- feeding it ----------------------------------------------------------------------------------------------
 
@@ -299,11 +443,7 @@ class DeferralMonitor:
                 raise ValueError(f"ids has {len(ids)} entries for {len(outputs)} outputs.")
             if len(set(ids)) != len(ids) or set(ids) & set(self._pending):
                 raise ValueError("ids must be unique among the rows awaiting labels; got a repeated one.")
-        deferred = np.zeros(len(outputs), dtype=bool)
-        chosen = np.full(len(outputs), -1)
-        estimated = np.zeros(len(outputs))
-        for i, out in enumerate(outputs):
-            deferred[i], chosen[i], estimated[i] = self._read(out, first + i)
+        deferred, chosen, estimated = self._read_all(outputs, first)
         costs = None
         if "mean_cost" in self.channels:
             costs = np.where(chosen >= 0, np.asarray(self.expert_costs)[np.maximum(chosen, 0)], 0.0)
@@ -339,6 +479,40 @@ class DeferralMonitor:
             self._label(labels, expert_answers, ids)
         self._drain()
         return to_label
+
+    def estimated_errors(self, outputs: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        """The label-free estimated error of each output (recalibrated after [`~DeferralMonitor.recalibrate`]): what
+        the ``estimated_error`` channel is fed. Reads the outputs only; the monitor's state does not change.
+
+        Example:
+
+        ```python
+        >>> from hf_defer import DeferralMonitor
+        >>> monitor = DeferralMonitor(["alice"])
+        >>> monitor.estimated_errors([{"defer": True, "expert": "alice", "class_label": "no", "class_score": 0.6,
+        ...                            "expert_scores": {"alice": 0.95}}]).round(4).tolist()
+        [0.05]
+
+        ```
+        """
+        return self._read_all(list(outputs), self.rows)[2]
+
+    def _read_all(self, outputs: list[Mapping[str, Any]], first: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(deferred, the chosen expert's index or -1, the estimated error) of each output, recalibrated."""
+        deferred = np.zeros(len(outputs), dtype=bool)
+        chosen = np.full(len(outputs), -1)
+        source = np.empty(len(outputs), dtype=object)
+        chance = np.zeros(len(outputs))
+        for i, out in enumerate(outputs):
+            deferred[i], chosen[i], error = self._read(out, first + i)
+            chance[i] = 1.0 - error
+            source[i] = ("route" if "estimated_accuracy" in out and "class_score" not in out else
+                         f"expert:{self.expert_names[chosen[i]]}" if deferred[i] else "classifier")
+        for key, (x, y) in self._maps.items():
+            rows = source == key
+            if rows.any():
+                chance[rows] = np.interp(chance[rows], x, y)
+        return deferred, chosen, 1.0 - chance
 
     def _read(self, out: Mapping[str, Any], row: int) -> tuple[bool, int, float]:
         """(deferred, the chosen expert's index or -1, the estimated error) of one output."""
@@ -441,6 +615,7 @@ class DeferralMonitor:
             "labels_ignored": self.labels_ignored,
             "channels": {name: channel.state() for name, channel in self.channels.items()},
             "alarm": self.alarm, "alarms": self.alarms, "not_monitored": list(self.not_monitored),
+            "recalibration": self.recalibration, "horizon": self.horizon,
             "guarantee": None if self.guarantee is None else {
                 key: self.guarantee.get(key) for key in ("threshold", "confidence", "n", "date")},
         }

@@ -25,8 +25,15 @@ statistics and safe anytime-valid inference", Statistical Science 2023).
   length (Podkopaev & Ramdas, "Tracking the risk of a deployed model and detecting harmful distribution shifts", ICLR
   2022, test by betting a tolerance above the source risk; the mixture over start times is the e-detector idea of Shin,
   Ramdas & Rinaldo, "E-detectors", 2023, with summable weights so that the false-alarm *probability*, not only the
-  average run length, is controlled). The weights are ``w_s = 1 / (C (s + 1) log(s + 1)^2)``, ``C = 2.4834`` (an upper
-  bound on their sum) so that the threshold of a change at input 10,000 is only about 12 nats above ``log(1/alpha)``.
+  average run length, is controlled). Processes start every ``stride`` inputs (default 50: the k-th start, at input
+  ``(k - 1) stride + 1``, weighs ``w_k = 1 / (C (k + 1) log(k + 1)^2)``, ``C = 2.4834`` an upper bound on their sum),
+  so that a change at input 2,000 costs about 7 nats above ``log(1/alpha)`` instead of the 12.6 of a start at every
+  input; a change between two starts costs the process started after it at most ``stride - 1`` of its inputs. With a
+  ``horizon`` (the inputs a review period is planned to hold, as a test on fixed windows must know), the starts up to
+  it share ``0.9`` equally and those after it the remaining ``0.1`` as above: a change inside the horizon then costs
+  only ``log(horizon / stride / 0.9)``, and the guarantee still holds past the horizon, which only makes later
+  changes slower to catch. Either way the weights are fixed before any value is seen and sum to at most 1, so
+  Ville's inequality holds.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ __all__ = ["BettingConfidenceSequence", "ChangeDetector"]
 
 LATTICE = 1000
 """Values are kept as counts on ``k / LATTICE`` (rounded against the bet)."""
+
+_TAIL = 0.1  # with a horizon, the share of the weights left for starts after it
 
 _WEIGHT_NORM = 1.0 / (2.0 * math.log(2.0) ** 2) + 1.0 / math.log(2.0)  # >= sum_{s>=1} 1 / ((s+1) log(s+1)^2)
 
@@ -169,6 +178,9 @@ class ChangeDetector:
         target (`float`): the promised mean, in (0, 1).
         alpha (`float`): the false-alarm probability allowed, in (0, 1).
         bets (`int`, *optional*, defaults to 6): bet sizes ``2^-g / target``, ``g = 1..bets``, averaged.
+        stride (`int`, *optional*, defaults to 50): a wealth process starts every ``stride`` values.
+        horizon (`int`, *optional*): the values a review period is planned to hold: the starts within it weigh more
+            (see the module's docstring); the false-alarm bound holds either way, past the horizon too.
 
     Attributes:
         n (`int`): values seen.
@@ -194,12 +206,18 @@ class ChangeDetector:
     ```
     """
 
-    def __init__(self, target: float, alpha: float, bets: int = 6) -> None:
+    def __init__(self, target: float, alpha: float, bets: int = 6, stride: int = 50, horizon: int | None = None) -> None:
         if not isinstance(target, (int, float)) or isinstance(target, bool) or not 0 < target < 1:
             raise ValueError(f"target must be a number in (0, 1), got {target!r}.")
         self.target = float(target)
         self.alpha = _check_alpha(alpha)
         self.lambdas = 2.0 ** -np.arange(1, int(bets) + 1) / self.target
+        for name, value in (("bets", bets), ("stride", stride), ("horizon", horizon)):
+            if (value is not None or name != "horizon") and (
+                    not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive whole number, got {value!r}.")
+        self.stride = int(stride)
+        self.horizon = None if horizon is None else int(horizon)
         g = self.lambdas.size
         self.n = 0
         self._wealth = np.zeros(g)  # log wealth of the process started at value 1, after n values
@@ -213,10 +231,16 @@ class ChangeDetector:
         self.since: int | None = None
         self.alarm_evidence: float | None = None
 
-    @staticmethod
-    def _log_weights(positions: np.ndarray) -> np.ndarray:
-        s = positions.astype(np.float64)
-        return -np.log(_WEIGHT_NORM * (s + 1.0) * np.log(s + 1.0) ** 2)
+    def _log_weights(self, positions: np.ndarray) -> np.ndarray:
+        on = (positions - 1) % self.stride == 0
+        s = ((positions - 1) // self.stride + 1).astype(np.float64)
+        if self.horizon is None:
+            return np.where(on, -np.log(_WEIGHT_NORM * (s + 1.0) * np.log(s + 1.0) ** 2), -np.inf)
+        starts = -(-self.horizon // self.stride)
+        late = np.maximum(s - starts, 1.0)
+        log_w = np.where(s <= starts, math.log((1.0 - _TAIL) / starts),
+                         math.log(_TAIL) - np.log(_WEIGHT_NORM * (late + 1.0) * np.log(late + 1.0) ** 2))
+        return np.where(on, log_w, -np.inf)
 
     @property
     def evidence(self) -> float:

@@ -176,3 +176,99 @@ def test_cost_channel_and_labels_not_asked_for():
     assert cost["upper"] <= 2.0 and cost["lower"] <= 0.75 <= cost["upper"]
     monitor.update(labels={"c": "yes", "zzz": "no"})  # "c" was kept and not audited; "zzz" was never seen
     assert monitor.state()["labels_ignored"] == 2
+
+
+def test_recalibration_isotonic_values_by_hand():
+    monitor = DeferralMonitor(["alice", "bob"])
+    rows = [kept(0.6), kept(0.7), kept(0.8), kept(0.9), deferred("alice", alice=0.5), deferred("alice", alice=0.6),
+            deferred("alice", alice=0.7), deferred("alice", alice=0.9), deferred("bob", bob=0.7)]
+    labels = ["yes", "no", "yes", "yes", "yes", "yes", "yes", "yes", "yes"]  # the classifier answers "yes" on kept rows
+    answers = [None, None, None, None, "no", "yes", "no", "yes", "yes"]  # alice: wrong, right, wrong, right
+    monitor.recalibrate(rows, labels, expert_answers=answers, min_rows=4, cross_check=False)
+    # classifier on the kept rows (score, right): (0.6,1) (0.7,0) (0.8,1) (0.9,1): 1 then 0 break the order and are
+    # pooled to 1/2 at 0.6 and 0.7; 1 at 0.8 and 0.9. Alice on the rows deferred to her: (0.5,0) (0.6,1) (0.7,0)
+    # (0.9,1): 0, then 1/2 at 0.6 and 0.7, then 1. Bob: one row, fewer than min_rows: raw
+    assert monitor.recalibration == {"fitted_on_rows": {"classifier": 4, "expert:alice": 4}, "raw": ["expert:bob"]}
+    got = monitor.estimated_errors([kept(0.65), kept(0.75), kept(0.95), kept(0.3), deferred("alice", alice=0.8),
+                                    deferred("alice", alice=0.55), deferred("bob", bob=0.7)])
+    # between the fitted points linearly, beyond them the end values
+    np.testing.assert_allclose(got, [0.5, 1 - 0.75, 0.0, 0.5, 1 - 0.75, 1 - 0.25, 0.3])
+    monitor.update([kept(0.75)])
+    assert monitor.state()["channels"]["estimated_error"]["mean"] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="before its first update"):
+        monitor.recalibrate(rows, labels)
+
+
+def miscalibrated(rng, n):
+    """Rows whose classifier is right with chance score^3 (overconfident) and whose expert alice is right with chance
+    her score - 0.3; half are deferred to her. Returns the outputs, labels, her answers and each row's true chance."""
+    score, alice, defer = rng.uniform(0.5, 1, n), rng.uniform(0.6, 1, n), rng.random(n) < 0.5
+    right_class, right_alice = rng.random(n) < score ** 3, rng.random(n) < alice - 0.3
+    outputs = [{"defer": bool(d), "expert": "alice" if d else None, "class_label": "yes", "class_score": float(s),
+                "expert_scores": {"alice": float(a)}} for d, s, a in zip(defer, score, alice)]
+    labels = ["yes" if r else "no" for r in right_class]
+    answers = [(label if r else ("no" if label == "yes" else "yes")) if d else None
+               for label, r, d in zip(labels, right_alice, defer)]
+    return outputs, labels, answers, np.where(defer, alice - 0.3, score ** 3)
+
+
+def test_recalibrated_estimate_is_closer_to_the_truth_on_miscalibrated_scores():
+    rng = np.random.default_rng(0)
+    reference = miscalibrated(rng, 4000)
+    outputs, _, _, chance = miscalibrated(rng, 5000)
+    truth = 1 - chance.mean()  # the expected error of these rows, from the chances that drew them
+    raw = DeferralMonitor(["alice"])
+    raw.update(outputs)
+    fixed = DeferralMonitor(["alice"]).recalibrate(reference[0], reference[1], expert_answers=reference[2])
+    fixed.update(outputs)
+    raw_error = abs(raw.state()["channels"]["estimated_error"]["mean"] - truth)
+    fixed_error = abs(fixed.state()["channels"]["estimated_error"]["mean"] - truth)
+    assert raw_error > 0.2  # 1 - E[score] against 1 - E[score^3], 1 - E[a] against 1 - E[a - 0.3]
+    assert fixed_error < 0.02 and fixed_error < raw_error / 10
+    # row by row too: the recalibrated chances are near the true ones
+    assert np.abs((1 - fixed.estimated_errors(outputs)) - chance).mean() < 0.05
+
+
+def test_cross_check_keeps_calibrated_scores_raw():
+    rng = np.random.default_rng(2)
+    score = rng.uniform(0.5, 1, 300)  # calibrated: right with chance score
+    outputs = [kept(float(p), label="yes") for p in score]
+    labels = ["yes" if r else "no" for r in rng.random(300) < score]
+    checked = DeferralMonitor(["alice", "bob"]).recalibrate(outputs, labels)
+    assert checked.recalibration == {"fitted_on_rows": {}, "raw": ["classifier"]}
+    assert DeferralMonitor(["alice", "bob"]).recalibrate(outputs, labels, cross_check=False).recalibration == {
+        "fitted_on_rows": {"classifier": 300}, "raw": []}
+
+
+def test_from_model_with_a_reference(tmp_path):
+    config = hf_defer.DeferralConfig(feature_size=4, num_labels=2, expert_names=["alice"])
+    config.deferral_guarantee = {"confidence": 0.9, "claims": [{"kind": "deferral_rate", "target": 0.2}]}
+    rng = np.random.default_rng(1)
+    outputs, labels, answers, _ = miscalibrated(rng, 500)
+    monitor = DeferralMonitor.from_model(config, reference={"outputs": outputs, "labels": labels,
+                                                            "expert_answers": answers}, horizon=1000)
+    deferred_rows = sum(out["defer"] for out in outputs)
+    assert monitor.recalibration["fitted_on_rows"] == {"classifier": 500 - deferred_rows, "expert:alice": deferred_rows}
+    assert monitor.channels["deferral_rate"].detector.horizon == 1000
+    same = DeferralMonitor.from_model(config, reference=(outputs, labels, answers))
+    np.testing.assert_allclose(same.estimated_errors(outputs), monitor.estimated_errors(outputs))
+    with pytest.raises(ValueError, match="reference must hold outputs, labels"):
+        DeferralMonitor.from_model(config, reference={"outputs": outputs})
+    with pytest.raises(ValueError, match="500 outputs, 499 labels"):
+        DeferralMonitor.from_model(config, reference=(outputs, labels[:-1]))
+    with pytest.raises(ValueError, match="horizon must be a positive whole number"):
+        DeferralMonitor(["alice"], horizon=-5)
+
+
+def test_recalibration_of_a_route_only_model_by_hand():
+    def routed(accuracy):
+        return {"defer": True, "expert": "alice", "estimated_accuracy": accuracy}
+
+    monitor = DeferralMonitor(["alice"])
+    # (estimated accuracy, right): (0.9,0) (0.8,1) (0.7,1) (0.6,0): sorted 0, 1, 1, 0 -> 0, then 1, 1, 0 pooled to 2/3
+    monitor.recalibrate([routed(0.9), routed(0.8), routed(0.7), routed(0.6)], [0, 1, 1, 0], min_rows=4,
+                        cross_check=False)
+    assert monitor.recalibration == {"fitted_on_rows": {"route": 4}, "raw": []}
+    np.testing.assert_allclose(monitor.estimated_errors([routed(0.65), routed(0.85)]), [1 - 1 / 3, 1 - 2 / 3])
+    with pytest.raises(ValueError, match=r"labels\[1\] must be 1 \(the chosen expert was right\) or 0"):
+        DeferralMonitor(["alice"]).recalibrate([routed(0.9), routed(0.8)], [1, "yes"])

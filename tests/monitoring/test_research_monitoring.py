@@ -6,7 +6,7 @@ import pytest
 
 from research.monitoring_data import Population, Setting
 from research.monitoring_report import cbpe_reimplemented
-from research.monitoring_streams import Targets, _naive_first_alarm, certify, summarize
+from research.monitoring_streams import Targets, _naive_first_alarm, certify, reference_rows, summarize
 
 
 def test_cbpe_recalibrates_on_the_reference_then_averages_each_chunk():
@@ -51,3 +51,13 @@ def test_certified_targets():
     assert 0.17 < deferred.mean() <= 0.2  # the binomial order statistic, at 0.95
     error = np.where(deferred, 0.0, cal.loss_kept).mean()
     assert error < targets.max_error <= error + 0.03 and round(targets.max_error, 2) == targets.max_error
+
+
+def test_reference_rows_carry_the_calibration_truth():
+    cal = Population("cal", np.array([-1.0, 1.0, 0.5]), np.array([0.9, 0.8, 0.7]), np.array([0.6, 0.95, 0.85]),
+                     np.zeros(3, dtype=int), np.array([1.0, 0.0, 0.0]), np.array([0.0, 1.0, 0.0]))
+    outputs, labels, answers = reference_rows(Setting("s", "", ["e"], cal, {}), Targets(0.0, 0.2, 0.1, 0.9))
+    assert [out["defer"] for out in outputs] == [False, True, True]
+    assert [out["class_label"] for out in outputs] == ["n", "y", "y"] and labels == ["y"] * 3  # kept row 0 wrong
+    assert answers == [None, "n", "y"]  # the expert, on the deferred rows: wrong, right
+    assert [out["expert_scores"]["e"] for out in outputs] == [0.6, 0.95, 0.85]

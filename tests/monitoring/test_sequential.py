@@ -68,7 +68,7 @@ def test_confidence_sequence_covers_at_all_checked_times(draw):
 
 
 def test_detector_evidence_by_hand():
-    detector = ChangeDetector(target=0.5, alpha=0.1, bets=1)  # lambda = 1/2 / 0.5 = 1
+    detector = ChangeDetector(target=0.5, alpha=0.1, bets=1, stride=1)  # lambda = 1/2 / 0.5 = 1; a start per value
     detector.update([1.0])
     w1 = 1 / (WEIGHT_NORM * 2 * math.log(2) ** 2)
     assert detector.evidence == pytest.approx(w1 * 1.5 + (1 - w1))
@@ -78,14 +78,30 @@ def test_detector_evidence_by_hand():
     assert detector.alarm_at is None and detector.n == 2
 
 
-def test_false_alarms_stay_below_alpha_where_a_repeated_window_test_does_not():
+def test_starts_every_stride_and_horizon_weights_by_hand():
+    c = WEIGHT_NORM
+    detector = ChangeDetector(target=0.5, alpha=0.1, bets=1, stride=2)  # processes start at values 1 and 3
+    detector.update([1.0, 0.0, 1.0])
+    w1, w2 = 1 / (c * 2 * math.log(2) ** 2), 1 / (c * 3 * math.log(3) ** 2)
+    assert detector.evidence == pytest.approx(w1 * 1.5 * 0.5 * 1.5 + w2 * 1.5 + (1 - w1 - w2))
+    # horizon 4 with stride 2: the starts at values 1 and 3 share 0.9; the one at 5 is the first after it
+    detector = ChangeDetector(target=0.5, alpha=0.1, bets=1, stride=2, horizon=4)
+    detector.update([1.0, 0.0])
+    detector.update([1.0, 1.0, 1.0])
+    w3 = 0.1 / (c * 2 * math.log(2) ** 2)
+    expected = 0.45 * 1.5 * 0.5 * 1.5 ** 3 + 0.45 * 1.5 ** 3 + w3 * 1.5 + (1 - 0.9 - w3)
+    assert detector.evidence == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("options", [{}, {"stride": 1}, {"horizon": 3000}, {"horizon": 500}])
+def test_false_alarms_stay_below_alpha_where_a_repeated_window_test_does_not(options):
     alpha, streams, length, window = 0.1, 300, 3000, 200
     rng = np.random.default_rng(3)
     alarms = naive = 0
     limit = binom.ppf(1 - alpha, window, 0.1)  # the one-window test at level alpha, repeated on each window
     for _ in range(streams):
         x = rng.random(length) < 0.1  # exactly at the target: the hardest unshifted stream
-        detector = ChangeDetector(target=0.1, alpha=alpha)
+        detector = ChangeDetector(target=0.1, alpha=alpha, **options)
         for chunk in np.split(x, 10):
             detector.update(chunk)
         alarms += detector.alarm_at is not None
@@ -113,5 +129,9 @@ def test_bad_arguments_are_named():
         ChangeDetector(target=1.0, alpha=0.1)
     with pytest.raises(ValueError, match="alpha"):
         ChangeDetector(target=0.1, alpha=0)
+    with pytest.raises(ValueError, match="horizon must be a positive whole number, got 0"):
+        ChangeDetector(target=0.1, alpha=0.1, horizon=0)
+    with pytest.raises(ValueError, match="stride must be a positive whole number, got 2.5"):
+        ChangeDetector(target=0.1, alpha=0.1, stride=2.5)
     with pytest.raises(ValueError, match=r"values must lie in \[0, 1\], got 1.5 at position 1"):
         BettingConfidenceSequence().update([0.2, 1.5])
