@@ -125,8 +125,11 @@ guarantees: install
 # against a repeated window test, and its label-free error estimate against NannyML's CBPE, run in its own venv
 # (NANNYML_VENV, created on first use: nannyml 0.13 pins what the training stack does not). ImageNet-16H needs its
 # folder (not shipped): MONITORING_ARGS="--imagenet16h PATH"; committed results are kept unless it holds --overwrite.
+# The follow-up section (the recalibrated estimate, starts every 50 rows, a horizon) on the same streams:
+# MONITORING_FOLLOWUP_ARGS="--imagenet16h PATH".
 NANNYML_VENV ?= .venv-nannyml
 MONITORING_ARGS ?=
+MONITORING_FOLLOWUP_ARGS ?=
 
 $(NANNYML_VENV)/bin/python:
 	$(PYTHON) -m venv $(NANNYML_VENV)
@@ -135,6 +138,8 @@ $(NANNYML_VENV)/bin/python:
 monitoring: install $(NANNYML_VENV)/bin/python
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) scripts/monitoring.py \
 		--nannyml-python $(NANNYML_VENV)/bin/python $(MONITORING_ARGS)
+	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) research/monitoring_followup.py \
+		$(MONITORING_FOLLOWUP_ARGS)
 
 # From deferral to reviewers and back (README): hf_defer.review with label-studio-sdk in .venv, the Label Studio server
 # in its own venv (LS_VENV, created on first use: its pins differ from the training stack). The admin's API token comes
