@@ -346,7 +346,7 @@ def _input_text(data: DeferralModelCardData) -> tuple[str, str]:
 
 
 def _metric_rows(data: DeferralModelCardData) -> list[dict[str, str]]:
-    """The metrics table: each metric but the budgeted errors, by name (per expert by the expert's), with its meaning."""
+    """The metrics table: each metric but the budgeted errors, by name (per expert: the expert's), with its meaning."""
     return [
         {"name": name, "value": str(value) if _is_count_key(key) else f"{value:.4f}",  # per-expert rows by name
          "meaning": meaning}
