@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Sequence
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -149,6 +149,137 @@ def _read_config(surrogate: Any, num_experts: int, width: int) -> tuple[Deferral
     return get_surrogate(surrogate, width - num_experts, num_experts), None, 0.0, None
 
 
+class _Rows(NamedTuple):
+    """The rows that are evaluated (label not -100), as the surrogate checked them."""
+
+    logits: torch.Tensor  # [n, K + M]
+    y: torch.Tensor  # [n] the true classes
+    correct: torch.Tensor  # [n, M] each expert's correctness or score
+    observed: torch.Tensor  # [n, M] whether each expert answered
+    allowed: torch.Tensor | None  # [n, M] who may be deferred to; None: everyone
+
+
+def _evaluated_rows(scorer: DeferralSurrogate, logits: torch.Tensor, labels: Any, expert_labels: Any,
+                    expert_correct: Any, available: Any) -> _Rows:
+    """Checks the logits, labels, expert targets and availability, and keeps the rows whose label is not -100."""
+    logits = scorer.check_logits(logits)
+    if expert_correct is not None:
+        expert_correct = _as_tensor("expert_correct", expert_correct)
+    elif expert_labels is not None:
+        expert_labels = _as_tensor("expert_labels", expert_labels)
+    y, correct, observed, valid = scorer.check_expert_targets(
+        _as_tensor("labels", labels), expert_labels, logits.shape[0], expert_correct=expert_correct)
+    allowed = scorer.check_available(None if available is None else _as_tensor("available", available),
+                                     logits.shape[0])
+    # Who may be asked is what the pipeline is told (`available`), never who happened to answer: at decision time
+    # nobody knows that. A deferral to an expert without a recorded answer is counted apart (unscored).
+    return _Rows(logits[valid], y[valid], correct[valid], observed[valid], None if allowed is None else allowed[valid])
+
+
+class _Decisions(NamedTuple):
+    """The pipeline's decision on each evaluated row, with what scores it."""
+
+    y: np.ndarray  # [n] the true classes
+    defer: np.ndarray  # [n] bool: deferred
+    prediction: np.ndarray  # [n] the classifier's answer
+    expert: np.ndarray  # [n] the chosen expert
+    paid: torch.Tensor | None  # [M] the experts' costs; None: all free
+    accuracy: np.ndarray  # [n, M] each expert's estimated accuracy
+    correct: np.ndarray  # [n, M] each expert's correctness or score
+    observed: np.ndarray  # [n, M] whether each expert answered
+    rank_score: np.ndarray  # [n] what a budget keeps deferrals by
+    classifier_wrong: np.ndarray  # [n] 1.0 where the classifier's answer is wrong
+    chosen_wrong: np.ndarray  # [n] 1 - the chosen expert's correctness (read only where deferred and answered)
+    chosen_answered: np.ndarray  # [n] bool: the chosen expert answered
+
+    @property
+    def unscored(self) -> np.ndarray:
+        """[n] bool: deferred to an expert with no recorded answer, so neither right nor wrong."""
+        return self.defer & ~self.chosen_answered
+
+    @property
+    def sparse(self) -> bool:
+        """Whether some expert's answer is missing."""
+        return not bool(self.observed.all())
+
+    def system_error(self, deferred: np.ndarray) -> float:
+        """The mean 0-1-deferral loss when ``deferred`` are deferred, over the rows that can be scored."""
+        scored = ~deferred | self.chosen_answered  # an unscored deferral is neither right nor wrong: left out
+        if not scored.any():
+            return float("nan")
+        return float(np.mean(np.where(deferred, self.chosen_wrong, self.classifier_wrong)[scored]))
+
+
+def _decide(scorer: DeferralSurrogate, rows: _Rows, costs: Any, threshold: float, budget_ranking: str) -> _Decisions:
+    """The pipeline's decision on each row (defer or not, answer, chosen expert) and the score budgets rank by."""
+    n = int(rows.y.shape[0])
+    if n == 0:
+        raise ValueError("labels has no row to evaluate: every label is -100.")
+    allowed = rows.allowed
+    if allowed is not None and bool(allowed.all()):
+        allowed = None  # every expert may be asked: the decision of a model with no mask
+    # The logits were checked by _evaluated_rows: the unchecked forms, so each is read once.
+    paid = scorer.check_costs(costs)
+    defer, prediction, expert = (t.numpy() for t in scorer._decide(rows.logits, paid, threshold, allowed))
+    _, accuracy = scorer._probabilities(rows.logits)
+    accuracy = accuracy.double().numpy()
+    y, correct, observed = rows.y.numpy(), rows.correct.double().numpy(), rows.observed.numpy()
+    index = np.arange(n)
+    if budget_ranking == "margin":
+        rank_score = scorer._margin(rows.logits, paid, allowed)[0].numpy()
+    else:
+        rank_score = accuracy[index, expert]
+    return _Decisions(y=y, defer=defer, prediction=prediction, expert=expert, paid=paid, accuracy=accuracy,
+                      correct=correct, observed=observed, rank_score=rank_score,
+                      classifier_wrong=(prediction != y).astype(np.float64),
+                      chosen_wrong=1.0 - correct[index, expert], chosen_answered=observed[index, expert])
+
+
+def _system_metrics(d: _Decisions) -> dict[str, Any]:
+    """``system_error``, ``coverage``, ``classifier_error``, ``majority_class_error`` and the unscored counts."""
+    n = d.y.shape[0]
+    metrics: dict[str, Any] = {
+        "system_error": d.system_error(d.defer),
+        "coverage": float(1.0 - d.defer.mean()),
+        "classifier_error": float(1.0 - (d.prediction == d.y).mean()),  # as computed before: the same float bits
+        "majority_class_error": float(1.0 - np.bincount(d.y).max() / n),
+    }
+    if d.sparse:  # some answer is missing: how many deferrals could not be scored, and on how many rows the error is
+        metrics["unscored_deferrals"] = int(d.unscored.sum())
+        metrics["scored_rows"] = int(n - d.unscored.sum())
+    return metrics
+
+
+def _expert_metrics(d: _Decisions, keys: list[str], n_bins: int, soft: bool) -> tuple[dict[str, Any], list[Any]]:
+    """``expert_ece`` and, with ``M > 1``, each expert's ECE, deferral rate and unscored deferrals; the diagrams."""
+    M = d.observed.shape[1]
+    # soft (scores): the ECE compares the estimate with the mean score of each bin
+    diagrams = [reliability_bins(d.accuracy[d.observed[:, j], j], d.correct[d.observed[:, j], j], n_bins, soft=soft)
+                for j in range(M)]
+    eces = {j: reliability_ece(diagram) for j, diagram in enumerate(diagrams) if d.observed[:, j].any()}
+    metrics: dict[str, Any] = {}
+    if eces:
+        metrics["expert_ece"] = float(np.mean(list(eces.values())))
+    if M > 1:
+        for j, ece in eces.items():
+            metrics[f"expert_ece_{keys[j]}"] = ece
+        for j in range(M):
+            metrics[f"deferral_rate_{keys[j]}"] = float(np.mean(d.defer & (d.expert == j)))
+            if d.sparse:
+                metrics[f"unscored_deferrals_{keys[j]}"] = int(np.sum(d.unscored & (d.expert == j)))
+    return metrics, diagrams
+
+
+def _cost_metrics(d: _Decisions) -> dict[str, float]:
+    """``mean_cost`` when some expert cost is not 0: a deferred input pays its expert's price."""
+    return {} if d.paid is None else {"mean_cost": mean_cost(d.defer, d.expert, d.paid.tolist())}
+
+
+def _budgeted_errors(d: _Decisions, budgets: list[float]) -> dict[str, float]:
+    """``budgeted_error_{100x}``: the system error when at most ``floor(x N)`` inputs stay deferred."""
+    return {_budget_key(budget): d.system_error(budget_deferrals(d.defer, d.rank_score, budget)) for budget in budgets}
+
+
 def deferral_metrics(
     logits: Any,
     labels: Any,
@@ -249,86 +380,23 @@ def deferral_metrics(
     scorer, config_costs, config_threshold, config_names = _read_config(surrogate, num_experts, logits.shape[1])
     costs = config_costs if expert_costs is None else expert_costs
     threshold = config_threshold if defer_threshold is None else defer_threshold
+    names = config_names if expert_names is None else expert_names
     if isinstance(scorer, RouteOnlySurrogate):  # no class head: the chosen expert's targets only
         scorer.check_expert_targets(labels, expert_labels, logits.shape[0], expert_correct=expert_correct)
-        keys = expert_keys(config_names if expert_names is None else expert_names, scorer.num_experts)
         return route_only_metrics(logits, expert_correct, scorer, expert_costs=costs, defer_threshold=threshold,
-                                  n_bins=n_bins, budgets={_budget_key(b): b for b in _check_budgets(budgets)},
+                                  n_bins=n_bins, expert_names=expert_keys(names, scorer.num_experts),
+                                  budgets={_budget_key(b): b for b in _check_budgets(budgets)},
                                   budget_ranking=budget_ranking, return_reliability=return_reliability,
-                                  available=available, expert_names=keys, budget=budget_deferrals)
-    M = scorer.num_experts
-    keys = expert_keys(config_names if expert_names is None else expert_names, M)
-    logits = scorer.check_logits(logits)
-    if expert_correct is not None:
-        expert_correct = _as_tensor("expert_correct", expert_correct)
-    elif expert_labels is not None:
-        expert_labels = _as_tensor("expert_labels", expert_labels)
-    y, correct, observed, valid = scorer.check_expert_targets(
-        _as_tensor("labels", labels), expert_labels, logits.shape[0], expert_correct=expert_correct)
-    allowed = scorer.check_available(None if available is None else _as_tensor("available", available),
-                                     logits.shape[0])
+                                  available=available, budget=budget_deferrals)
+    keys = expert_keys(names, scorer.num_experts)
+    rows = _evaluated_rows(scorer, logits, labels, expert_labels, expert_correct, available)
     budgets = _check_budgets(budgets)
-    logits, y, correct, observed = logits[valid], y[valid], correct[valid], observed[valid]
-    # Who may be asked is what the pipeline is told (`available`), never who happened to answer: at decision time
-    # nobody knows that. A deferral to an expert without a recorded answer is counted apart (unscored).
-    allowed = None if allowed is None else allowed[valid]
-    n = int(y.shape[0])
-    if n == 0:
-        raise ValueError("labels has no row to evaluate: every label is -100.")
-    if allowed is not None and bool(allowed.all()):
-        allowed = None  # every expert may be asked: the decision of a model with no mask
-
-    # The logits were checked above: the unchecked forms, so each is read once.
-    paid = scorer.check_costs(costs)
-    defer, prediction, expert = (t.numpy() for t in scorer._decide(logits, paid, threshold, allowed))
-    _, accuracy = scorer._probabilities(logits)
-    accuracy = accuracy.double().numpy()
-    y, correct, observed = y.numpy(), correct.double().numpy(), observed.numpy()
-    rows = np.arange(n)
-    classifier_wrong = (prediction != y).astype(np.float64)
-    chosen_wrong = 1.0 - correct[rows, expert]  # read only where deferred and the chosen expert answered
-    chosen_answered = observed[rows, expert]
-    if budget_ranking == "margin":
-        rank_score = scorer._margin(logits, paid, allowed)[0].numpy()
-    else:
-        rank_score = accuracy[rows, expert]
-
-    def system_error(deferred: np.ndarray) -> float:
-        scored = ~deferred | chosen_answered  # an unscored deferral is neither right nor wrong: left out
-        if not scored.any():
-            return float("nan")
-        return float(np.mean(np.where(deferred, chosen_wrong, classifier_wrong)[scored]))
-
-    unscored = defer & ~chosen_answered
-    metrics: dict[str, Any] = {
-        "system_error": system_error(defer),
-        "coverage": float(1.0 - defer.mean()),
-        "classifier_error": float(1.0 - (prediction == y).mean()),  # as computed before: the same float bits
-        "majority_class_error": float(1.0 - np.bincount(y).max() / n),
-    }
-    sparse = not bool(observed.all())
-    if sparse:  # some answer is missing: how many deferrals could not be scored, and on how many rows the error is
-        metrics["unscored_deferrals"] = int(unscored.sum())
-        metrics["scored_rows"] = int(n - unscored.sum())
-    soft = expert_correct is not None  # scores: the ECE compares the estimate with the mean score of each bin
-    diagrams = [reliability_bins(accuracy[observed[:, j], j], correct[observed[:, j], j], n_bins, soft=soft)
-                for j in range(M)]
-    eces = {j: reliability_ece(diagram) for j, diagram in enumerate(diagrams) if observed[:, j].any()}
-    if eces:
-        metrics["expert_ece"] = float(np.mean(list(eces.values())))
-    if M > 1:
-        for j, ece in eces.items():
-            metrics[f"expert_ece_{keys[j]}"] = ece
-        for j in range(M):
-            metrics[f"deferral_rate_{keys[j]}"] = float(np.mean(defer & (expert == j)))
-            if sparse:
-                metrics[f"unscored_deferrals_{keys[j]}"] = int(np.sum(unscored & (expert == j)))
-    if paid is not None:  # what the decisions cost: a deferred input pays its expert's price
-        metrics["mean_cost"] = mean_cost(defer, expert, paid.tolist())
-    for budget in budgets:
-        metrics[_budget_key(budget)] = system_error(budget_deferrals(defer, rank_score, budget))
+    decisions = _decide(scorer, rows, costs, threshold, budget_ranking)
+    expert_metrics, diagrams = _expert_metrics(decisions, keys, n_bins, soft=expert_correct is not None)
+    metrics = {**_system_metrics(decisions), **expert_metrics, **_cost_metrics(decisions),
+               **_budgeted_errors(decisions, budgets)}
     if return_reliability:
-        metrics["reliability"] = diagrams[0] if M == 1 else diagrams
+        metrics["reliability"] = diagrams[0] if len(diagrams) == 1 else diagrams
     return metrics
 
 

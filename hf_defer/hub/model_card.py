@@ -275,6 +275,131 @@ def default_template_path() -> Path:
     return Path(__file__).resolve().parents[1] / "templates" / TEMPLATE_NAME
 
 
+def _check_card_data(data: Any) -> bool:
+    """Refuses card data that is no `DeferralModelCardData` or names too few classes or experts; whether route-only."""
+    if not isinstance(data, DeferralModelCardData):
+        raise TypeError(f"data must be a DeferralModelCardData, got {type(data).__name__}.")
+    route_only = data.surrogate == "route_only"  # DeferralConfig(route_only=True): experts only, no classes
+    if (len(data.expert_names) < 2 or data.class_names) if route_only else (
+            len(data.class_names) < 2 or not data.expert_names):
+        raise ValueError(
+            "data must name at least 2 classes and 1 expert, or no class and at least 2 experts for a route-only "
+            f"model (use DeferralModelCardData.from_model), got class_names={data.class_names!r}, "
+            f"expert_names={data.expert_names!r}."
+        )
+    return route_only
+
+
+def _card_readme(folder: Path, overwrite: bool) -> Path:
+    """The ``README.md`` to write in ``folder`` (created), refusing to replace one hf_defer did not write."""
+    readme = folder / "README.md"
+    if readme.exists() and not overwrite and not _is_generated_card(readme):
+        raise FileExistsError(
+            f"{str(readme)!r} exists and was not written by hf_defer; pass overwrite=True to replace it."
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    return readme
+
+
+def _plot_reliability(data: DeferralModelCardData, folder: Path) -> str | None:
+    """Draws the reliability diagram next to the card; its file name, `None` without data or matplotlib."""
+    if not data.reliability:
+        return None
+    try:
+        plot_reliability_diagram(data.reliability, folder / RELIABILITY_IMAGE, data.expert_names)
+    except ImportError:
+        logger.warning("matplotlib is not installed: the model card has no reliability diagram.")
+        return None
+    return RELIABILITY_IMAGE
+
+
+def _plot_error_cost(data: DeferralModelCardData, folder: Path) -> str | None:
+    """Draws the error-cost curve next to the card when some expert has a cost; its file name, else `None`."""
+    if not (data.error_cost_curve and any(cost > 0 for cost in data.expert_costs or [])):
+        return None
+    try:
+        from ..evaluation.costs import plot_error_cost_curves
+
+        curve = (data.error_cost_curve["cost"], data.error_cost_curve["error"])
+        plot_error_cost_curves({"this model": curve}, folder / ERROR_COST_IMAGE, title="Error against cost")
+    except ImportError:
+        logger.warning("matplotlib is not installed: the model card has no error-cost curve.")
+        return None
+    return ERROR_COST_IMAGE
+
+
+def _input_text(data: DeferralModelCardData) -> tuple[str, str]:
+    """What the model takes, in words, and the usage example's input (a dict with the side features, if any)."""
+    input_description, example_input, _ = _INPUTS[data.input_kind]
+    if not data.side_features:
+        return input_description, example_input
+    # each input is a dict holding them; the example gives a category or the mean
+    names = [spec["name"] for spec in data.side_features]
+    input_description += (", with the side feature(s) " + ", ".join(f"`{name}`" for name in names)
+                          + " beside it: each input a dict holding them, as in the example below")
+    values = [json.dumps(spec["categories"][0]) if spec["kind"] == "categorical" else f"{spec['mean']:.4g}"
+              for spec in data.side_features]
+    key = "features" if data.input_kind == "features" else "text"
+    example_input = "{" + ", ".join([f'"{key}": {example_input}', *(f"{json.dumps(name)}: {value}"
+                                                                       for name, value in zip(names, values))]) + "}"
+    return input_description, example_input
+
+
+def _metric_rows(data: DeferralModelCardData) -> list[dict[str, str]]:
+    """The metrics table: each metric but the budgeted errors, by name (per expert: the expert's), with its meaning."""
+    return [
+        {"name": name, "value": str(value) if _is_count_key(key) else f"{value:.4f}",  # per-expert rows by name
+         "meaning": meaning}
+        for key, value in data.metrics.items()
+        for name, meaning in [metric_name_and_meaning(key, data.expert_names or None)]
+        if not key.startswith("budgeted_error_")
+    ]
+
+
+def _budget_rows(data: DeferralModelCardData) -> list[dict[str, str]]:
+    """The budgeted errors table, by increasing budget."""
+    return [
+        {"budget": f"{key.rsplit('_', 1)[1]}%", "value": f"{value:.4f}"}
+        for key, value in sorted(((key, value) for key, value in data.metrics.items() if key.startswith("budgeted_error_")),
+                                 key=lambda item: float(item[0].rsplit("_", 1)[1]))
+    ]
+
+
+def _evaluation_text(data: DeferralModelCardData, dataset_label: str) -> str:
+    """Where and how the metrics were measured, and the inputs left unscored."""
+    if not data.metrics:
+        return "No evaluation results were recorded for this model."
+    size = f" ({data.num_eval_examples} examples)" if data.num_eval_examples else ""
+    split = f", split `{data.dataset_split}`" if data.dataset_split else ""
+    unscored = data.metrics.get("unscored_deferrals")
+    return (
+        f"Evaluated on {dataset_label}{split}{size}, with the pipeline's default decision rule (its costs and "
+        "threshold, as saved in the model's config): coverage and deferral rates are those of the decisions the "
+        "pipeline makes on these inputs. The metrics other than counts are "
+        "fractions in [0, 1] (Cao et al., 2023, appendix \"Details of Evaluation Metrics\")."
+        + (f" {unscored} input(s) went to an expert with no recorded answer: they count in the coverage and "
+           f"deferral rates but cannot be scored, so the errors are over the other {data.metrics.get('scored_rows')}"
+           " inputs." if unscored else "")
+    )
+
+
+def _training_text(data: DeferralModelCardData, dataset_label: str) -> str:
+    """What the model was trained on, and on how many examples."""
+    training = data.training_description or (
+        f"Trained on {dataset_label}." if (data.dataset_name or data.dataset_id) else "[More information needed]"
+    )
+    if data.num_train_examples:
+        training += f" Training examples: {data.num_train_examples}."
+    return training
+
+
+def _threshold_text(data: DeferralModelCardData) -> str:
+    """The deferral threshold, and whether it is certified or calibrated to a budget."""
+    threshold = data.defer_threshold
+    return f"{threshold:.4g}" + (" (certified: see the guarantee below)" if data.deferral_guarantee
+                                 else " (calibrated to a deferral budget)" if threshold else "")
+
+
 def render_model_card(
     data: DeferralModelCardData,
     save_directory: str | os.PathLike,
@@ -312,87 +437,15 @@ def render_model_card(
 
     ```
     """
-    if not isinstance(data, DeferralModelCardData):
-        raise TypeError(f"data must be a DeferralModelCardData, got {type(data).__name__}.")
-    route_only = data.surrogate == "route_only"  # DeferralConfig(route_only=True): experts only, no classes
-    if (len(data.expert_names) < 2 or data.class_names) if route_only else (
-            len(data.class_names) < 2 or not data.expert_names):
-        raise ValueError(
-            "data must name at least 2 classes and 1 expert, or no class and at least 2 experts for a route-only "
-            f"model (use DeferralModelCardData.from_model), got class_names={data.class_names!r}, "
-            f"expert_names={data.expert_names!r}."
-        )
-    folder = Path(save_directory)
-    readme = folder / "README.md"
-    if readme.exists() and not overwrite and not _is_generated_card(readme):
-        raise FileExistsError(
-            f"{str(readme)!r} exists and was not written by hf_defer; pass overwrite=True to replace it."
-        )
-    folder.mkdir(parents=True, exist_ok=True)
-
-    image = None
-    if data.reliability:
-        try:
-            plot_reliability_diagram(data.reliability, folder / RELIABILITY_IMAGE, data.expert_names)
-            image = RELIABILITY_IMAGE
-        except ImportError:
-            logger.warning("matplotlib is not installed: the model card has no reliability diagram.")
-
-    cost_image = None
-    if data.error_cost_curve and any(cost > 0 for cost in data.expert_costs or []):
-        try:
-            from ..evaluation.costs import plot_error_cost_curves
-
-            curve = (data.error_cost_curve["cost"], data.error_cost_curve["error"])
-            plot_error_cost_curves({"this model": curve}, folder / ERROR_COST_IMAGE, title="Error against cost")
-            cost_image = ERROR_COST_IMAGE
-        except ImportError:
-            logger.warning("matplotlib is not installed: the model card has no error-cost curve.")
-
-    input_description, example_input, _ = _INPUTS[data.input_kind]
-    if data.side_features:  # each input is a dict holding them; the example gives a category or the mean
-        names = [spec["name"] for spec in data.side_features]
-        input_description += (", with the side feature(s) " + ", ".join(f"`{name}`" for name in names)
-                              + " beside it: each input a dict holding them, as in the example below")
-        values = [json.dumps(spec["categories"][0]) if spec["kind"] == "categorical" else f"{spec['mean']:.4g}"
-                  for spec in data.side_features]
-        key = "features" if data.input_kind == "features" else "text"
-        example_input = "{" + ", ".join([f'"{key}": {example_input}', *(f"{json.dumps(name)}: {value}"
-                                                                           for name, value in zip(names, values))]) + "}"
+    route_only = _check_card_data(data)
+    readme = _card_readme(Path(save_directory), overwrite)
+    image = _plot_reliability(data, readme.parent)
+    cost_image = _plot_error_cost(data, readme.parent)
+    input_description, example_input = _input_text(data)
     dataset_label = _display_name(data.dataset_name or data.dataset_id) or "held-out evaluation data"
-    metric_rows = [
-        {"name": name, "value": str(value) if _is_count_key(key) else f"{value:.4f}",  # per-expert rows by name
-         "meaning": meaning}
-        for key, value in data.metrics.items()
-        for name, meaning in [metric_name_and_meaning(key, data.expert_names or None)]
-        if not key.startswith("budgeted_error_")
-    ]
-    budget_rows = [
-        {"budget": f"{key.rsplit('_', 1)[1]}%", "value": f"{value:.4f}"}
-        for key, value in sorted(((key, value) for key, value in data.metrics.items() if key.startswith("budgeted_error_")),
-                                 key=lambda item: float(item[0].rsplit("_", 1)[1]))
-    ]
-    if data.metrics:
-        size = f" ({data.num_eval_examples} examples)" if data.num_eval_examples else ""
-        split = f", split `{data.dataset_split}`" if data.dataset_split else ""
-        unscored = data.metrics.get("unscored_deferrals")
-        evaluation_text = (
-            f"Evaluated on {dataset_label}{split}{size}, with the pipeline's default decision rule (its costs and "
-            "threshold, as saved in the model's config): coverage and deferral rates are those of the decisions the "
-            "pipeline makes on these inputs. The metrics other than counts are "
-            "fractions in [0, 1] (Cao et al., 2023, appendix \"Details of Evaluation Metrics\")."
-            + (f" {unscored} input(s) went to an expert with no recorded answer: they count in the coverage and "
-               f"deferral rates but cannot be scored, so the errors are over the other {data.metrics.get('scored_rows')}"
-               " inputs." if unscored else "")
-        )
-    else:
-        evaluation_text = "No evaluation results were recorded for this model."
-    training = data.training_description or (
-        f"Trained on {dataset_label}." if (data.dataset_name or data.dataset_id) else "[More information needed]"
-    )
-    if data.num_train_examples:
-        training += f" Training examples: {data.num_train_examples}."
-    threshold = data.defer_threshold
+    metric_rows, budget_rows = _metric_rows(data), _budget_rows(data)
+    evaluation_text = _evaluation_text(data, dataset_label)
+    training = _training_text(data, dataset_label)
     card = ModelCard.from_template(
         data,
         template_path=str(template_path or default_template_path()),
@@ -407,8 +460,7 @@ def render_model_card(
         route_only=route_only,
         class_names=data.class_names,
         expert_names=data.expert_names,
-        defer_threshold_text=f"{threshold:.4g}" + (" (certified: see the guarantee below)" if data.deferral_guarantee
-                                                   else " (calibrated to a deferral budget)" if threshold else ""),
+        defer_threshold_text=_threshold_text(data),
         expert_description=data.expert_description or "[More information needed: who the experts are and how their "
         "labels were collected.]",
         training_data_text=training,
