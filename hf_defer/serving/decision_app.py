@@ -66,14 +66,7 @@ def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None
     ```
     """
     config = pipe.model.config
-    if is_route_only(config):
-        raise ValueError("--model is a route-only model (no class head, no answer of its own): serve it with "
-                         "`hf-defer serve --router`.")
-    if review_project is not None:
-        missing = sorted(set(config.id2label.values()) - set(review_project.classes))
-        if missing:
-            raise ValueError(f"the review project {review_project.title!r} does not offer the model's classes "
-                             f"{missing} (it offers {review_project.classes}).")
+    _check_servable(config, review_project)
     decisions: dict[str, dict[str, Any]] = {}
     reviews: dict[str, dict[str, Any]] = {}  # task key -> the latest answer pulled
     lock = asyncio.Lock()  # one pipeline / review call at a time (neither is thread-safe)
@@ -124,15 +117,7 @@ def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None
     @app.post("/v1/decide")
     async def decide(request: Request) -> JSONResponse:
         body = await read_json_object(request, '{"input": ..., "id": ...}')
-        if "input" not in body:
-            return _error(400, "the request body must be a JSON object with an \"input\" (the text to decide on).",
-                          "input")
-        model_input, given_id = body["input"], body.get("id")
-        _check_input(pipe.input_kind, model_input)
-        if given_id is not None and (not isinstance(given_id, (str, int)) or isinstance(given_id, bool)
-                                     or not str(given_id).strip()):
-            return _error(400, f"id must be a non-empty string or an integer, got {given_id!r:.60}.", "id")
-        decision_id = str(given_id) if given_id is not None else uuid.uuid4().hex
+        model_input, decision_id = _checked_request(body, pipe.input_kind)
         if decision_id in decisions:
             if decisions[decision_id]["input"] != model_input:
                 return _error(409, f"id {decision_id!r} was already used for another input.", "id")
@@ -142,12 +127,7 @@ def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None
                 output = await asyncio.to_thread(run_model, model_input, body.get("available_experts"))
             except (ValueError, TypeError) as error:
                 return _error(400, str(error), "input")
-            record: dict[str, Any] = {
-                "id": decision_id, "input": model_input, "deferred": bool(output["defer"]),
-                "status": "deferred" if output["defer"] else "answered",
-                "answer": None if output["defer"] else output["label"], "expert": output["expert"],
-                "suggestion": output["class_label"], "class_score": output["class_score"],
-                "expert_scores": output["expert_scores"], "task_id": None, "reviewer": None}
+            record = _decision_record(decision_id, model_input, output)
             if output["defer"] and review_project is not None:
                 text = model_input if isinstance(model_input, str) else str(model_input)
                 try:
@@ -180,6 +160,40 @@ def build_decision_app(pipe: Any, *, review_project: ReviewProject | None = None
         return JSONResponse(_public(record))
 
     return app
+
+
+def _check_servable(config: Any, review_project: ReviewProject | None) -> None:
+    """A `ValueError` unless the model has a class head and the review project (if any) offers its classes."""
+    if is_route_only(config):
+        raise ValueError("--model is a route-only model (no class head, no answer of its own): serve it with "
+                         "`hf-defer serve --router`.")
+    if review_project is not None:
+        missing = sorted(set(config.id2label.values()) - set(review_project.classes))
+        if missing:
+            raise ValueError(f"the review project {review_project.title!r} does not offer the model's classes "
+                             f"{missing} (it offers {review_project.classes}).")
+
+
+def _decision_record(decision_id: str, model_input: Any, output: dict[str, Any]) -> dict[str, Any]:
+    """What the app keeps of one decision: the pipeline's output as `deferred` or `answered`, no review yet."""
+    return {"id": decision_id, "input": model_input, "deferred": bool(output["defer"]),
+            "status": "deferred" if output["defer"] else "answered",
+            "answer": None if output["defer"] else output["label"], "expert": output["expert"],
+            "suggestion": output["class_label"], "class_score": output["class_score"],
+            "expert_scores": output["expert_scores"], "task_id": None, "reviewer": None}
+
+
+def _checked_request(body: dict[str, Any], kind: str) -> tuple[Any, str]:
+    """The input and the decision's id (the client's, or a new one) of a `POST /v1/decide` body; a [`RequestError`]
+    naming the field otherwise."""
+    if "input" not in body:
+        raise RequestError("the request body must be a JSON object with an \"input\" (the text to decide on).", "input")
+    model_input, given_id = body["input"], body.get("id")
+    _check_input(kind, model_input)
+    if given_id is not None and (not isinstance(given_id, (str, int)) or isinstance(given_id, bool)
+                                 or not str(given_id).strip()):
+        raise RequestError(f"id must be a non-empty string or an integer, got {given_id!r:.60}.", "id")
+    return model_input, str(given_id) if given_id is not None else uuid.uuid4().hex
 
 
 def _check_input(kind: str, value: Any) -> None:
