@@ -73,6 +73,7 @@ def calibrate_file(model: str, input_path: str, *, confidence: float | None = No
     from ..data.preparation import prepare_deferral_dataset
     from ..evaluation.thresholds import calibrate_deferral
     from ..hub.model_card import describe_guarantee
+    from ..modeling.guarantee_record import DeferralGuarantee
 
     table = read_table(input_path)
     pipe = load_pipeline(model, trust_remote_code)
@@ -137,7 +138,7 @@ def calibrate_file(model: str, input_path: str, *, confidence: float | None = No
                                    max_error=max_error, selective=selective, max_mean_cost=max_mean_cost, **targets,
                                    **options)
     summary = {"defer_threshold": threshold, "deferral_guarantee": config.deferral_guarantee,
-               "statement": describe_guarantee(config.deferral_guarantee, threshold)}
+               "statement": describe_guarantee(DeferralGuarantee.from_config(config), threshold)}
     return pipe, summary
 
 

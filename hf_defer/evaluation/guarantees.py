@@ -22,11 +22,11 @@ hf-defer[guarantees]`); scipy's binomial law gives the exact bounds for 0/1 loss
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 
+from ..modeling.guarantee_record import DeferralGuarantee
 from ..modeling.validators import check_share, is_number
 
 
@@ -481,43 +481,6 @@ def budget_threshold(margins: Any, max_deferral_rate: float, confidence: float |
         return empirical_budget_threshold(margins, rate)
     return _rate_threshold(margins, rate, check_share(confidence, "confidence", closed_top=False),
                            "max_deferral_rate")
-
-
-@dataclass
-class DeferralGuarantee:
-    """What [`certify_threshold`] certified: the threshold and, for each promise, its kind, target and bound.
-
-    Each claim holds with probability at least its own ``confidence`` over the draw of the calibration inputs; the
-    shares add up (Bonferroni) so that all hold together with probability at least ``confidence``. ``observed`` is
-    the value on the calibration inputs at the threshold.
-
-    Example:
-
-    ```python
-    >>> import numpy as np
-    >>> from hf_defer.evaluation import DeferralGuarantee, certify_threshold
-    >>> margins = np.random.default_rng(0).uniform(-1, 1, size=5_000)
-    >>> guarantee = certify_threshold(margins, confidence=0.9, max_deferral_rate=0.1)
-    >>> isinstance(guarantee, DeferralGuarantee), guarantee.n, guarantee.confidence
-    (True, 5000, 0.9)
-    >>> claim = guarantee.claims[0]
-    >>> claim["kind"], claim["target"], claim["observed"] <= 0.1  # stricter than the budget on these inputs
-    ('deferral_rate', 0.1, True)
-    >>> guarantee.to_dict()["threshold"] == guarantee.threshold  # what config.deferral_guarantee stores
-    True
-
-    ```
-    """
-
-    threshold: float
-    confidence: float
-    n: int
-    claims: list[dict[str, Any]] = field(default_factory=list)
-    assumption: str = ("new inputs are drawn independently from the same distribution as the calibration inputs "
-                       "(same experts, costs and availability)")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _rate_constraints(margins: np.ndarray, max_deferral_rate: Any, experts: Any) -> list[tuple[dict, np.ndarray,

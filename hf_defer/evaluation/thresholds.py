@@ -14,6 +14,7 @@ from huggingface_hub.utils import are_progress_bars_disabled
 from tqdm.auto import tqdm
 
 from .guarantees import MARGIN_TOLERANCE, certify_threshold, empirical_budget_threshold  # noqa: F401
+from ..modeling.guarantee_record import PER_INPUT
 from ..modeling.pipeline_deferral import DeferralPipeline, InputWithAvailability, parse_available_experts
 from ..modeling.surrogate_routing import is_route_only
 from ..modeling.validators import check_share, is_int
@@ -369,11 +370,9 @@ def _certify(margins: np.ndarray, chosen: np.ndarray, predicted: np.ndarray, tar
         losses.update(predicted_if_kept=estimated[0][keep], predicted_if_deferred=estimated[1][keep],
                       unlabeled=unlabeled)
     guarantee = certify_threshold(margins[keep], experts=experts[keep], **promises, **losses)
-    config.deferral_guarantee = {
-        **guarantee.to_dict(), "date": date.today().isoformat(), "expert_names": names,
-        "expert_costs": None if costs is None else [float(c) for c in costs],
-        "available_experts": _described(available_experts, names),
-    }
+    config.deferral_guarantee = guarantee.recorded(
+        names, expert_costs=costs, available_experts=_described(available_experts, names),
+        date=date.today().isoformat()).to_dict()
     return guarantee.threshold
 
 
@@ -383,7 +382,7 @@ def _described(available_experts: Any, names: list[str]) -> list[str] | str | No
     if available_experts is None:
         return None
     per_input, mask = parse_available_experts(available_experts, names)
-    return "given per input" if per_input else [name for name, on in zip(names, mask) if on]
+    return PER_INPUT if per_input else [name for name, on in zip(names, mask) if on]
 
 
 __all__ = ["calibrate_deferral"]
