@@ -82,7 +82,7 @@ class DeferralGuarantee:
     # --- serialisation (config.json keeps the dict it always had) ---
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "DeferralGuarantee":
-        """The guarantee of a ``config.deferral_guarantee`` dict (or of [`to_dict`]); a `ValueError` names a missing
+        """The guarantee of a ``config.deferral_guarantee`` dict (or of [`DeferralGuarantee.to_dict`]); a `ValueError` names a missing
         key."""
         if not isinstance(data, Mapping):
             raise ValueError(f"deferral_guarantee must be a dict, got {type(data).__name__}.")
@@ -147,7 +147,7 @@ class DeferralGuarantee:
         return reasons
 
     def covers(self, threshold: float | None = None, **call: Any) -> bool:
-        """Whether a call (as in [`differences`]) falls under this guarantee."""
+        """Whether a call (as in [`DeferralGuarantee.differences`]) falls under this guarantee."""
         return not self.differences(threshold, **call)
 
     def same_threshold(self, threshold: float) -> bool:
