@@ -408,8 +408,9 @@ def render_model_card(
         route_only=route_only,
         class_names=data.class_names,
         expert_names=data.expert_names,
-        defer_threshold_text=f"{threshold:.4g}" + (" (certified: see the guarantee below)" if data.deferral_guarantee
-                                                   else " (calibrated to a deferral budget)" if threshold else ""),
+        defer_threshold_text=f"{threshold:.4g}" + (
+            " (certified: see the guarantee below)" if describe_guarantee(data.deferral_guarantee, threshold)
+            else " (calibrated to a deferral budget)" if threshold else ""),
         expert_description=data.expert_description or "[More information needed: who the experts are and how their "
         "labels were collected.]",
         training_data_text=training,
