@@ -39,7 +39,7 @@ _EXPORTS = {
     "annotations_to_columns": "data.annotations",
     "prepare_deferral_dataset": "data.preparation",
     # metrics and calibration
-    "DeferralGuarantee": "evaluation.guarantees",
+    "DeferralGuarantee": "modeling.guarantee_record",
     "DeferralMetrics": "evaluation.metrics",
     "calibrate_deferral": "evaluation.thresholds",
     "deferral_metrics": "evaluation.metrics",
@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from .data.preparation import PreparedDeferralData, prepare_deferral_dataset
     from .data.routellm_mmlu import load_routellm_mmlu
     from .evaluation.evaluate_metric import load_metric
-    from .evaluation.guarantees import DeferralGuarantee
+    from .modeling.guarantee_record import DeferralGuarantee
     from .evaluation.metrics import DeferralMetrics, deferral_metrics
     from .evaluation.thresholds import calibrate_deferral
     from .monitoring.monitor import DeferralMonitor

@@ -23,10 +23,11 @@ from typing import Any
 
 from transformers import HfArgumentParser, TrainingArguments
 
-from ..modeling.validators import MISSING_EXPERT_MODES, check_share  # standard library only
+from ..modeling.validators import MISSING_EXPERT_MODES  # standard library only
 from .flags import (ESSENTIAL_FLAGS, HelpAllAction, PlainDefaultsHelpFormatter, closest_flag, short_help,
                     unknown_flags, unknown_flags_message)
 from .progress import progress_bars_disabled
+from .promise_flags import PROMISE_FLAGS, parse_rates
 
 __all__ = ["DataTrainingArguments", "ModelArguments", "build_run_parser", "parse_run_arguments"]
 
@@ -232,21 +233,12 @@ class DataTrainingArguments:
                                       "and something uses it (--do_eval, --max_deferral_rate); else train keeps every "
                                       "row."}
     )
-    max_deferral_rate: float | None = field(
-        default=None,
-        metadata={"help": "Calibrate the deferral threshold on the validation split so that at most this share of "
-                          "inputs is deferred; stored in the saved config."},
-    )
-    confidence: float | None = field(
-        default=None,
-        metadata={"help": "Certify the calibration's promises on new inputs with this probability, in (0, 1), e.g. "
-                          "0.9 (hf_defer.calibrate_deferral; recorded in the config and the model card)."},
-    )
-    max_error: float | None = field(
-        default=None, metadata={"help": "With --confidence: the system error target, with the fewest deferrals."})
-    selective: bool = field(default=False, metadata={"help": "--max_error is the error on the inputs kept."})
-    max_mean_cost: float | None = field(
-        default=None, metadata={"help": "With --confidence: a budget on the mean expert cost per input."})
+    # the promises of the calibration: declared once, in promise_flags (a per-expert budget read by parse_rates)
+    max_deferral_rate: str | None = PROMISE_FLAGS["max_deferral_rate"].field()
+    confidence: float | None = PROMISE_FLAGS["confidence"].field()
+    max_error: float | None = PROMISE_FLAGS["max_error"].field()
+    selective: bool = PROMISE_FLAGS["selective"].field()
+    max_mean_cost: float | None = PROMISE_FLAGS["max_mean_cost"].field()
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training rows."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N validation rows."})
     max_predict_samples: int | None = field(default=None, metadata={"help": "Keep the first N test rows."})
@@ -291,8 +283,7 @@ class DataTrainingArguments:
                 self.label_column_name = "label"
         if self.simulated_expert == "annotator" and not self.annotator_count_columns:
             raise ValueError("--simulated_expert annotator needs --annotator_count_columns.")
-        if self.max_deferral_rate is not None:
-            check_share(self.max_deferral_rate, "--max_deferral_rate")
+        self.max_deferral_rate = parse_rates(self.max_deferral_rate)  # a share, or {expert: share}
         if self.max_seq_length < 1:
             raise ValueError(f"--max_seq_length must be a positive number of tokens, got {self.max_seq_length!r}.")
         side, categorical = _names(self.side_feature_columns), _names(self.categorical_side_feature_columns)

@@ -14,39 +14,9 @@ from .evaluate import match_expert_columns
 from .inputs import pipeline_inputs, read_table
 from .outputs import check_output_file
 from .predict import input_column, input_length_limit, load_pipeline, parse_expert_costs
+from .promise_flags import parse_rates
 
 __all__ = ["calibrate_file", "parse_rates", "run_calibrate", "write_config_card"]
-
-
-def parse_rates(value: str | None, expert_names: Sequence[str]) -> float | dict[str, float] | None:
-    """`--max_deferral_rate 0.1` (all experts together) or `alice=0.05,bob=0.1` (each expert's own share).
-
-    Example:
-
-    ```python
-    >>> from hf_defer.commands.calibrate import parse_rates
-    >>> parse_rates("alice=0.05,bob=0.1", ["alice", "bob"])
-    {'alice': 0.05, 'bob': 0.1}
-
-    ```
-    """
-    if value is None:
-        return None
-    try:
-        if "=" not in value:
-            return float(value)
-        pairs = [(name.strip(), float(rate)) for name, rate in (item.split("=", 1) for item in value.split(","))]
-        rates = dict(pairs)
-    except ValueError:
-        rates = None
-    if rates is not None and len(rates) != len(pairs):  # a repeated name: which of its budgets was meant?
-        twice = sorted({name for name, _ in pairs if [n for n, _ in pairs].count(name) > 1})
-        raise ValueError(f"--max_deferral_rate names {', '.join(map(repr, twice))} more than once ({value!r}): give "
-                         "each expert one budget.")
-    if rates is None or set(rates) - set(expert_names):
-        raise ValueError(f"--max_deferral_rate must be a share in (0, 1] or expert=share pairs of the model's experts "
-                         f"({', '.join(expert_names)}), e.g. {expert_names[0]}=0.1; got {value!r}.")
-    return rates
 
 
 def calibrate_file(model: str, input_path: str, *, confidence: float | None = None,
@@ -73,6 +43,7 @@ def calibrate_file(model: str, input_path: str, *, confidence: float | None = No
     from ..data.preparation import prepare_deferral_dataset
     from ..evaluation.thresholds import calibrate_deferral
     from ..hub.model_card import describe_guarantee
+    from ..modeling.guarantee_record import DeferralGuarantee
 
     table = read_table(input_path)
     pipe = load_pipeline(model, trust_remote_code)
@@ -137,7 +108,7 @@ def calibrate_file(model: str, input_path: str, *, confidence: float | None = No
                                    max_error=max_error, selective=selective, max_mean_cost=max_mean_cost, **targets,
                                    **options)
     summary = {"defer_threshold": threshold, "deferral_guarantee": config.deferral_guarantee,
-               "statement": describe_guarantee(config.deferral_guarantee, threshold)}
+               "statement": describe_guarantee(DeferralGuarantee.from_config(config), threshold)}
     return pipe, summary
 
 

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 from ..modeling.validators import MISSING_EXPERT_MODES  # standard library only
 from .flags import TrainFlags, check_run_flags, in_flags, unknown_flags, unknown_flags_message
+from .promise_flags import add_promise_flags  # standard library only
 from .progress import quiet_progress_bars_unless_terminal
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main", "run_script", "run_train", "train_parser"]
@@ -133,25 +134,9 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
 
 
-def _guarantee_arguments(parser: argparse.ArgumentParser) -> None:
-    """The promises of `calibrate` (and `train`'s calibration): see `hf_defer.calibrate_deferral`."""
-    parser.add_argument("--confidence", type=float, default=None,
-                        help="Certify the promises with this probability over the draw of the calibration rows, in "
-                             "(0, 1), e.g. 0.9 (default: none, the empirical budget rule).")
-    parser.add_argument("--max_error", type=float, default=None,
-                        help="System error target on new inputs (needs --confidence, labels and expert answers).")
-    parser.add_argument("--selective", action="store_true",
-                        help="--max_error is the model's error on the inputs it answers itself.")
-    parser.add_argument("--max_mean_cost", type=float, default=None,
-                        help="Budget on the mean price per input (needs --confidence and expert costs).")
-
-
 def _calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     _evaluate_arguments(parser)  # --output: the summary (threshold, guarantee) as JSON
-    parser.add_argument("--max_deferral_rate", default=None,
-                        help="Deferral budget: a share in (0, 1], or one per expert, 'alice=0.05,bob=0.1' (default: "
-                             "0.1 when no other promise is given).")
-    _guarantee_arguments(parser)
+    add_promise_flags(parser)  # --max_deferral_rate (0.1 when no other promise is given), --confidence, ...
     parser.add_argument("--unlabeled_file", default=None,
                         help="With --max_error: more inputs from the same distribution, without labels (the input "
                              "columns only): the prediction-powered test spends them and the model's own estimates "

@@ -4,12 +4,12 @@
 `hf-defer train` (and `scripts/run_deferral.py`) parse with `HfArgumentParser` over transformers' `TrainingArguments`,
 which takes seconds to import. The first run writes what that parser knows ([`TrainFlags`]: every option string and
 the field it sets, and the help texts) to hf_defer's cache, under a key made of the parser's sources (their paths,
-sizes and modification times: transformers' `training_args.py`, hf_defer's `arguments.py`, `cli.py`, `validators.py`
-and this file), the program's name and the terminal width. Later runs answer `--help`, `--help-all`, an unknown flag
-(with the closest known one), an unknown key of a JSON flags file, a data file that does not exist and an
-`--output_dir` the run must not write into from that file, before importing torch ([`check_run_flags`]); any other
-mistake, and every run whose cache is missing or stale, goes to the full parse. Nothing here reads another package's
-source.
+sizes and modification times: transformers' `training_args.py`, hf_defer's `arguments.py`, `cli.py`,
+`promise_flags.py`, `validators.py` and this file), the program's name and the terminal width. Later runs answer
+`--help`, `--help-all`, an unknown flag (with the closest known one), an unknown key of a JSON flags file, a data
+file that does not exist and an `--output_dir` the run must not write into from that file, before importing torch
+([`check_run_flags`]); any other mistake, and every run whose cache is missing or stale, goes to the full parse.
+Nothing here reads another package's source.
 
 Standard library only.
 """
@@ -228,7 +228,7 @@ class TrainFlags:
             return None
         here = Path(__file__).resolve().parent
         sources = [Path(next(iter(spec.submodule_search_locations))) / "training_args.py",
-                   here / "arguments.py", here / "cli.py", Path(__file__).resolve(),
+                   here / "arguments.py", here / "cli.py", here / "promise_flags.py", Path(__file__).resolve(),
                    here.parent / "modeling" / "validators.py"]  # the choices some flags take
         key = hashlib.sha256()
         try:

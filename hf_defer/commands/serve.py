@@ -24,6 +24,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .promise_flags import add_promise_flags
+
 __all__ = ["access_policy", "build_serve_parser", "is_loopback", "run_serve"]
 
 PROG = "hf-defer serve"
@@ -198,9 +200,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
                        help="Held-out prompts (txt: one per line; csv/json/jsonl/parquet: --text_column_name) to "
                             "calibrate the threshold to --max_strong_rate at start-up.")
     group.add_argument("--text_column_name", default="text", help="Prompt column of --calibration_file.")
-    group.add_argument("--confidence", type=float, default=None,
-                       help="With --calibration_file: calibrate so that the budget holds on new prompts with this "
-                            "probability, e.g. 0.9 (default: the budget holds on the calibration prompts).")
+    add_promise_flags(group, ["confidence"])  # with --calibration_file: the budget is --max_strong_rate
     group.add_argument("--fallback", action="store_true",
                        help="On an upstream error or timeout, try the next model of the router's ranking instead of "
                             "answering 502/504.")

@@ -22,11 +22,11 @@ hf-defer[guarantees]`); scipy's binomial law gives the exact bounds for 0/1 loss
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 
+from ..modeling.guarantee_record import DeferralGuarantee
 from ..modeling.validators import check_share, is_number
 
 
@@ -483,43 +483,6 @@ def budget_threshold(margins: Any, max_deferral_rate: float, confidence: float |
                            "max_deferral_rate")
 
 
-@dataclass
-class DeferralGuarantee:
-    """What [`certify_threshold`] certified: the threshold and, for each promise, its kind, target and bound.
-
-    Each claim holds with probability at least its own ``confidence`` over the draw of the calibration inputs; the
-    shares add up (Bonferroni) so that all hold together with probability at least ``confidence``. ``observed`` is
-    the value on the calibration inputs at the threshold.
-
-    Example:
-
-    ```python
-    >>> import numpy as np
-    >>> from hf_defer.evaluation import DeferralGuarantee, certify_threshold
-    >>> margins = np.random.default_rng(0).uniform(-1, 1, size=5_000)
-    >>> guarantee = certify_threshold(margins, confidence=0.9, max_deferral_rate=0.1)
-    >>> isinstance(guarantee, DeferralGuarantee), guarantee.n, guarantee.confidence
-    (True, 5000, 0.9)
-    >>> claim = guarantee.claims[0]
-    >>> claim["kind"], claim["target"], claim["observed"] <= 0.1  # stricter than the budget on these inputs
-    ('deferral_rate', 0.1, True)
-    >>> guarantee.to_dict()["threshold"] == guarantee.threshold  # what config.deferral_guarantee stores
-    True
-
-    ```
-    """
-
-    threshold: float
-    confidence: float
-    n: int
-    claims: list[dict[str, Any]] = field(default_factory=list)
-    assumption: str = ("new inputs are drawn independently from the same distribution as the calibration inputs "
-                       "(same experts, costs and availability)")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def _rate_constraints(margins: np.ndarray, max_deferral_rate: Any, experts: Any) -> list[tuple[dict, np.ndarray,
                                                                                                   float]]:
     """(claim, the margins that count, budget) for a total budget or one per expert."""
@@ -637,74 +600,112 @@ def certify_threshold(
     if not isinstance(selective, bool):
         raise ValueError(f"selective must be a bool, got {selective!r}.")
     rates = _rate_constraints(margins, max_deferral_rate, experts)
+    error = _check_error_target(margins, max_error, loss_if_kept, loss_if_deferred, selective)
+    predictions = _check_predictions(margins, predicted_if_kept, predicted_if_deferred, unlabeled, max_error, selective)
+    cost = None if max_mean_cost is None else _scaled_costs(margins, cost_if_deferred, max_mean_cost, cost_bound)
+    trivial_cost = cost is not None and cost[1] >= 1  # no price can exceed it: nothing to test
+    tests = len(rates) + (error is not None) + (cost is not None and not trivial_cost)
+    if tests == 0 and not trivial_cost:
+        raise ValueError("give at least one promise: max_deferral_rate, max_error or max_mean_cost.")
+    share = 1.0 - (1.0 - confidence) / max(tests, 1)  # Bonferroni: each promise's own confidence
+    low, claims = _certify_rates(margins, rates, share)
+    lattice = _lattice(margins)
+    clear = _clear(margins, lattice, MARGIN_TOLERANCE)
+    if cost is not None:
+        cost_low, claim = _certify_cost(margins, cost, max_mean_cost, trivial_cost, lattice, clear, confidence, share)
+        low, claims = max(low, cost_low), claims + [claim]
+    threshold = low
+    if error is not None:
+        threshold, claim = _certify_error(margins, error, selective, predictions, lattice, clear, low, confidence,
+                                          share, bool(rates or cost is not None))
+        claims.append(claim)
+    _add_observed(claims, margins > threshold, experts, error, cost)
+    return DeferralGuarantee(threshold=float(threshold), confidence=confidence, n=margins.size, claims=claims)
+
+
+def _check_error_target(margins: np.ndarray, max_error: Any, loss_if_kept: Any, loss_if_deferred: Any,
+                        selective: bool) -> tuple[float, np.ndarray, np.ndarray] | None:
+    """The error target and the checked losses ``(alpha, kept_loss, deferred_loss)``; `None` without a target."""
     n = margins.size
     if max_error is None and (loss_if_kept is not None or loss_if_deferred is not None):
         raise ValueError("loss_if_kept / loss_if_deferred are given without max_error: give the error target.")
-    if max_error is not None:
-        alpha = check_share(max_error, "max_error")
-        if loss_if_kept is None or (loss_if_deferred is None and not selective):
-            raise ValueError("max_error needs loss_if_kept and loss_if_deferred (selective=True: loss_if_kept only).")
-        kept_loss = _check_losses("loss_if_kept", loss_if_kept, n)
-        deferred_loss = (np.zeros(n) if loss_if_deferred is None else
-                         _check_losses("loss_if_deferred", loss_if_deferred, n, allow_nan=np.isneginf(margins)))
-    predictions = _check_predictions(margins, predicted_if_kept, predicted_if_deferred, unlabeled, max_error, selective)
-    if max_mean_cost is not None:
-        costs, budget, bound = _scaled_costs(margins, cost_if_deferred, max_mean_cost, cost_bound)
-    trivial_cost = max_mean_cost is not None and budget >= 1  # no price can exceed it: nothing to test
-    tests = len(rates) + (max_error is not None) + (max_mean_cost is not None and not trivial_cost)
-    if tests == 0 and not trivial_cost:
-        raise ValueError("give at least one promise: max_deferral_rate, max_error or max_mean_cost.")
-    share = 1.0 - (1.0 - confidence) / max(tests, 1)
-    delta = 1.0 - share
-    claims: list[dict[str, Any]] = []
-    low = 0.0
+    if max_error is None:
+        return None
+    alpha = check_share(max_error, "max_error")
+    if loss_if_kept is None or (loss_if_deferred is None and not selective):
+        raise ValueError("max_error needs loss_if_kept and loss_if_deferred (selective=True: loss_if_kept only).")
+    kept_loss = _check_losses("loss_if_kept", loss_if_kept, n)
+    deferred_loss = (np.zeros(n) if loss_if_deferred is None else
+                     _check_losses("loss_if_deferred", loss_if_deferred, n, allow_nan=np.isneginf(margins)))
+    return alpha, kept_loss, deferred_loss
+
+
+def _certify_rates(margins: np.ndarray, rates: list[tuple[dict, np.ndarray, float]],
+                   share: float) -> tuple[float, list[dict[str, Any]]]:
+    """The deferral budgets: the lowest threshold meeting them all, and their claims."""
+    low, claims = 0.0, []
     for claim, counted, rate in rates:
         low = max(low, _rate_threshold(counted, rate, share, "max_deferral_rate" + (
             f"[{claim['expert']!r}]" if "expert" in claim else ""), every=margins))
         claims.append({**claim, "target": rate, "bound": RATE_BOUND, "confidence": share})
-    lattice = _lattice(margins)
-    clear = _clear(margins, lattice, MARGIN_TOLERANCE)
-    if max_mean_cost is not None and not trivial_cost:
-        binary = _is_binary(costs)
-        total, _ = _above(margins, costs, lattice)
-        certified = _certified(total[::-1], np.full(lattice.size, n), budget, binary, delta)  # from the top
-        if certified == 0:  # even deferring nothing is not certified: (1 - budget)^n > delta
-            needed = math.ceil(math.log(delta) / math.log1p(-budget))
-            raise ValueError(f"max_mean_cost {max_mean_cost!r} cannot be certified at confidence {confidence!r} "
-                             f"with {n} calibration inputs: it needs at least {needed}.")
-        points = np.flatnonzero(clear[lattice.size - certified:]) + lattice.size - certified
-        low = max(low, float(lattice[points[0]]))
-        claims.append({"kind": "mean_cost", "target": float(max_mean_cost), "cost_bound": bound,
-                       "bound": EXACT_LTT if binary else HB_LTT, "confidence": share})
-    elif trivial_cost:
-        claims.append({"kind": "mean_cost", "target": float(max_mean_cost), "cost_bound": bound,
-                       "bound": "always (no input can cost more)", "confidence": 1.0})
-    threshold = low
-    if max_error is not None:
-        binary = _error_binary(kept_loss, deferred_loss, selective)
-        if predictions is None:
-            test = _p_value_test(*_error_sums(margins, kept_loss, deferred_loss, selective, lattice), binary)
-            points, bound = (lattice, clear), (f"{BOTH_ENDS}, {'exact binomial' if binary else 'Hoeffding-Bentkus'} "
-                                               "p-values")
-        else:
-            every = np.concatenate([margins, predictions[2][0]])
-            points = (_lattice(every, PPI_GRID_STEP),)
-            points += (_clear(margins, points[0], MARGIN_TOLERANCE),)
-            test = _ppi_test(margins, kept_loss, deferred_loss, predictions[:2], predictions[2], points[0], selective)
-            bound = PPI_LTT.format(n=predictions[2][0].size)
-        threshold = _error_threshold(margins, test, alpha, "selective error" if selective else "system error", delta,
-                                     *points, low, confidence, bool(rates or max_mean_cost is not None))
-        claims.append({"kind": "selective_error" if selective else "system_error", "target": alpha, "bound": bound,
-                       "confidence": share, "method": "learn_then_test" if predictions is None else
-                       "prediction_powered"} | ({} if predictions is None else {"unlabeled": predictions[2][0].size}))
+    return low, claims
+
+
+def _certify_cost(margins: np.ndarray, cost: tuple[np.ndarray, float, float], max_mean_cost: float, trivial: bool,
+                  lattice: np.ndarray, clear: np.ndarray, confidence: float,
+                  share: float) -> tuple[float, dict[str, Any]]:
+    """The mean-cost budget: the lowest threshold of the lattice it certifies (tested from the top: the cost only
+    grows as the threshold falls), and its claim."""
+    costs, budget, bound = cost
+    if trivial:
+        return 0.0, {"kind": "mean_cost", "target": float(max_mean_cost), "cost_bound": bound,
+                     "bound": "always (no input can cost more)", "confidence": 1.0}
+    n, delta = margins.size, 1.0 - share
+    binary = _is_binary(costs)
+    total, _ = _above(margins, costs, lattice)
+    certified = _certified(total[::-1], np.full(lattice.size, n), budget, binary, delta)  # from the top
+    if certified == 0:  # even deferring nothing is not certified: (1 - budget)^n > delta
+        needed = math.ceil(math.log(delta) / math.log1p(-budget))
+        raise ValueError(f"max_mean_cost {max_mean_cost!r} cannot be certified at confidence {confidence!r} "
+                         f"with {n} calibration inputs: it needs at least {needed}.")
+    points = np.flatnonzero(clear[lattice.size - certified:]) + lattice.size - certified
+    return float(lattice[points[0]]), {"kind": "mean_cost", "target": float(max_mean_cost), "cost_bound": bound,
+                                       "bound": EXACT_LTT if binary else HB_LTT, "confidence": share}
+
+
+def _certify_error(margins: np.ndarray, error: tuple[float, np.ndarray, np.ndarray], selective: bool,
+                   predictions: tuple | None, lattice: np.ndarray, clear: np.ndarray, low: float, confidence: float,
+                   share: float, constrained: bool) -> tuple[float, dict[str, Any]]:
+    """The error target: the threshold with the fewest deferrals Learn-then-Test certifies at or above ``low``
+    (prediction-powered with unlabelled inputs), and its claim."""
+    alpha, kept_loss, deferred_loss = error
+    binary = _error_binary(kept_loss, deferred_loss, selective)
+    if predictions is None:
+        test = _p_value_test(*_error_sums(margins, kept_loss, deferred_loss, selective, lattice), binary)
+        points, bound = (lattice, clear), f"{BOTH_ENDS}, {'exact binomial' if binary else 'Hoeffding-Bentkus'} p-values"
+    else:
+        every = np.concatenate([margins, predictions[2][0]])
+        points = (_lattice(every, PPI_GRID_STEP),)
+        points += (_clear(margins, points[0], MARGIN_TOLERANCE),)
+        test = _ppi_test(margins, kept_loss, deferred_loss, predictions[:2], predictions[2], points[0], selective)
+        bound = PPI_LTT.format(n=predictions[2][0].size)
+    threshold = _error_threshold(margins, test, alpha, "selective error" if selective else "system error",
+                                 1.0 - share, *points, low, confidence, constrained)
+    claim = {"kind": "selective_error" if selective else "system_error", "target": alpha, "bound": bound,
+             "confidence": share, "method": "learn_then_test" if predictions is None else "prediction_powered"}
+    return threshold, claim | ({} if predictions is None else {"unlabeled": predictions[2][0].size})
+
+
+def _add_observed(claims: list[dict[str, Any]], deferred: np.ndarray, experts: Any,
+                  error: tuple | None, cost: tuple | None) -> None:
+    """Each claim's value on the calibration inputs at the threshold (``observed``)."""
     values = {"experts": experts}
-    if max_error is not None:
-        values.update(kept_loss=kept_loss, deferred_loss=deferred_loss)
-    if max_mean_cost is not None:
-        values.update(costs=costs * bound)
+    if error is not None:
+        values.update(kept_loss=error[1], deferred_loss=error[2])
+    if cost is not None:
+        values.update(costs=cost[0] * cost[2])
     for claim in claims:
-        claim["observed"] = _observed(claim, margins > threshold, values)
-    return DeferralGuarantee(threshold=float(threshold), confidence=confidence, n=n, claims=claims)
+        claim["observed"] = _observed(claim, deferred, values)
 
 
 def _check_predictions(margins: np.ndarray, predicted_if_kept: Any, predicted_if_deferred: Any,

@@ -14,6 +14,7 @@ from huggingface_hub.utils import are_progress_bars_disabled
 from tqdm.auto import tqdm
 
 from .guarantees import MARGIN_TOLERANCE, certify_threshold, empirical_budget_threshold  # noqa: F401
+from ..modeling.guarantee_record import PER_INPUT
 from ..modeling.pipeline_deferral import DeferralPipeline, InputWithAvailability, parse_available_experts
 from ..modeling.surrogate_routing import is_route_only
 from ..modeling.validators import check_share, is_int
@@ -68,24 +69,11 @@ def _saved_processor(model: Any, kind: str) -> Any:
 
 
 def calibrate_deferral(
-    model_or_pipeline: Any,
-    dataset: Any,
-    max_deferral_rate: float | Mapping[str, float] | None = None,
-    batch_size: int = 64,
-    expert_costs: Any = None,
-    tokenizer: Any = None,
-    image_processor: Any = None,
-    available_experts: Any = None,
-    *,
-    confidence: float | None = None,
-    max_error: float | None = None,
-    selective: bool = False,
-    max_mean_cost: float | None = None,
-    labels: Any = None,
-    expert_labels: Any = None,
-    expert_correct: Any = None,
-    unlabeled: Any = None,
-    **processor_kwargs: Any,
+    model_or_pipeline: Any, dataset: Any, max_deferral_rate: float | Mapping[str, float] | None = None,
+    batch_size: int = 64, expert_costs: Any = None, tokenizer: Any = None, image_processor: Any = None,
+    available_experts: Any = None, *, confidence: float | None = None, max_error: float | None = None,
+    selective: bool = False, max_mean_cost: float | None = None, labels: Any = None, expert_labels: Any = None,
+    expert_correct: Any = None, unlabeled: Any = None, **processor_kwargs: Any,
 ) -> float:
     """Sets the deferral threshold so that at most ``max_deferral_rate`` of held-out inputs go to an expert, or, with
     a ``confidence``, so that promises on new inputs hold with that probability.
@@ -175,6 +163,36 @@ def calibrate_deferral(
 
     ```
     """
+    certified, max_deferral_rate, batch_size = _check_call(confidence, max_deferral_rate, max_error, max_mean_cost,
+                                                           batch_size)
+    pipe = _deferral_pipeline(model_or_pipeline, tokenizer, image_processor)
+    inputs, count = _held_out_inputs(dataset, pipe.input_kind)
+    batch_size = min(batch_size, count)  # torch's batch sampler lists `batch_size` indices up front: no more than N
+    # Validates expert_costs the way the pipeline does, before any forward pass; a pipeline built with costs keeps them.
+    costs, config, names = pipe.resolve_costs(expert_costs), pipe.model.config, list(pipe.model.config.expert_names)
+    targets = _error_targets(config, dataset, max_error, unlabeled, available_experts, count, names,
+                             labels=labels, expert_labels=expert_labels, expert_correct=expert_correct)
+    inputs, processor_kwargs = _with_experts(inputs, count, available_experts, names, processor_kwargs)
+    margins, deferred, chosen, predicted, estimated = _run(pipe, inputs, count, batch_size, costs, certified, names,
+                                                           processor_kwargs)
+    others = None if unlabeled is None else _run_unlabeled(pipe, unlabeled, batch_size, costs, names,
+                                                           processor_kwargs, available_experts)
+    _lift_left_out_default(margins)
+    if not certified:  # a former guarantee does not hold for this threshold
+        threshold, config.deferral_guarantee = empirical_budget_threshold(margins, max_deferral_rate, deferred), None
+    else:
+        threshold = _certify(margins, chosen, predicted, targets, names, costs, config=config,
+                             available_experts=available_experts, estimated=None if others is None else estimated,
+                             unlabeled=others, confidence=confidence, max_deferral_rate=max_deferral_rate,
+                             max_error=max_error, selective=selective, max_mean_cost=max_mean_cost)
+    _record_calibration(pipe, threshold, costs, names)
+    return threshold
+
+
+def _check_call(confidence: Any, max_deferral_rate: Any, max_error: Any, max_mean_cost: Any,
+                batch_size: Any) -> tuple[bool, Any, int]:
+    """The promises asked and the batch size, checked: ``(certified, max_deferral_rate, batch_size)`` (certified:
+    a promise on new inputs; a budget of 0.1 when nothing is asked)."""
     certified = confidence is not None or max_error is not None or max_mean_cost is not None or isinstance(
         max_deferral_rate, Mapping)
     if max_deferral_rate is None and max_error is None and max_mean_cost is None:
@@ -186,38 +204,47 @@ def calibrate_deferral(
         max_deferral_rate = check_share(max_deferral_rate, "max_deferral_rate")
     if not is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-    batch_size = int(batch_size)
+    return certified, max_deferral_rate, int(batch_size)
+
+
+def _held_out_inputs(dataset: Any, input_kind: str) -> tuple[Iterator[Any], int]:
+    """The calibration inputs as a stream, and their number (some: an empty dataset is refused)."""
+    inputs, count = _pipeline_inputs(dataset, input_kind)
+    if count == 0:
+        raise ValueError("dataset is empty: calibration needs held-out inputs.")
+    return inputs, count
+
+
+def _deferral_pipeline(model_or_pipeline: Any, tokenizer: Any, image_processor: Any) -> DeferralPipeline:
+    """The pipeline to calibrate: the one given, or one over the model with its saved tokenizer / image processor."""
     if isinstance(model_or_pipeline, DeferralPipeline):
-        pipe = model_or_pipeline
-    elif getattr(getattr(model_or_pipeline, "config", None), "model_type", None) == "deferral":
-        model = model_or_pipeline
-        if model.config.encoder is not None and model.main_input_name == "pixel_values" and image_processor is None:
-            image_processor = _saved_processor(model, "image_processor")
-        elif model.config.encoder is not None and model.main_input_name != "pixel_values" and tokenizer is None:
-            tokenizer = _saved_processor(model, "tokenizer")
-        pipe = DeferralPipeline(model=model.eval(), tokenizer=tokenizer, image_processor=image_processor,
-                                device=model.device)  # eval(): no dropout in the margins, as in a loaded model
-    else:
+        return model_or_pipeline
+    if getattr(getattr(model_or_pipeline, "config", None), "model_type", None) != "deferral":
         raise ValueError(
             "model_or_pipeline must be a deferral model (config.model_type == 'deferral') or a DeferralPipeline, got "
             f"{type(model_or_pipeline).__name__}."
         )
-    inputs, count = _pipeline_inputs(dataset, pipe.input_kind)
-    if count == 0:
-        raise ValueError("dataset is empty: calibration needs held-out inputs.")
-    # torch's batch sampler builds a list of `batch_size` indices up front: a batch size far above the number of
-    # inputs would exhaust the memory for nothing.
-    batch_size = min(batch_size, count)
-    # Validates expert_costs the way the pipeline does, before any forward pass; a pipeline built with costs keeps them.
-    costs = pipe.resolve_costs(expert_costs)
-    config = pipe.model.config
-    names = list(config.expert_names)
+    model = model_or_pipeline
+    if model.config.encoder is not None and model.main_input_name == "pixel_values" and image_processor is None:
+        image_processor = _saved_processor(model, "image_processor")
+    elif model.config.encoder is not None and model.main_input_name != "pixel_values" and tokenizer is None:
+        tokenizer = _saved_processor(model, "tokenizer")
+    return DeferralPipeline(model=model.eval(), tokenizer=tokenizer, image_processor=image_processor,
+                            device=model.device)  # eval(): no dropout in the margins, as in a loaded model
+
+
+def _error_targets(config: Any, dataset: Any, max_error: Any, unlabeled: Any, available_experts: Any, count: int,
+                   names: list[str], **given: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """For an error target, the labels, the experts' correctness and who answered ([`_targets`]); `None` without
+    one. Refuses what the target cannot use (a route-only model; unlabelled inputs without a target, or where who
+    would answer them is not known)."""
     targets = None
     if max_error is not None:
         if is_route_only(config):
             raise ValueError("max_error needs a model with a class head; a route-only model takes a budget "
                              "(max_deferral_rate, max_mean_cost).")
-        targets = _targets(dataset, labels, expert_labels, expert_correct, count, len(names))
+        targets = _targets(dataset, given["labels"], given["expert_labels"], given["expert_correct"], count,
+                           len(names))
     if unlabeled is not None:
         if max_error is None:
             raise ValueError("unlabeled= serves the error target: give max_error (budgets need no labels at all).")
@@ -226,41 +253,39 @@ def calibrate_deferral(
             raise ValueError("unlabeled= needs every expert to have answered every labelled row and availability "
                              "given for the whole call (not per input): who would answer an unlabelled input is "
                              "not known.")
-    inputs, availability = _with_experts(inputs, count, available_experts, names)
-    if availability is not None:
-        processor_kwargs = {**processor_kwargs, "available_experts": availability}
-    margins, deferred, chosen, predicted, estimated = _run(pipe, inputs, count, batch_size, costs, certified, names,
-                                                           processor_kwargs)
-    others = None
-    if unlabeled is not None:
-        extra, extra_count = _pipeline_inputs(unlabeled, pipe.input_kind)
-        if extra_count == 0:
-            raise ValueError("unlabeled is empty: give the inputs without labels, or leave it out.")
-        options = {key: value for key, value in processor_kwargs.items() if key != "available_experts"}
-        if available_experts is not None:
-            options["available_experts"] = available_experts
-        u_margins, _, _, _, u_estimated = _run(pipe, extra, extra_count, min(batch_size, extra_count), costs,
-                                                      True, names, options)
-        others = {"margins": u_margins, "predicted_if_kept": u_estimated[0],
-                  "predicted_if_deferred": u_estimated[1]}
-    if np.isposinf(margins).any():  # a route-only default expert left out: deferred at any threshold; above all others
+    return targets
+
+
+def _run_unlabeled(pipe: Any, unlabeled: Any, batch_size: int, costs: Any, names: list[str],
+                   processor_kwargs: dict[str, Any], available_experts: Any) -> dict[str, np.ndarray]:
+    """The margins and the model's predicted losses on the unlabelled inputs, for the prediction-powered test."""
+    extra, extra_count = _pipeline_inputs(unlabeled, pipe.input_kind)
+    if extra_count == 0:
+        raise ValueError("unlabeled is empty: give the inputs without labels, or leave it out.")
+    options = {key: value for key, value in processor_kwargs.items() if key != "available_experts"}
+    if available_experts is not None:
+        options["available_experts"] = available_experts
+    u_margins, _, _, _, u_estimated = _run(pipe, extra, extra_count, min(batch_size, extra_count), costs,
+                                           True, names, options)
+    return {"margins": u_margins, "predicted_if_kept": u_estimated[0], "predicted_if_deferred": u_estimated[1]}
+
+
+def _lift_left_out_default(margins: np.ndarray) -> None:
+    """A route-only default expert left out: deferred at any threshold (margin +inf); placed above all others."""
+    if np.isposinf(margins).any():
         margins[np.isposinf(margins)] = max(0.0, float(margins[np.isfinite(margins)].max(initial=0.0))) + 1.0
-    if not certified:
-        threshold = empirical_budget_threshold(margins, max_deferral_rate, deferred)
-        config.deferral_guarantee = None  # a former guarantee does not hold for this threshold
-    else:
-        threshold = _certify(margins, chosen, predicted, targets, names, costs, confidence=confidence,
-                             max_deferral_rate=max_deferral_rate, max_error=max_error, selective=selective,
-                             max_mean_cost=max_mean_cost, config=config, available_experts=available_experts,
-                             estimated=estimated if others is not None else None, unlabeled=others)
+
+
+def _record_calibration(pipe: Any, threshold: float, costs: list[float] | None, names: list[str]) -> None:
+    """The threshold and the costs it was calibrated at, in the model's config (a call with other costs, or another
+    threshold, warns); the pipeline then follows the config."""
+    config = pipe.model.config
     config.defer_threshold = threshold
     if costs is not None:
         config.expert_costs = [float(cost) for cost in costs]
-    # What the threshold was calibrated at: a call with other costs (or another threshold) warns.
     config.calibrated_expert_costs = [float(cost) for cost in (costs or [0.0] * len(names))]
     for name in ("defer_threshold", "expert_costs"):  # values fixed at construction would override the config's
         pipe._postprocess_params.pop(name, None)
-    return threshold
 
 
 def _targets(dataset: Any, labels: Any, expert_labels: Any, expert_correct: Any, count: int,
@@ -301,17 +326,18 @@ def _targets(dataset: Any, labels: Any, expert_labels: Any, expert_correct: Any,
     return y.astype(np.int64), correct, answered
 
 
-def _with_experts(inputs: Iterator[Any], count: int, available_experts: Any,
-                  names: list[str]) -> tuple[Iterator[Any], Any]:
-    """The input stream and the whole call's ``available_experts``: per-input availability rides with each input."""
+def _with_experts(inputs: Iterator[Any], count: int, available_experts: Any, names: list[str],
+                  processor_kwargs: dict[str, Any]) -> tuple[Iterator[Any], dict[str, Any]]:
+    """The input stream and the pipeline's options with the whole call's ``available_experts``: per-input availability
+    rides with each input."""
     per_input, mask = (False, None) if available_experts is None else parse_available_experts(available_experts, names)
     if per_input and mask.shape[0] != count:
         raise ValueError(f"available_experts has {mask.shape[0]} rows (one per input), but dataset has {count} inputs.")
     # Who answered is not known at decision time: the decisions are the pipeline's (an input deferred to an expert
     # with no recorded answer counts as an error of the guarantee, which stays an upper bound).
     if not per_input:
-        return inputs, mask
-    return (InputWithAvailability(item, row) for item, row in zip(inputs, mask)), None
+        return inputs, processor_kwargs if mask is None else {**processor_kwargs, "available_experts": mask}
+    return (InputWithAvailability(item, row) for item, row in zip(inputs, mask)), processor_kwargs
 
 
 def _run(pipe: Any, inputs: Iterator[Any], count: int, batch_size: int, costs: Any, certified: bool,
@@ -369,11 +395,9 @@ def _certify(margins: np.ndarray, chosen: np.ndarray, predicted: np.ndarray, tar
         losses.update(predicted_if_kept=estimated[0][keep], predicted_if_deferred=estimated[1][keep],
                       unlabeled=unlabeled)
     guarantee = certify_threshold(margins[keep], experts=experts[keep], **promises, **losses)
-    config.deferral_guarantee = {
-        **guarantee.to_dict(), "date": date.today().isoformat(), "expert_names": names,
-        "expert_costs": None if costs is None else [float(c) for c in costs],
-        "available_experts": _described(available_experts, names),
-    }
+    config.deferral_guarantee = guarantee.recorded(
+        names, expert_costs=costs, available_experts=_described(available_experts, names),
+        date=date.today().isoformat()).to_dict()
     return guarantee.threshold
 
 
@@ -383,7 +407,7 @@ def _described(available_experts: Any, names: list[str]) -> list[str] | str | No
     if available_experts is None:
         return None
     per_input, mask = parse_available_experts(available_experts, names)
-    return "given per input" if per_input else [name for name, on in zip(names, mask) if on]
+    return PER_INPUT if per_input else [name for name, on in zip(names, mask) if on]
 
 
 __all__ = ["calibrate_deferral"]

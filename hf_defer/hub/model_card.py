@@ -22,6 +22,7 @@ from .hub_ids import display_name as _display_name, hub_id as _hub_id, known_hub
 from ..inspection.adapters import adapter_base_model
 from ..evaluation.metrics import metric_name_and_meaning
 from ..evaluation.plotting import plot_reliability_diagram
+from ..modeling.guarantee_record import DeferralGuarantee
 from ..modeling.surrogates import SURROGATES, surrogate_class
 
 logger = logging.getLogger(__name__)
@@ -396,8 +397,9 @@ def _training_text(data: DeferralModelCardData, dataset_label: str) -> str:
 def _threshold_text(data: DeferralModelCardData) -> str:
     """The deferral threshold, and whether it is certified or calibrated to a budget."""
     threshold = data.defer_threshold
-    return f"{threshold:.4g}" + (" (certified: see the guarantee below)" if data.deferral_guarantee
-                                 else " (calibrated to a deferral budget)" if threshold else "")
+    return f"{threshold:.4g}" + (
+        " (certified: see the guarantee below)" if describe_guarantee(data.deferral_guarantee, threshold)
+        else " (calibrated to a deferral budget)" if threshold else "")
 
 
 def render_model_card(
@@ -499,7 +501,8 @@ _PROMISES = {
 }
 
 
-def describe_guarantee(guarantee: dict[str, Any] | None, threshold: float | None = None) -> str | None:
+def describe_guarantee(guarantee: DeferralGuarantee | dict[str, Any] | None,
+                       threshold: float | None = None) -> str | None:
     """The promise of ``config.deferral_guarantee`` in plain words, with its assumption; `None` when there is none
     or it was certified for another threshold.
 
@@ -514,19 +517,22 @@ def describe_guarantee(guarantee: dict[str, Any] | None, threshold: float | None
 
     ```
     """
-    if not guarantee or threshold is not None and abs(float(guarantee.get("threshold", threshold)) - threshold) > 1e-12:
+    if not guarantee:
+        return None
+    guarantee = guarantee if isinstance(guarantee, DeferralGuarantee) else DeferralGuarantee.from_dict(guarantee)
+    if threshold is not None and not guarantee.covers(threshold):
         return None  # the threshold was changed since: the promise is not this model's
     promises = [_PROMISES[claim["kind"]].format(target=100 * claim["target"], cost=claim["target"],
                                                 expert=f"`{claim['expert']}`" if "expert" in claim else "an expert")
-                for claim in guarantee.get("claims", []) if claim.get("kind") in _PROMISES]
+                for claim in guarantee.claims if claim.get("kind") in _PROMISES]
     if not promises:
         return None
     said = promises[0] if len(promises) == 1 else ", ".join(promises[:-1]) + " and " + promises[-1]
-    costs = guarantee.get("expert_costs")
-    bounds = sorted({claim["bound"] for claim in guarantee["claims"]})
-    return (f"On new inputs, {said}, with probability at least {100 * guarantee['confidence']:.4g} % over the draw of "
-            f"the {guarantee['n']} calibration inputs (calibrated on {guarantee.get('date', 'an unrecorded date')}).\n\n"
-            f"**Assumption:** {guarantee.get('assumption')}. The promise does not survive a change of experts"
+    costs = guarantee.expert_costs
+    bounds = sorted({claim["bound"] for claim in guarantee.claims})
+    return (f"On new inputs, {said}, with probability at least {100 * guarantee.confidence:.4g} % over the draw of "
+            f"the {guarantee.n} calibration inputs (calibrated on {guarantee.date or 'an unrecorded date'}).\n\n"
+            f"**Assumption:** {guarantee.assumption}. The promise does not survive a change of experts"
             f"{f', of their costs ({costs})' if costs else ', of their costs'}, of the threshold, or a drift of the "
             f"inputs: calibrate again then (the pipeline warns when a call changes the first three). Bounds: "
             f"{'; '.join(bounds)}; one confidence shared among the promises (Bonferroni).")

@@ -14,6 +14,7 @@ from .._lazy import lazy_exports
 _EXPORTS = {
     "SURROGATES": "surrogates",
     "DeferralConfig": "configuration_deferral",
+    "DeferralGuarantee": "guarantee_record",
     "DeferralOutput": "modeling_deferral",
     "DeferralPipeline": "pipeline_deferral",
     "DeferralPreTrainedModel": "modeling_deferral",
@@ -31,6 +32,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from .configuration_deferral import DeferralConfig
+    from .guarantee_record import DeferralGuarantee
     from .modeling_deferral import DeferralOutput, DeferralPreTrainedModel, EncoderForDeferral, EncoderForRouting
     from .pipeline_deferral import DeferralPipeline
     from .surrogates import SURROGATES, DeferralSurrogate, get_surrogate, surrogate_class

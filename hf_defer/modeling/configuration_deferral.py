@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
+from .guarantee_record import DeferralGuarantee
 from .library_mode import LIBRARY_MODE
 from .surrogate_base import check_defer_threshold, check_expert_costs  # sibling modules: remote code copies them too
 from .surrogates import SURROGATES as SURROGATE_NAMES
@@ -148,12 +149,12 @@ class DeferralConfig(PretrainedConfig):
         side_features (`list[dict]`, *optional*):
             Inputs beside the text or features (the subject, the prompt's length): categorical ones embedded, numeric
             ones standardised, joined to the pooled representation before the head (`hf_defer.modeling.side_features`).
-        deferral_guarantee (`dict`, *optional*):
+        deferral_guarantee (`dict` or [`DeferralGuarantee`], *optional*):
             What `calibrate_deferral(..., confidence=...)` certified for `defer_threshold`: the claims (kind, target,
             bound, confidence), `n`, the date, the costs, experts and availability it holds for, and its assumption
-            (`hf_defer.evaluation.guarantees.DeferralGuarantee`); `None` when nothing is certified. A calibration
-            without a confidence clears it; the model card states it and the pipeline warns when a call changes what
-            it was certified for.
+            ([`DeferralGuarantee.to_dict`]; read it with [`DeferralGuarantee.from_config`]); `None` when nothing is
+            certified. A calibration without a confidence clears it; the model card states it and the pipeline warns
+            when a call changes what it was certified for.
         calibrated_expert_costs (`list[float]`, *optional*):
             The expert costs `defer_threshold` was calibrated at (set by `calibrate_deferral`); `None` for a threshold
             never calibrated. The pipeline warns when a call decides with other costs or another threshold.
@@ -202,7 +203,7 @@ class DeferralConfig(PretrainedConfig):
     route_only: bool = False
     default_expert: str | int | None = None
     side_features: list[dict] | None = None
-    deferral_guarantee: dict | None = None
+    deferral_guarantee: dict | DeferralGuarantee | None = None
     calibrated_expert_costs: list[int | float] | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -357,6 +358,14 @@ class DeferralConfig(PretrainedConfig):
     def validate_decision(self) -> None:
         check_defer_threshold(self.defer_threshold)
         check_expert_costs(self.expert_costs, self.num_experts)
+
+    def validate_deferral_guarantee(self) -> None:
+        """Stored in its JSON form (a dict, as ``config.json`` holds it); a [`DeferralGuarantee`] given is converted,
+        a dict checked by [`DeferralGuarantee.from_dict`]."""
+        if isinstance(self.deferral_guarantee, DeferralGuarantee):
+            self.deferral_guarantee = self.deferral_guarantee.to_dict()
+        elif self.deferral_guarantee is not None:
+            DeferralGuarantee.from_dict(self.deferral_guarantee)
 
     def validate_expert_kinds(self) -> None:
         kinds = self.expert_kinds

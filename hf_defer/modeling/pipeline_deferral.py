@@ -22,6 +22,7 @@ from transformers import Pipeline
 from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
 
 from .library_mode import library_function
+from .guarantee_record import SAME_THRESHOLD, DeferralGuarantee
 from .surrogate_base import check_defer_threshold, check_expert_costs
 from .surrogate_routing import is_route_only, route_only_output
 from .validators import CLASSIFIER_ANSWER, DEFER_LABEL, is_int, is_number
@@ -269,30 +270,20 @@ def _with_availability(inputs: Any, mask: np.ndarray, single: bool) -> Any:
 
 def warn_outside_guarantee(config: Any, expert_costs: Any, defer_threshold: Any, available: Any) -> None:
     """Warns when a call decides otherwise than ``config.deferral_guarantee`` was certified for (`calibrate_deferral`
-    with a confidence): other costs, experts, threshold or whole-call availability. The promise then does not hold."""
-    guarantee = getattr(config, "deferral_guarantee", None)
-    if not isinstance(guarantee, dict):
+    with a confidence): other costs, experts, threshold or whole-call availability
+    ([`DeferralGuarantee.differences`]). The promise then does not hold."""
+    guarantee = DeferralGuarantee.from_config(config)
+    if guarantee is None:
         return
-    names, zeros = list(config.expert_names), [0.0] * len(config.expert_names)
-    threshold = float(config.defer_threshold if defer_threshold is None else defer_threshold)
+    names = list(config.expert_names)
     costs = getattr(config, "expert_costs", None) if expert_costs is None else expert_costs
-    certified_costs = guarantee.get("expert_costs") or zeros
-    reasons = []
-    if abs(threshold - float(guarantee.get("threshold", threshold))) > 1e-12:
-        reasons.append(f"defer_threshold {threshold!r} (certified: {guarantee.get('threshold')!r})")
-    if [float(c) for c in (costs or zeros)] != [float(c) for c in certified_costs]:
-        reasons.append(f"expert_costs {list(costs or zeros)} (certified: {certified_costs})")
-    if names != guarantee.get("expert_names", names):
-        reasons.append(f"experts {names} (certified: {guarantee.get('expert_names')})")
-    certified_available = guarantee.get("available_experts")
-    if available is not None and certified_available != "given per input":
-        asked = [name for name, on in zip(names, np.asarray(available, dtype=bool)) if on]
-        if sorted(asked) != sorted(certified_available or names):
-            reasons.append(f"available_experts {asked} (certified: {certified_available or names})")
+    reasons = guarantee.differences(
+        float(config.defer_threshold if defer_threshold is None else defer_threshold),
+        expert_costs=list(costs or [0.0] * len(names)), expert_names=names,
+        available=None if available is None else np.asarray(available, dtype=bool))
     if reasons:
-        claims = ", ".join(f"{claim.get('kind')} <= {claim.get('target')}" for claim in guarantee.get("claims", []))
-        warnings.warn(f"this call is not covered by the model's deferral guarantee ({claims} with confidence "
-                      f"{guarantee.get('confidence')}): it decides with {'; '.join(reasons)}. Calibrate again "
+        warnings.warn(f"this call is not covered by the model's deferral guarantee ({guarantee.claims_text()} with "
+                      f"confidence {guarantee.confidence}): it decides with {'; '.join(reasons)}. Calibrate again "
                       "(hf_defer.calibrate_deferral) for these settings.", UserWarning, stacklevel=4)
 
 
@@ -302,14 +293,14 @@ def warn_outside_calibration(config: Any, expert_costs: Any, defer_threshold: An
     budget, and the decisions shift (a cost of 0.1 can route every input elsewhere). A model with a
     ``deferral_guarantee`` warns through [`warn_outside_guarantee`] instead."""
     calibrated = getattr(config, "calibrated_expert_costs", None)
-    if calibrated is None or isinstance(getattr(config, "deferral_guarantee", None), dict):
+    if calibrated is None or DeferralGuarantee.from_config(config) is not None:
         return
     costs = getattr(config, "expert_costs", None) if expert_costs is None else expert_costs
     costs = [float(c) for c in (costs or [0.0] * len(calibrated))]
     reasons = []
     if costs != [float(c) for c in calibrated]:
         reasons.append(f"expert_costs {costs} (calibrated at {[float(c) for c in calibrated]})")
-    if defer_threshold is not None and abs(float(defer_threshold) - float(config.defer_threshold)) > 1e-12:
+    if defer_threshold is not None and abs(float(defer_threshold) - float(config.defer_threshold)) > SAME_THRESHOLD:
         reasons.append(f"defer_threshold {float(defer_threshold)!r} (calibrated: {float(config.defer_threshold)!r})")
     if reasons:
         warnings.warn(f"this call decides with {'; '.join(reasons)}: the model's defer_threshold was calibrated "

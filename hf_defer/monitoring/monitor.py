@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ..modeling.guarantee_record import DeferralGuarantee
 from ..modeling.validators import check_share
 from .sequential import BettingConfidenceSequence, ChangeDetector
 
@@ -247,15 +248,15 @@ class DeferralMonitor:
         target: the classifier's error among the inputs it keeps).
         """
         config = _config_of(model)
-        guarantee = getattr(config, "deferral_guarantee", None)
-        if not guarantee:
+        guarantee = DeferralGuarantee.from_config(config)
+        if guarantee is None:
             raise ValueError("the model has no deferral guarantee (config.deferral_guarantee): calibrate it with a "
                              "confidence (calibrate_deferral(..., confidence=0.9) or hf-defer calibrate --confidence), "
                              "or build DeferralMonitor(expert_names, max_deferral_rate=...) with the targets.")
         rates: dict[str, float] = {}
         total = max_error = max_cost = cost_bound = None
         skipped = []
-        for claim in guarantee.get("claims", []):
+        for claim in guarantee.claims:
             kind = claim.get("kind")
             if kind == "deferral_rate" and "expert" in claim:
                 rates[claim["expert"]] = float(claim["target"])
@@ -270,12 +271,12 @@ class DeferralMonitor:
         if total is not None and rates:
             raise ValueError("the guarantee holds both a total and per-expert budgets; give them to DeferralMonitor "
                              "yourself.")
-        monitor = cls(list(config.expert_names), confidence=guarantee["confidence"] if confidence is None
+        monitor = cls(list(config.expert_names), confidence=guarantee.confidence if confidence is None
                       else confidence, max_deferral_rate=rates or total, max_error=max_error,
-                      max_mean_cost=max_cost, expert_costs=guarantee.get("expert_costs") or getattr(
+                      max_mean_cost=max_cost, expert_costs=guarantee.expert_costs or getattr(
                           config, "expert_costs", None), cost_bound=cost_bound, audit_rate=audit_rate, seed=seed,
                       id2label=getattr(config, "id2label", None), horizon=horizon)
-        monitor.guarantee = dict(guarantee)
+        monitor.guarantee = guarantee.to_dict()
         monitor.not_monitored = skipped
         if reference is not None:
             if isinstance(reference, Mapping):
@@ -637,7 +638,7 @@ def monitor_for(model: Any, **kwargs: Any) -> DeferralMonitor:
     ```
     """
     config = _config_of(model)
-    if getattr(config, "deferral_guarantee", None):
+    if DeferralGuarantee.from_config(config) is not None:
         return DeferralMonitor.from_model(config, **kwargs)
     return DeferralMonitor(list(config.expert_names), id2label=getattr(config, "id2label", None), **kwargs)
 

@@ -212,55 +212,73 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
         except ValueError as error:
             return openai_error(400, str(error), param="messages")
         if requested == router_name:
-            try:
-                decision = await router.route(prompt, _side_features(body.get("metadata"), router))
-            except (ValueError, TypeError) as error:  # a side feature's value the router cannot read
-                return openai_error(400, str(error), param="metadata" if router.side_features else "messages")
-            except Exception as error:  # noqa: BLE001  (the client learns that the router, not its input, failed)
-                return openai_error(500, f"the router failed on this prompt: {type(error).__name__}: {error}",
-                                    "router_error")
-            metrics.routing_seconds.observe(decision.seconds)
-            metrics.routed.labels(model=decision.model).inc()
-            if decision.model != decision.wanted:
-                metrics.capped.labels(wanted=decision.wanted).inc()
-            order = [decision.model, *(name for name in decision.ranking if name != decision.model)]
+            routed = await _routed(router, prompt, body, metrics)
+            if isinstance(routed, Response):
+                return routed
+            decision, order = routed
         else:
             decision, order = None, [requested, *(name for name in upstreams if name != requested)]
             metrics.pinned.labels(model=requested).inc()
-        candidates = order if fallback else order[:1]
-        failures: list[UpstreamError] = []
-        for name in candidates:
-            upstream = upstreams[name]
-            try:
-                if body.get("stream"):
-                    response = await open_stream(state["client"], upstream, body)
-                else:
-                    answer = await complete(state["client"], upstream, body)
-            except UpstreamError as error:
-                metrics.calls.labels(model=name, outcome="timeout" if error.status == 504 else "error").inc()
-                failures.append(error)
-                if name != candidates[-1]:
-                    metrics.fallbacks.labels(from_model=name, to_model=candidates[len(failures)]).inc()
-                continue
-            headers = _headers(name, decision, failures)
-            if body.get("stream"):  # counted when the stream ends: whole (ok) or cut (error, timeout)
-                def stream_ended(error: UpstreamError | None, name: str = name) -> None:
-                    outcome = "ok" if error is None else "timeout" if error.status == 504 else "error"
-                    metrics.calls.labels(model=name, outcome=outcome).inc()
-
-                return StreamingResponse(relay(upstream, response, stream_ended), media_type="text/event-stream",
-                                         headers=headers)
-            metrics.calls.labels(model=name, outcome="ok").inc()
-            _count_usage(metrics, upstream, answer, client)
-            answer["hf_defer"] = _summary(name, decision, failures)
-            return JSONResponse(answer, headers=headers)
-        last = failures[-1]
-        if len(failures) > 1:
-            message = "; then ".join(failure.message for failure in failures)
-            last = UpstreamError(last.model, last.status, f"every model failed: {message}", last.kind)
-        return JSONResponse(last.body(), status_code=last.status, headers=_headers(last.model, decision, failures))
+        return await _answer(state["client"], upstreams, order if fallback else order[:1], body, decision, metrics,
+                             client)
 
     return app
+
+
+async def _routed(router: PromptRouter, prompt: Any, body: Mapping[str, Any],
+                  metrics: RouterMetrics) -> tuple[RoutingDecision, list[str]] | Response:
+    """The router's decision on the prompt (counted) and the order to try the models in: its pick, then its ranking;
+    an error response (400 for a side feature it cannot read, 500 when the router fails) instead."""
+    try:
+        decision = await router.route(prompt, _side_features(body.get("metadata"), router))
+    except (ValueError, TypeError) as error:  # a side feature's value the router cannot read
+        return openai_error(400, str(error), param="metadata" if router.side_features else "messages")
+    except Exception as error:  # noqa: BLE001  (the client learns that the router, not its input, failed)
+        return openai_error(500, f"the router failed on this prompt: {type(error).__name__}: {error}",
+                            "router_error")
+    metrics.routing_seconds.observe(decision.seconds)
+    metrics.routed.labels(model=decision.model).inc()
+    if decision.model != decision.wanted:
+        metrics.capped.labels(wanted=decision.wanted).inc()
+    return decision, [decision.model, *(name for name in decision.ranking if name != decision.model)]
+
+
+async def _answer(http: httpx.AsyncClient, upstreams: Mapping[str, Upstream], candidates: list[str],
+                  body: Mapping[str, Any], decision: RoutingDecision | None, metrics: RouterMetrics,
+                  client: str) -> Response:
+    """The first candidate's answer that does not fail (streamed through, or with the ``hf_defer`` summary), each
+    call and fallback counted; the last error (every message, where several failed) when all fail."""
+    failures: list[UpstreamError] = []
+    for name in candidates:
+        upstream = upstreams[name]
+        try:
+            if body.get("stream"):
+                response = await open_stream(http, upstream, body)
+            else:
+                answer = await complete(http, upstream, body)
+        except UpstreamError as error:
+            metrics.calls.labels(model=name, outcome="timeout" if error.status == 504 else "error").inc()
+            failures.append(error)
+            if name != candidates[-1]:
+                metrics.fallbacks.labels(from_model=name, to_model=candidates[len(failures)]).inc()
+            continue
+        headers = _headers(name, decision, failures)
+        if body.get("stream"):  # counted when the stream ends: whole (ok) or cut (error, timeout)
+            def stream_ended(error: UpstreamError | None, name: str = name) -> None:
+                outcome = "ok" if error is None else "timeout" if error.status == 504 else "error"
+                metrics.calls.labels(model=name, outcome=outcome).inc()
+
+            return StreamingResponse(relay(upstream, response, stream_ended), media_type="text/event-stream",
+                                     headers=headers)
+        metrics.calls.labels(model=name, outcome="ok").inc()
+        _count_usage(metrics, upstream, answer, client)
+        answer["hf_defer"] = _summary(name, decision, failures)
+        return JSONResponse(answer, headers=headers)
+    last = failures[-1]
+    if len(failures) > 1:
+        message = "; then ".join(failure.message for failure in failures)
+        last = UpstreamError(last.model, last.status, f"every model failed: {message}", last.kind)
+    return JSONResponse(last.body(), status_code=last.status, headers=_headers(last.model, decision, failures))
 
 
 def _side_features(metadata: Any, router: PromptRouter) -> dict[str, Any]:

@@ -202,13 +202,14 @@ def test_a_first_run_or_a_changed_parser_source_reads_no_saved_flags(tmp_path, m
     monkeypatch.setenv("COLUMNS", "100")
     # an edited source (here: copies of the modules, one touched) is a cache miss
     package = Path(flags_module.__file__).parents[1]
-    for name in ("commands/arguments.py", "commands/cli.py", "commands/flags.py", "modeling/validators.py"):
+    for name in ("commands/arguments.py", "commands/cli.py", "commands/flags.py", "commands/promise_flags.py",
+                 "modeling/validators.py"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         shutil.copy(package / name, tmp_path / name)
     monkeypatch.setattr(flags_module, "__file__", str(tmp_path / "commands" / "flags.py"))
     saved.save("hf-defer train")
     assert TrainFlags.load("hf-defer train") == saved
-    for name in ("commands/arguments.py", "modeling/validators.py"):
+    for name in ("commands/arguments.py", "commands/promise_flags.py", "modeling/validators.py"):
         os.utime(tmp_path / name, ns=(1, 1))
         assert TrainFlags.load("hf-defer train") is None
         saved.save("hf-defer train")

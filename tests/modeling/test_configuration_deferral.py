@@ -165,7 +165,7 @@ def test_expert_costs_that_are_not_a_sequence_are_a_type_error_as_in_the_decisio
 
 def test_each_field_has_one_validator_and_save_runs_them(tmp_path):
     validators = sorted(name for name in vars(DeferralConfig) if name.startswith("validate_"))
-    assert validators == ["validate_decision", "validate_encoder", "validate_expert_kinds", "validate_expert_names",
+    assert validators == ["validate_decision", "validate_deferral_guarantee", "validate_encoder", "validate_expert_kinds", "validate_expert_names",
                           "validate_flags",
                           "validate_head", "validate_num_experts", "validate_num_labels", "validate_pooling",
                           "validate_route_only", "validate_side_features", "validate_surrogate"]
