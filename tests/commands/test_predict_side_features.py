@@ -107,4 +107,9 @@ def test_a_category_learnt_from_integers_is_matched_in_every_format(tmp_path, ca
         assert hf_defer_main(["predict", "--model", str(tmp_path / "router"), "--input", str(tmp_path / name),
                               "--output", str(tmp_path / f"{name}.csv")]) == 2
         err = capsys.readouterr().err
+        if name == "dicts.jsonl" and "cannot be read as jsonl" in err:
+            # older datasets/pyarrow (make test-oldest) refuse a column of numbers and objects while reading: still
+            # one line naming the file and the column, never a value routed on its string
+            assert str(tmp_path / name) in err and "tier" in err and len(err.strip().splitlines()) == 1, err
+            continue
         assert f"side feature column 'tier', row {row}: expected one value" in err and f"got a {kind}" in err, err
