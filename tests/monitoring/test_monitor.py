@@ -242,7 +242,8 @@ def test_cross_check_keeps_calibrated_scores_raw():
 
 def test_from_model_with_a_reference(tmp_path):
     config = hf_defer.DeferralConfig(feature_size=4, num_labels=2, expert_names=["alice"])
-    config.deferral_guarantee = {"confidence": 0.9, "claims": [{"kind": "deferral_rate", "target": 0.2}]}
+    config.deferral_guarantee = {"threshold": 0.0, "n": 1000, "confidence": 0.9,
+                                 "claims": [{"kind": "deferral_rate", "target": 0.2}]}
     rng = np.random.default_rng(1)
     outputs, labels, answers, _ = miscalibrated(rng, 500)
     monitor = DeferralMonitor.from_model(config, reference={"outputs": outputs, "labels": labels,
