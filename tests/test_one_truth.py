@@ -245,3 +245,83 @@ def test_with_drop_the_budget_is_calibrated_on_the_rows_it_is_scored_on(trained,
     decisions = decide(out, complete)
     assert_reports(results, truth(decisions, complete), "calibrated_eval_")
     assert sum(o["defer"] for o in decisions) <= math.floor(0.3 * len(complete))
+
+
+# ---------------------------------------------------------------------------------------------- serve --model
+# The decision app takes one plain text per request: its model has no side feature, and saved expert costs (which
+# every decision of the app and of the pipeline uses). Each posted input carries the experts available for it.
+
+AVAILABILITY = {"all": lambda rng, n: np.ones((n, 2), dtype=bool), "bob only": lambda rng, n: np.tile([False, True], (n, 1)),
+                "per input": lambda rng, n: rng.random((n, 2)) < 0.6}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Path:
+    """A three-class text model (experts alice and bob, costs [0, 0.05], no side feature) with its threshold at the
+    median margin of some random texts, so that it answers some inputs and defers others."""
+    from transformers import BertTokenizer
+
+    root = tmp_path_factory.mktemp("served")
+    save_tiny_bert(root / "encoder", WORDS)
+    torch.manual_seed(5)
+    model = hf_defer.EncoderForDeferral.from_encoder_pretrained(
+        str(root / "encoder"), num_labels=3, num_experts=2, id2label=dict(enumerate(CLASSES)), expert_names=EXPERTS,
+        pooling="mean", expert_costs=[0.0, 0.05])
+    with torch.no_grad():
+        model.head[-1].weight.mul_(20)  # spread the margins
+    model.save_pretrained(root / "model")
+    BertTokenizer.from_pretrained(root / "encoder").save_pretrained(root / "model")
+    texts = frame(np.random.default_rng(1), 40, 0.0)["text"].tolist()
+    margins = [o["margin"] for o in pipeline("deferral", model=str(root / "model"))(texts, return_margin=True)]
+    model.config.defer_threshold = float(np.median(margins))
+    model.save_pretrained(root / "model", overwrite=True)
+    return root / "model"
+
+
+@settings(max_examples=examples(8), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), n=st.integers(4, 14), skip=st.sampled_from([0.0, 0.4]),
+       available=st.sampled_from(sorted(AVAILABILITY)))
+def test_serve_model_decides_as_the_pipeline_and_reports_its_rate(served, tmp_path, seed, n, skip, available):
+    from fastapi.testclient import TestClient
+
+    from hf_defer.serving import build_decision_app
+
+    rng = np.random.default_rng(seed)
+    table = frame(rng, n, skip).drop(columns="channel")
+    mask = AVAILABILITY[available](rng, n)
+    pipe = pipeline("deferral", model=str(served))
+    with TestClient(build_decision_app(pipe)) as http:
+        answers = [http.post("/v1/decide", json={"input": text, "id": str(i), "available_experts": [
+            name for name, free in zip(EXPERTS, row) if free]}) for i, (text, row) in enumerate(zip(table["text"], mask))]
+        monitor = http.get("/monitor").json()
+    assert [r.status_code for r in answers] == [200] * n, [r.text for r in answers]
+    answers = [r.json() for r in answers]
+    # the pipeline, on the same texts with the same availability: the same decision for every input
+    outputs = pipe(table["text"].tolist(), batch_size=4, truncation=True, available_experts=mask)
+    assert [(a["status"], a["expert"] if a["deferred"] else a["answer"]) for a in answers] == [
+        ("deferred", o["expert"]) if o["defer"] else ("answered", o["label"]) for o in outputs]
+    assert all(mask[i, EXPERTS.index(a["expert"])] for i, a in enumerate(answers) if a["deferred"])
+    # the rates counted from the app's decisions: what the pipeline gives, and what deferral_metrics reports
+    deferred = sum(a["status"] == "deferred" for a in answers)
+    per_expert = {name: sum(a["deferred"] and a["expert"] == name for a in answers) / n for name in EXPERTS}
+    assert deferred / n == sum(o["defer"] for o in outputs) / n
+    with torch.no_grad():
+        logits = np.concatenate([pipe._forward(pipe.preprocess(text, truncation=True))["logits"].numpy()
+                                 for text in table["text"]])
+    expert_answers = np.array([[CLASSES.index(a) if isinstance(a, str) else -100 for a in table[name]]
+                               for name in EXPERTS]).T
+    labels = np.array([CLASSES.index(y) for y in table["label"]])
+    metrics = hf_defer.deferral_metrics(logits, labels, expert_answers, pipe.model, available=mask)
+    assert metrics["coverage"] == 1 - deferred / n
+    assert {name: metrics[f"deferral_rate_{name}"] for name in EXPERTS} == per_expert
+    assert_reports(metrics, truth(outputs, table))
+    if available == "all":  # `hf-defer evaluate` has no availability flag: every expert may be deferred to
+        table.to_csv(tmp_path / "eval.csv", index=False)
+        reported = json.loads(_cli(["evaluate", "--model", str(served), "--input", str(tmp_path / "eval.csv"),
+                                    "--expert_column_names", "alice,bob", "--missing_expert", "mask"]))
+        assert reported["coverage"] == 1 - deferred / n
+        assert {name: reported[f"deferral_rate_{name}"] for name in EXPERTS} == per_expert
+    # the monitor the app keeps: the deferral rate it observed is the decisions'
+    channel = monitor["channels"]["deferral_rate"]
+    assert monitor["rows"] == n and channel["n"] == n
+    assert channel["mean"] == pytest.approx(deferred / n, rel=1e-12, abs=1e-12)
