@@ -245,3 +245,159 @@ def test_with_drop_the_budget_is_calibrated_on_the_rows_it_is_scored_on(trained,
     decisions = decide(out, complete)
     assert_reports(results, truth(decisions, complete), "calibrated_eval_")
     assert sum(o["defer"] for o in decisions) <= math.floor(0.3 * len(complete))
+
+
+# ---------------------------------------------------------------------------------------------- serve --model
+# The decision app takes one plain text per request: its model has no side feature, and saved expert costs (which
+# every decision of the app and of the pipeline uses). Each posted input carries the experts available for it.
+
+AVAILABILITY = {"all": lambda rng, n: np.ones((n, 2), dtype=bool),
+                "bob only": lambda rng, n: np.tile([False, True], (n, 1)),
+                "per input": lambda rng, n: rng.random((n, 2)) < 0.6}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Path:
+    """A three-class text model (experts alice and bob, costs [0, 0.05], no side feature) with its threshold at the
+    median margin of some random texts, so that it answers some inputs and defers others."""
+    from transformers import BertTokenizer
+
+    root = tmp_path_factory.mktemp("served")
+    save_tiny_bert(root / "encoder", WORDS)
+    torch.manual_seed(5)
+    model = hf_defer.EncoderForDeferral.from_encoder_pretrained(
+        str(root / "encoder"), num_labels=3, num_experts=2, id2label=dict(enumerate(CLASSES)), expert_names=EXPERTS,
+        pooling="mean", expert_costs=[0.0, 0.05])
+    with torch.no_grad():
+        model.head[-1].weight.mul_(20)  # spread the margins
+    model.save_pretrained(root / "model")
+    BertTokenizer.from_pretrained(root / "encoder").save_pretrained(root / "model")
+    texts = frame(np.random.default_rng(1), 40, 0.0)["text"].tolist()
+    margins = [o["margin"] for o in pipeline("deferral", model=str(root / "model"))(texts, return_margin=True)]
+    model.config.defer_threshold = float(np.median(margins))
+    model.save_pretrained(root / "model", overwrite=True)
+    return root / "model"
+
+
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), n=st.integers(4, 14), skip=st.sampled_from([0.0, 0.4]),
+       available=st.sampled_from(sorted(AVAILABILITY)))
+def test_serve_model_decides_as_the_pipeline_and_reports_its_rate(served, tmp_path, seed, n, skip, available):
+    from fastapi.testclient import TestClient
+
+    from hf_defer.serving import build_decision_app
+
+    rng = np.random.default_rng(seed)
+    table = frame(rng, n, skip).drop(columns="channel")
+    mask = AVAILABILITY[available](rng, n)
+    pipe = pipeline("deferral", model=str(served))
+    with TestClient(build_decision_app(pipe)) as http:
+        bodies = [{"input": text, "id": str(i)} for i, text in enumerate(table["text"])]
+        if available != "all":  # "all": the field left out, the app's default
+            for body, row in zip(bodies, mask):
+                body["available_experts"] = [name for name, free in zip(EXPERTS, row) if free]
+        answers = [http.post("/v1/decide", json=body) for body in bodies]
+        monitor = http.get("/monitor").json()
+    assert [r.status_code for r in answers] == [200] * n, [r.text for r in answers]
+    answers = [r.json() for r in answers]
+    # the pipeline, on the same texts with the same availability: the same decision for every input
+    outputs = pipe(table["text"].tolist(), batch_size=4, truncation=True, available_experts=mask)
+    assert [(a["status"], a["expert"] if a["deferred"] else a["answer"]) for a in answers] == [
+        ("deferred", o["expert"]) if o["defer"] else ("answered", o["label"]) for o in outputs]
+    assert all(mask[i, EXPERTS.index(a["expert"])] for i, a in enumerate(answers) if a["deferred"])
+    # the rates counted from the app's decisions: what the pipeline gives, and what deferral_metrics reports
+    deferred = sum(a["status"] == "deferred" for a in answers)
+    per_expert = {name: sum(a["deferred"] and a["expert"] == name for a in answers) / n for name in EXPERTS}
+    assert deferred / n == sum(o["defer"] for o in outputs) / n
+    with torch.no_grad():
+        logits = np.concatenate([pipe._forward(pipe.preprocess(text, truncation=True))["logits"].numpy()
+                                 for text in table["text"]])
+    expert_answers = np.array([[CLASSES.index(a) if isinstance(a, str) else -100 for a in table[name]]
+                               for name in EXPERTS]).T
+    labels = np.array([CLASSES.index(y) for y in table["label"]])
+    metrics = hf_defer.deferral_metrics(logits, labels, expert_answers, pipe.model, available=mask)
+    assert metrics["coverage"] == 1 - deferred / n
+    assert {name: metrics[f"deferral_rate_{name}"] for name in EXPERTS} == per_expert
+    assert_reports(metrics, truth(outputs, table))
+    if available == "all":  # `hf-defer evaluate` has no availability flag: every expert may be deferred to
+        table.to_csv(tmp_path / "eval.csv", index=False)
+        reported = json.loads(_cli(["evaluate", "--model", str(served), "--input", str(tmp_path / "eval.csv"),
+                                    "--expert_column_names", "alice,bob", "--missing_expert", "mask"]))
+        assert reported["coverage"] == 1 - deferred / n
+        assert {name: reported[f"deferral_rate_{name}"] for name in EXPERTS} == per_expert
+    # the monitor the app keeps: the deferral rate it observed is the decisions'
+    channel = monitor["channels"]["deferral_rate"]
+    assert monitor["rows"] == n and channel["n"] == n
+    assert channel["mean"] == pytest.approx(deferred / n, rel=1e-12, abs=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------- serve --router
+# The router app on the serving tests' tiny route-only model (experts weak, the default, and strong), with two fake
+# OpenAI-compatible upstreams on 127.0.0.1. With a cap, the reference is the cap's rule worked out here on the
+# pipeline's own decisions, in the order the prompts were posted: of the first n routed, at most floor(r n) leave weak.
+
+
+@pytest.fixture(scope="module")
+def router_and_upstreams(tmp_path_factory):
+    from fake_upstream import UpstreamBehaviour, fake_upstream_app, serve_in_thread
+    from tiny_router import save_tiny_router
+
+    folder = save_tiny_router(tmp_path_factory.mktemp("router"))
+    with serve_in_thread(fake_upstream_app(UpstreamBehaviour("weak"))) as weak, \
+            serve_in_thread(fake_upstream_app(UpstreamBehaviour("strong"))) as strong:
+        yield folder, {"weak": weak + "/v1", "strong": strong + "/v1"}
+
+
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), n=st.integers(3, 16), cap=st.sampled_from([None, 0.0, 0.25, 0.5, 1.0]))
+def test_serve_router_routes_as_the_pipeline_and_reports_its_strong_rate(router_and_upstreams, tmp_path, seed, n,
+                                                                         cap):
+    from fastapi.testclient import TestClient
+
+    from fake_upstream import answer_text
+    from hf_defer.serving import PromptRouter, build_router_app
+    from hf_defer.serving.routing import load_router_pipeline
+    from hf_defer.serving.upstream import parse_upstreams
+    from tiny_router import WORDS as ROUTER_WORDS
+
+    folder, urls = router_and_upstreams
+    rng = np.random.default_rng(seed)
+    prompts = [" ".join(rng.choice(ROUTER_WORDS, size=rng.integers(1, 6))) for _ in range(n)]
+    pipe = load_router_pipeline(str(folder))
+    router = PromptRouter(pipe, max_strong_rate=cap)
+    app = build_router_app(router, parse_upstreams(router.expert_names, urls))
+    with TestClient(app) as http:  # one prompt after another: the order the cap counts in
+        answers = [http.post("/v1/chat/completions", json={"model": "hf-defer-router", "messages": [
+            {"role": "user", "content": prompt}]}) for prompt in prompts]
+    assert [r.status_code for r in answers] == [200] * n, [r.text for r in answers]
+    # the route-only pipeline on the same prompts: the model each prompt was routed to
+    wanted = [o["expert"] for o in pipe(prompts, batch_size=4, truncation=True)]
+    summaries = [r.json()["hf_defer"] for r in answers]
+    assert [s["routed_to"] for s in summaries] == wanted
+    assert [r.headers["x-hf-defer-routed-to"] for r in answers] == wanted
+    # the cap's rule, worked out on those decisions
+    sent, capped, strong = [], [], 0
+    for i, pick in enumerate(wanted, start=1):
+        over = pick != "weak" and cap is not None and strong + 1 > math.floor(cap * i + 1e-9)
+        strong += pick != "weak" and not over
+        sent.append("weak" if over else pick)
+        capped.append(over)
+    assert [s["model"] for s in summaries] == [r.headers["x-hf-defer-model"] for r in answers] == sent
+    assert [s["capped"] for s in summaries] == capped
+    assert [r.headers["x-hf-defer-capped"] for r in answers] == ["true" if c else "false" for c in capped]
+    assert [r.json()["choices"][0]["message"]["content"] for r in answers] == [
+        answer_text(model, prompt) for model, prompt in zip(sent, prompts)]
+    if cap is not None:
+        assert sum(model == "strong" for model in sent) <= math.floor(cap * n + 1e-9)
+    # the share the router picked strong for (before any cap): what evaluate and deferral_metrics report
+    strong_share = sum(s["routed_to"] == "strong" for s in summaries) / n
+    correct = rng.random((n, 2)) < 0.7
+    pd.DataFrame({"text": prompts, "weak": correct[:, 0].astype(int), "strong": correct[:, 1].astype(int)}).to_csv(
+        tmp_path / "routed.csv", index=False)
+    reported = json.loads(_cli(["evaluate", "--model", str(folder), "--input", str(tmp_path / "routed.csv"),
+                                "--expert_correct_columns", "weak,strong"]))
+    assert reported["deferral_rate_strong"] == strong_share and reported["coverage"] == 1 - strong_share
+    with torch.no_grad():
+        logits = np.concatenate([pipe._forward(pipe.preprocess(p, truncation=True))["logits"].numpy() for p in prompts])
+    metrics = hf_defer.deferral_metrics(logits, None, None, pipe.model, expert_correct=correct.astype(float))
+    assert metrics["deferral_rate_strong"] == strong_share and metrics["coverage"] == 1 - strong_share
