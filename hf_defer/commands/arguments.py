@@ -207,7 +207,8 @@ class DataTrainingArguments:
     missing_expert: str = field(
         default="error",
         metadata={"help": "Missing annotation (empty, -1, NaN): 'error', 'drop' the row, or 'mask' (keep the row; "
-                          "that expert's loss terms leave it, and it is not deferred to there in evaluation)."},
+                          "that expert's loss terms leave it; in evaluation the decisions are the model's all the same, and a "
+                          "deferral to that expert there is counted as unscored_deferrals)."},
     )
     simulated_expert: str | None = field(
         default=None,

@@ -128,8 +128,9 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                              "matched by name as --expert_column_names (default: columns named as the experts); no "
                              "label column.")
     parser.add_argument("--missing_expert", default="error", choices=MISSING_EXPERT_MODES,
-                        help="What to do with a missing annotation (default: error; mask: keep the row, and that "
-                             "expert is not deferred to there).")
+                        help="What to do with a missing annotation (default: error; mask: keep the row; the "
+                             "decisions are the model's all the same, and a deferral to that expert there is counted "
+                             "as unscored_deferrals, not scored).")
     parser.add_argument("--output", default=None, help="Also write the metrics to this JSON file.")
     parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
 
