@@ -21,6 +21,7 @@ from transformers import Pipeline
 from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
 
 from .availability import InputWithAvailability, parse_available_experts, with_availability
+from .cascade_folder import refuse_cascade_folder
 from .device import check_device
 from .guarantee_warnings import warn_outside_calibration, warn_outside_guarantee
 from .library_mode import library_function
@@ -111,24 +112,6 @@ def _check_loader_options(options: dict[str, Any]) -> None:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
         if value is not None:
             options[name] = int(value)  # a numpy integer reaches the DataLoader as a plain int (torch refuses it)
-
-
-CASCADE_CONFIG_NAME = "cascade_config.json"
-"""The file that makes a folder a deferral cascade (`hf_defer.cascade`): stage 1 at the folder's
-root, stage 2 in ``stage2/``."""
-
-
-def _refuse_cascade_folder(model: Any) -> None:
-    """A cascade folder's root holds its stage 1: the deferral pipeline on it would run stage 1 alone, never paying
-    stage 2's check of the escalation expert. Refuses the model loaded from such a folder (``model.name_or_path``)."""
-    folder = getattr(model, "name_or_path", None)
-    if isinstance(folder, (str, os.PathLike)) and str(folder) and \
-            os.path.isfile(os.path.join(folder, CASCADE_CONFIG_NAME)):
-        raise ValueError(
-            f"{str(folder)!r} holds a deferral cascade ({CASCADE_CONFIG_NAME}): the 'deferral' pipeline would run its "
-            "stage 1 alone. Run the whole cascade with pipeline('deferral-cascade', model=folder, experts={...}) "
-            "(library mode: import hf_defer), or hf_defer.DeferralCascade.from_pretrained(folder)."
-        )
 
 
 class DeferralPipeline(Pipeline):
@@ -225,7 +208,7 @@ class DeferralPipeline(Pipeline):
                 "The deferral pipeline needs a deferral model (config.model_type == 'deferral', e.g. "
                 f"hf_defer.EncoderForDeferral), got {type(model).__name__} with model_type={model_type!r}."
             )
-        _refuse_cascade_folder(model)  # a cascade folder's root is its stage 1 alone
+        refuse_cascade_folder(model)  # a cascade folder's root is its stage 1 alone
         experts = dict(kwargs.pop("experts", None) or {})
         unknown = sorted(set(experts) - set(model.config.expert_names))
         if unknown:
