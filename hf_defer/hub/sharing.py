@@ -3,10 +3,11 @@
 [`EncoderForDeferral.save_pretrained`] alone writes what a folder needs: ``model.safetensors`` (never a pickle),
 ``config.json`` with ``auto_map`` and ``custom_pipelines``, and the code that remote loading runs
 (``configuration_deferral.py``, ``modeling_deferral.py``, ``saving_deferral.py``, ``surrogates.py``,
-``surrogate_base.py``, ``surrogate_routing.py``, ``side_features.py``, ``pipeline_deferral.py``, ``availability.py``, ``cascade_folder.py``, ``device.py``,
-``guarantee_record.py``, ``guarantee_warnings.py``, ``validators.py`` and ``library_mode.py``), so that
-``pipeline(model=folder, trust_remote_code=True)`` and ``AutoModel.from_pretrained(folder, trust_remote_code=True)``
-work without hf_defer; with hf_defer imported, ``pipeline("deferral", model=folder)`` uses the installed library. [`save_for_hub`] adds the tokenizer or image
+``surrogate_base.py``, ``surrogate_routing.py``, ``side_features.py``, ``pipeline_deferral.py``, ``availability.py``,
+``cascade_folder.py``, ``device.py``, ``guarantee_record.py``, ``guarantee_warnings.py``, ``validators.py`` and
+``library_mode.py``), so that ``pipeline(model=folder, trust_remote_code=True)`` and
+``AutoModel.from_pretrained(folder, trust_remote_code=True)`` work without hf_defer; with hf_defer imported,
+``pipeline("deferral", model=folder)`` uses the installed library. [`save_for_hub`] adds the tokenizer or image
 processor and the deferral model card; [`push_to_hub`] uploads such a folder.
 """
 
