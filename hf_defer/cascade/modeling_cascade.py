@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from ..experts.model_experts import answers_to_ids, one_answer_per_input
+from ..modeling.cascade_folder import CASCADE_CONFIG_NAME
 from ..modeling.modeling_deferral import EncoderForDeferral
-from ..modeling.pipeline_deferral import CASCADE_CONFIG_NAME
 from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs
 
 # The cascade's public names; the folder helpers (cascade_options, cascade_stage_folders, check_min_confidence,

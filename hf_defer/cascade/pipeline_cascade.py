@@ -21,8 +21,9 @@ import numpy as np
 import torch
 from transformers import Pipeline
 
+from ..modeling.cascade_folder import CASCADE_CONFIG_NAME
+from ..modeling.device import check_device
 from ..modeling.modeling_deferral import EncoderForDeferral
-from ..modeling.pipeline_deferral import CASCADE_CONFIG_NAME, check_device
 from ..modeling.surrogate_base import check_defer_threshold, check_expert_costs
 from .modeling_cascade import (DeferralCascade, cascade_options, cascade_stage_folders, check_min_confidence,
                                read_cascade_config)

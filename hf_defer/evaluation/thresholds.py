@@ -14,8 +14,9 @@ from huggingface_hub.utils import are_progress_bars_disabled
 from tqdm.auto import tqdm
 
 from .guarantees import MARGIN_TOLERANCE, certify_threshold, empirical_budget_threshold  # noqa: F401
+from ..modeling.availability import InputWithAvailability, parse_available_experts
 from ..modeling.guarantee_record import PER_INPUT
-from ..modeling.pipeline_deferral import DeferralPipeline, InputWithAvailability, parse_available_experts
+from ..modeling.pipeline_deferral import DeferralPipeline
 from ..modeling.surrogate_routing import is_route_only
 from ..modeling.validators import check_share, is_int
 

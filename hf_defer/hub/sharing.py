@@ -3,10 +3,11 @@
 [`EncoderForDeferral.save_pretrained`] alone writes what a folder needs: ``model.safetensors`` (never a pickle),
 ``config.json`` with ``auto_map`` and ``custom_pipelines``, and the code that remote loading runs
 (``configuration_deferral.py``, ``modeling_deferral.py``, ``saving_deferral.py``, ``surrogates.py``,
-``surrogate_base.py``, ``surrogate_routing.py``, ``side_features.py``, ``pipeline_deferral.py``, ``validators.py`` and
-``library_mode.py``), so that
-``pipeline(model=folder, trust_remote_code=True)`` and ``AutoModel.from_pretrained(folder, trust_remote_code=True)``
-work without hf_defer; with hf_defer imported, ``pipeline("deferral", model=folder)`` uses the installed library. [`save_for_hub`] adds the tokenizer or image
+``surrogate_base.py``, ``surrogate_routing.py``, ``side_features.py``, ``pipeline_deferral.py``, ``availability.py``,
+``cascade_folder.py``, ``device.py``, ``guarantee_record.py``, ``guarantee_warnings.py``, ``validators.py`` and
+``library_mode.py``), so that ``pipeline(model=folder, trust_remote_code=True)`` and
+``AutoModel.from_pretrained(folder, trust_remote_code=True)`` work without hf_defer; with hf_defer imported,
+``pipeline("deferral", model=folder)`` uses the installed library. [`save_for_hub`] adds the tokenizer or image
 processor and the deferral model card; [`push_to_hub`] uploads such a folder.
 """
 
@@ -62,7 +63,7 @@ def save_for_hub(
     >>> model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=4, num_labels=2))
     >>> files = hf_defer.save_for_hub(model, tempfile.mkdtemp())
     >>> sorted(f for f in files if f.endswith(".py"))
-    ['configuration_deferral.py', 'library_mode.py', 'modeling_deferral.py', 'pipeline_deferral.py', 'saving_deferral.py', 'side_features.py', 'surrogate_base.py', 'surrogate_routing.py', 'surrogates.py', 'validators.py']
+    ['availability.py', 'cascade_folder.py', 'configuration_deferral.py', 'device.py', 'guarantee_record.py', 'guarantee_warnings.py', 'library_mode.py', 'modeling_deferral.py', 'pipeline_deferral.py', 'saving_deferral.py', 'side_features.py', 'surrogate_base.py', 'surrogate_routing.py', 'surrogates.py', 'validators.py']
 
     ```
     """

@@ -2,7 +2,9 @@
 
 Configuration, the models (`EncoderForDeferral` and the route-only `EncoderForRouting` on their shared base class),
 saving, the four surrogates (with their autograd kernels) and their base class, the routing surrogate, the pipeline
-(with its option checks) and the small argument checks that the rest of hf_defer shares too (``validators``). These
+(with its option checks) and what it shares with calibration and the cascade (``availability``, ``device``,
+``cascade_folder``), the guarantee record and its warnings (``guarantee_record``, ``guarantee_warnings``), and the
+small argument checks that the rest of hf_defer shares too (``validators``). These
 modules import only torch, transformers, the standard library and each other, relatively, and nothing else of
 hf_defer: a saved folder must load without the library installed.
 """

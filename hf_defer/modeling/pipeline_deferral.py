@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
-import warnings
 from collections.abc import Sized
 from typing import Any
 
@@ -21,8 +20,11 @@ from torch.utils.data import DataLoader
 from transformers import Pipeline
 from transformers.pipelines.pt_utils import PipelineDataset, PipelineIterator
 
+from .availability import InputWithAvailability, parse_available_experts, with_availability
+from .cascade_folder import refuse_cascade_folder
+from .device import check_device
+from .guarantee_warnings import warn_outside_calibration, warn_outside_guarantee
 from .library_mode import library_function
-from .guarantee_record import SAME_THRESHOLD, DeferralGuarantee
 from .surrogate_base import check_defer_threshold, check_expert_costs
 from .surrogate_routing import is_route_only, route_only_output
 from .validators import CLASSIFIER_ANSWER, DEFER_LABEL, is_int, is_number
@@ -43,8 +45,9 @@ CUSTOM_PIPELINES: dict[str, dict[str, Any]] = {
 """The ``custom_pipelines`` entry that [`EncoderForDeferral.save_pretrained`] writes into ``config.json``."""
 
 
-# What the pipeline checks of its options and inputs before running: loader options, the device, the tokenizer /
-# image-processor keyword arguments it passes on, per-input expert availability, and how feature vectors are batched.
+# What the pipeline checks of its options and inputs before running: loader options, the tokenizer / image-processor
+# keyword arguments it passes on, side features, and how feature vectors are batched (the device: device.py; expert
+# availability: availability.py).
 
 
 def _is_sequence_like(value: Any) -> bool:
@@ -109,204 +112,6 @@ def _check_loader_options(options: dict[str, Any]) -> None:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
         if value is not None:
             options[name] = int(value)  # a numpy integer reaches the DataLoader as a plain int (torch refuses it)
-
-
-CASCADE_CONFIG_NAME = "cascade_config.json"
-"""The file that makes a folder a deferral cascade (`hf_defer.cascade`): stage 1 at the folder's
-root, stage 2 in ``stage2/``."""
-
-
-def _refuse_cascade_folder(model: Any) -> None:
-    """A cascade folder's root holds its stage 1: the deferral pipeline on it would run stage 1 alone, never paying
-    stage 2's check of the escalation expert. Refuses the model loaded from such a folder (``model.name_or_path``)."""
-    folder = getattr(model, "name_or_path", None)
-    if isinstance(folder, (str, os.PathLike)) and str(folder) and \
-            os.path.isfile(os.path.join(folder, CASCADE_CONFIG_NAME)):
-        raise ValueError(
-            f"{str(folder)!r} holds a deferral cascade ({CASCADE_CONFIG_NAME}): the 'deferral' pipeline would run its "
-            "stage 1 alone. Run the whole cascade with pipeline('deferral-cascade', model=folder, experts={...}) "
-            "(library mode: import hf_defer), or hf_defer.DeferralCascade.from_pretrained(folder)."
-        )
-
-
-def check_device(device: Any) -> None:
-    """Refuses a ``device`` this machine does not have (transformers would fall back to the CPU without a word): the
-    one check of the ``device`` option, for the deferral pipeline and the cascade's.
-
-    Args:
-        device (`int`, `str` or `torch.device`, *optional*): as for `transformers.pipeline`; `None` or a negative
-            int (the CPU) always passes.
-
-    Raises:
-        TypeError: not an int, a str or a `torch.device`.
-        ValueError: a device this machine does not have, or a string torch cannot read.
-
-    Example:
-
-    ```python
-    >>> check_device("cpu")
-    >>> check_device("warp:0")
-    Traceback (most recent call last):
-    ...
-    ValueError: device must name a device such as 'cpu' or 'cuda:0', got 'warp:0' (...).
-    ```
-    """
-    integer = is_int(device)
-    if device is None or (integer and device < 0):
-        return
-    if not integer and not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be an int, a str or a torch.device, got {type(device).__name__}.")
-    if integer:
-        available = torch.accelerator.is_available()
-        count = torch.accelerator.device_count() if available else 0
-        if device >= count:
-            raise ValueError(
-                f"device={device} asks for accelerator {device}, but this machine has {count or 'none'}"
-                f"{' (' + str(torch.accelerator.current_accelerator()) + ')' if count else ''}; pass device='cpu' (or -1)."
-            )
-        return
-    try:
-        parsed = torch.device(device)
-    except RuntimeError as err:
-        raise ValueError(f"device must name a device such as 'cpu' or 'cuda:0', got {device!r} ({err}).") from None
-    if parsed.type in ("cpu", "meta"):
-        return
-    backend = getattr(torch, parsed.type, None)
-    count = backend.device_count() if backend is not None and backend.is_available() else 0
-    if (parsed.index or 0) >= count:
-        raise ValueError(
-            f"device={str(device)!r} is not available on this machine ({count} {parsed.type} device(s)); "
-            "pass device='cpu' (or -1)."
-        )
-
-
-class InputWithAvailability:
-    """One pipeline input with the experts who can answer it (a per-input ``available_experts``): `preprocess` unwraps
-    it and the mask rides with the model inputs, through batching, to `postprocess`. [`calibrate_deferral`] wraps its
-    inputs so too.
-
-    Example:
-
-    ```python
-    >>> item = InputWithAvailability("some text", np.array([True, False]))
-    >>> item.inputs, item.available.tolist()
-    ('some text', [True, False])
-    ```
-    """
-
-    __slots__ = ("inputs", "available")
-
-    def __init__(self, inputs: Any, available: np.ndarray) -> None:
-        self.inputs, self.available = inputs, available
-
-
-def _expert_mask(value: Any, names: list[str]) -> np.ndarray | None:
-    """One input's (or a whole call's) availability as bool ``[M]``: a list of expert names or a bool mask of length
-    M; `None` when ``value`` is neither (a per-input form, for the caller to try)."""
-    if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(name, str) for name in value):
-        unknown = sorted(set(value) - set(names))
-        if unknown:
-            raise ValueError(f"available_experts names {unknown}, which are not in config.expert_names {names}.")
-        return np.array([name in value for name in names], dtype=bool)
-    try:
-        array = np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value)
-    except (TypeError, ValueError):  # ragged: per-input lists of names of different lengths
-        return None
-    if array.ndim != 1 or array.dtype == object:
-        return None
-    if array.dtype != bool and not (np.issubdtype(array.dtype, np.integer) and np.isin(array, (0, 1)).all()):
-        raise ValueError(f"available_experts must be expert names or a bool mask, got {value!r:.80}.")
-    if array.shape[0] != len(names):
-        raise ValueError(f"available_experts must have one entry per expert ({len(names)}: {names}), got {value!r:.80}.")
-    return array.astype(bool)
-
-
-def parse_available_experts(value: Any, names: list[str]) -> tuple[bool, np.ndarray]:
-    """``available_experts`` as ``(per_input, mask)``: the same experts for every input (bool ``[M]``, from names or
-    a mask) or one row per input (bool ``[N, M]``, from a 2-D mask or a list of per-input names / masks). The one
-    reading of the argument, for the pipeline and [`calibrate_deferral`].
-
-    Args:
-        value: expert names, a bool mask of length M, or one of those per input.
-        names (`list[str]`): `config.expert_names`, in order.
-
-    Raises:
-        TypeError / ValueError: naming ``available_experts`` and what it holds.
-
-    Example:
-
-    ```python
-    >>> parse_available_experts(["bob"], ["alice", "bob"])
-    (False, array([False,  True]))
-    >>> parse_available_experts([["alice"], ["alice", "bob"]], ["alice", "bob"])[1].tolist()
-    [[True, False], [True, True]]
-    ```
-    """
-    if isinstance(value, (str, bytes, dict)):
-        raise TypeError(f"available_experts must be a list of expert names (or a bool mask), got {value!r:.80}.")
-    mask = _expert_mask(value, names) if value is not None else None
-    if mask is not None:
-        return False, mask
-    try:
-        rows = [_expert_mask(row, names) for row in value]
-    except TypeError:
-        rows = [None]
-    if not rows or any(row is None for row in rows):
-        raise ValueError(f"available_experts must be expert names or a bool mask of length {len(names)} (for every "
-                         f"input), or one of those per input; got {value!r:.80}.")
-    return True, np.stack(rows)
-
-
-def _with_availability(inputs: Any, mask: np.ndarray, single: bool) -> Any:
-    """The input(s) wrapped with their row of a per-input availability ``mask [N, M]``."""
-    items = [inputs] if single else inputs
-    if not isinstance(items, list) or len(items) != mask.shape[0]:
-        count = f"{len(items)} inputs" if isinstance(items, list) else f"a {type(inputs).__name__}"
-        raise ValueError(f"available_experts has {mask.shape[0]} rows (one per input), but the call has {count}: give "
-                         "a list of inputs with one availability entry each.")
-    wrapped = [InputWithAvailability(item, row) for item, row in zip(items, mask)]
-    return wrapped[0] if single else wrapped
-
-
-def warn_outside_guarantee(config: Any, expert_costs: Any, defer_threshold: Any, available: Any) -> None:
-    """Warns when a call decides otherwise than ``config.deferral_guarantee`` was certified for (`calibrate_deferral`
-    with a confidence): other costs, experts, threshold or whole-call availability
-    ([`DeferralGuarantee.differences`]). The promise then does not hold."""
-    guarantee = DeferralGuarantee.from_config(config)
-    if guarantee is None:
-        return
-    names = list(config.expert_names)
-    costs = getattr(config, "expert_costs", None) if expert_costs is None else expert_costs
-    reasons = guarantee.differences(
-        float(config.defer_threshold if defer_threshold is None else defer_threshold),
-        expert_costs=list(costs or [0.0] * len(names)), expert_names=names,
-        available=None if available is None else np.asarray(available, dtype=bool))
-    if reasons:
-        warnings.warn(f"this call is not covered by the model's deferral guarantee ({guarantee.claims_text()} with "
-                      f"confidence {guarantee.confidence}): it decides with {'; '.join(reasons)}. Calibrate again "
-                      "(hf_defer.calibrate_deferral) for these settings.", UserWarning, stacklevel=4)
-
-
-def warn_outside_calibration(config: Any, expert_costs: Any, defer_threshold: Any) -> None:
-    """Warns when a call decides with other costs or another threshold than ``config.defer_threshold`` was calibrated
-    for (``config.calibrated_expert_costs``, set by `calibrate_deferral`): the threshold then no longer meets its
-    budget, and the decisions shift (a cost of 0.1 can route every input elsewhere). A model with a
-    ``deferral_guarantee`` warns through [`warn_outside_guarantee`] instead."""
-    calibrated = getattr(config, "calibrated_expert_costs", None)
-    if calibrated is None or DeferralGuarantee.from_config(config) is not None:
-        return
-    costs = getattr(config, "expert_costs", None) if expert_costs is None else expert_costs
-    costs = [float(c) for c in (costs or [0.0] * len(calibrated))]
-    reasons = []
-    if costs != [float(c) for c in calibrated]:
-        reasons.append(f"expert_costs {costs} (calibrated at {[float(c) for c in calibrated]})")
-    if defer_threshold is not None and abs(float(defer_threshold) - float(config.defer_threshold)) > SAME_THRESHOLD:
-        reasons.append(f"defer_threshold {float(defer_threshold)!r} (calibrated: {float(config.defer_threshold)!r})")
-    if reasons:
-        warnings.warn(f"this call decides with {'; '.join(reasons)}: the model's defer_threshold was calibrated "
-                      "for other settings, so its deferral budget no longer holds and the decisions shift. Calibrate "
-                      "again for these settings (hf_defer.calibrate_deferral, or `hf-defer calibrate --expert_costs`).",
-                      UserWarning, stacklevel=4)
 
 
 class DeferralPipeline(Pipeline):
@@ -403,7 +208,7 @@ class DeferralPipeline(Pipeline):
                 "The deferral pipeline needs a deferral model (config.model_type == 'deferral', e.g. "
                 f"hf_defer.EncoderForDeferral), got {type(model).__name__} with model_type={model_type!r}."
             )
-        _refuse_cascade_folder(model)  # a cascade folder's root is its stage 1 alone
+        refuse_cascade_folder(model)  # a cascade folder's root is its stage 1 alone
         experts = dict(kwargs.pop("experts", None) or {})
         unknown = sorted(set(experts) - set(model.config.expert_names))
         if unknown:
@@ -557,7 +362,7 @@ class DeferralPipeline(Pipeline):
             per_input, mask = parse_available_experts(kwargs["available_experts"], list(self.model.config.expert_names))
             if per_input:  # each input carries its own mask through preprocessing and batching to the decision
                 kwargs = {key: value for key, value in kwargs.items() if key != "available_experts"}
-                inputs = _with_availability(inputs, mask, single)
+                inputs = with_availability(inputs, mask, single)
         return super().__call__(inputs, **kwargs)
 
     def _call_with_model_experts(self, inputs: Any, **kwargs: Any) -> dict[str, Any] | list[dict[str, Any]]:

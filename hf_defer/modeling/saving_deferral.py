@@ -94,8 +94,10 @@ class DeferralSavingMixin:
         """Writes everything a folder needs, for library mode and remote-code mode alike: the weights (safetensors),
         `config.json` with `auto_map` and `custom_pipelines`, and the code files `configuration_deferral.py`,
         `modeling_deferral.py`, `saving_deferral.py`, `surrogates.py`, `surrogate_base.py`, `surrogate_routing.py`,
-        `side_features.py`, `pipeline_deferral.py`, `validators.py` and `library_mode.py`. The Trainer, the pipeline, `save_for_hub` and
-        `push_to_hub` all save through it. The files go to a temporary folder first, then move in.
+        `side_features.py`, `pipeline_deferral.py`, `availability.py`, `cascade_folder.py`, `device.py`,
+        `guarantee_record.py`, `guarantee_warnings.py`, `validators.py` and `library_mode.py`. The Trainer, the
+        pipeline, `save_for_hub` and `push_to_hub` all save through it. The files go to a temporary folder first, then
+        move in.
 
         A file of the folder is never lost silently: `config.json` and the weights are replaced (as transformers
         always does), a code file only when it is the same as hf_defer's; stale weight shards are deleted and other

@@ -29,7 +29,9 @@ from hf_defer.modeling.pipeline_deferral import REMOTE_TASK
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a cat dog sat on mat is good bad very".split()]
 TEXTS = ["the cat sat on the mat", "a very bad dog", "good"]
 CODE_FILES = {"configuration_deferral.py", "modeling_deferral.py", "saving_deferral.py", "surrogates.py", "surrogate_base.py",
-              "surrogate_routing.py", "side_features.py", "pipeline_deferral.py", "validators.py", "library_mode.py"}
+              "surrogate_routing.py", "side_features.py", "pipeline_deferral.py", "validators.py", "library_mode.py",
+              "guarantee_record.py", "device.py", "availability.py",
+              "guarantee_warnings.py", "cascade_folder.py"}
 PACKAGE = Path(hf_defer.__file__).parent / "modeling"  # the code a saved folder carries
 
 
