@@ -157,7 +157,7 @@ def score(model: str, input_path: str, output: str, id_column: str, text_columns
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=Path(__file__).name, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a saved deferral model (folder or Hub id)")
     parser.add_argument("--input", required=True, help="a .parquet or .csv table")
     parser.add_argument("--output", required=True, help="a new folder for the Parquet files")

@@ -85,7 +85,7 @@ def test_ray_scores_equal_predict_for_a_text_and_a_feature_model(local_ray, tmp_
     assert score(["--model", str(features_model), "--input", str(vectors_table), "--output", str(tmp_path / "vec-ray"),
                   "--id_column_name", "key", "--features_column_name", "features"]) == 2  # one line, exit status 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("__main__.py: error: --output ") and "vec-ray' exists" in last, last
+    assert last.startswith("score_with_ray.py: error: --output ") and "vec-ray' exists" in last, last
 
 
 def test_a_missing_input_or_a_bad_model_folder_is_named_before_ray_starts(tmp_path, capsys, monkeypatch):
