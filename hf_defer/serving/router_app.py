@@ -9,7 +9,13 @@ model the router picks.
   `false`), `x-hf-defer-routing-ms`.
   `"stream": true` streams the upstream's server-sent events through unchanged (the headers say who answers).
 - `GET /v1/models`: the router and the upstream models.
-- `GET /metrics`: the counters of [`RouterMetrics`], Prometheus text (`?format=json` for JSON).
+- `GET /metrics`: the counters of [`RouterMetrics`], Prometheus text (`?format=json` for JSON), and the monitor's
+  gauges.
+- `GET /monitor`: the router model's promises (its `config.deferral_guarantee`, e.g. a budget on the strong models'
+  share) watched on its decisions ([`DeferralMonitor`]: rates, the label-free error estimate, their anytime-valid
+  bounds and the alarm), as JSON. The monitor is fed the route-only model's decision on every routed request (not
+  the pinned ones), before the strong-call cap (`max_strong_rate`): it watches the model's promise, not the cap. An
+  uncalibrated router gets a monitor without targets (rates and estimate, no alarm).
 - `GET /health`: `{"status": "ok"}`, the one path open without a client key.
 
 Every request passes the [`AccessGuard`] of `access` first (client keys, rate, size). A malformed request (the body's
@@ -29,6 +35,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..monitoring import DeferralMonitor, monitor_for, register_monitor_metrics
 from .access import HEALTH_PATH, AccessGuard, AccessPolicy
 from .errors import RequestError, install_error_handlers, openai_error, read_json_object
 from .metrics import RouterMetrics, metrics_response
@@ -162,6 +169,9 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
         raise ValueError(f"router_name {router_name!r} is also the name of an upstream model; pick another.")
     access = AccessPolicy() if access is None else access
     metrics = RouterMetrics(router.expert_names, access.client_names)
+    config = router.pipeline.model.config
+    monitor = monitor_for(config)  # the router model's promises, watched on its decisions before the cap
+    register_monitor_metrics(metrics.registry, {str(getattr(config, "_name_or_path", "") or router_name): monitor})
     state: dict[str, httpx.AsyncClient] = {}
 
     @asynccontextmanager
@@ -178,7 +188,7 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
 
     app = FastAPI(title="hf_defer router", lifespan=lifespan)
     app.state.router, app.state.upstreams, app.state.metrics = router, dict(upstreams), metrics
-    app.state.access = access
+    app.state.access, app.state.monitor = access, monitor
     install_error_handlers(app)
     app.add_middleware(AccessGuard, policy=access, metrics=metrics.clients)
 
@@ -191,6 +201,10 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
         names = [router_name, *upstreams] if pinning else [router_name]
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "hf_defer"}
                                            for name in names]}
+
+    @app.get("/monitor")
+    async def monitor_state() -> JSONResponse:
+        return JSONResponse(monitor.state())
 
     @app.get("/metrics")
     async def metrics_endpoint(format: str = "prometheus") -> Response:
@@ -212,7 +226,7 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
         except ValueError as error:
             return openai_error(400, str(error), param="messages")
         if requested == router_name:
-            routed = await _routed(router, prompt, body, metrics)
+            routed = await _routed(router, prompt, body, metrics, monitor)
             if isinstance(routed, Response):
                 return routed
             decision, order = routed
@@ -225,10 +239,11 @@ def build_router_app(router: PromptRouter, upstreams: Mapping[str, Upstream], *,
     return app
 
 
-async def _routed(router: PromptRouter, prompt: Any, body: Mapping[str, Any],
-                  metrics: RouterMetrics) -> tuple[RoutingDecision, list[str]] | Response:
-    """The router's decision on the prompt (counted) and the order to try the models in: its pick, then its ranking;
-    an error response (400 for a side feature it cannot read, 500 when the router fails) instead."""
+async def _routed(router: PromptRouter, prompt: Any, body: Mapping[str, Any], metrics: RouterMetrics,
+                  monitor: DeferralMonitor) -> tuple[RoutingDecision, list[str]] | Response:
+    """The router's decision on the prompt (counted, and fed to the monitor as the model made it, before the cap) and
+    the order to try the models in: its pick, then its ranking; an error response (400 for a side feature it cannot
+    read, 500 when the router fails) instead."""
     try:
         decision = await router.route(prompt, _side_features(body.get("metadata"), router))
     except (ValueError, TypeError) as error:  # a side feature's value the router cannot read
@@ -238,6 +253,7 @@ async def _routed(router: PromptRouter, prompt: Any, body: Mapping[str, Any],
                             "router_error")
     metrics.routing_seconds.observe(decision.seconds)
     metrics.routed.labels(model=decision.model).inc()
+    monitor.update([decision.output])
     if decision.model != decision.wanted:
         metrics.capped.labels(wanted=decision.wanted).inc()
     return decision, [decision.model, *(name for name in decision.ranking if name != decision.model)]

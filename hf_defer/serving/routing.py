@@ -25,6 +25,8 @@ class RoutingDecision(NamedTuple):
         margin (`float`): the router's margin `max_{j != d} (a_j - c_j) - (a_d - c_d)`, compared with the threshold.
         ranking (`tuple[str, ...]`): every expert, best estimated gain `a_j - c_j` first (the order of a fall-back).
         seconds (`float`): time from the request's arrival at the router to its decision (queueing and the forward).
+        output (`dict`, *optional*): the route-only pipeline's output for the prompt, before the cap (`defer`,
+            `expert`, `estimated_accuracy`, `expert_scores`, `margin`): what the server's monitor is fed.
 
     Example:
 
@@ -44,6 +46,7 @@ class RoutingDecision(NamedTuple):
     margin: float
     ranking: tuple[str, ...]
     seconds: float
+    output: Mapping[str, Any] | None = None
 
 
 def load_router_pipeline(router: str, encoder: str | None = None, backend: str = "torch") -> Any:
@@ -194,7 +197,7 @@ class PromptRouter:
             else:
                 self.strong += 1
         return RoutingDecision(model, wanted, model != self.default_expert, float(output["margin"]),
-                               self._ranking(output), time.perf_counter() - arrived)
+                               self._ranking(output), time.perf_counter() - arrived, output)
 
     # ------------------------------------------------------------------ asynchronous, batched
     async def __aenter__(self) -> PromptRouter:

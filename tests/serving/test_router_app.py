@@ -9,10 +9,12 @@ import asyncio
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fake_upstream import UpstreamBehaviour, answer_text, fake_upstream_app, serve_in_thread
-from hf_defer import EncoderForDeferral
+from hf_defer import EncoderForDeferral, calibrate_deferral
 from hf_defer.serving import PromptRouter, build_router_app
+from hf_defer.serving.access import AccessPolicy, parse_client_keys
 from hf_defer.serving.routing import load_router_pipeline
 from hf_defer.serving.upstream import parse_upstreams
 from tiny_router import PROMPTS, margins_by_forward
@@ -225,3 +227,60 @@ def test_the_examples_of_the_serving_modules_run():
     for module in (metrics, router_app, routing, upstream):
         failed, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert failed == 0 and tried > 0, module.__name__
+
+
+KEY = "sk-monitor-0123456789abcdef"
+
+
+def gauges(text: str) -> dict[tuple, float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_the_monitor_watches_the_router_models_decisions_before_the_cap(pipe, upstreams, behaviours, expected):
+    # max_strong_rate=0: every request is answered by weak, yet the monitor counts the model's own strong picks
+    policy = AccessPolicy(parse_client_keys(KEY, "K"))
+    with start(pipe, upstreams, max_strong_rate=0.0, access=policy) as url:
+        chat = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=20)
+        for prompt in PROMPTS:
+            assert ask(chat, prompt).headers["x-hf-defer-model"] == "weak"
+        chat.chat.completions.create(model="strong", messages=[{"role": "user", "content": PROMPTS[0]}])  # pinned
+        refused = httpx.get(url + "/monitor")
+        state = httpx.get(url + "/monitor", headers={"Authorization": f"Bearer {KEY}"}).json()
+        text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    assert refused.status_code == 401
+    n_strong = sum(expected[p] == "strong" for p in PROMPTS)
+    assert 0 < n_strong < len(PROMPTS)
+    assert state["rows"] == len(PROMPTS)  # the routed requests, not the pinned one
+    rate = state["channels"]["deferral_rate"]
+    assert rate["n"] == len(PROMPTS) and rate["mean"] == pytest.approx(n_strong / len(PROMPTS))
+    assert state["channels"]["deferral_rate[strong]"]["mean"] == pytest.approx(n_strong / len(PROMPTS))
+    assert rate["lower"] <= n_strong / len(PROMPTS) <= rate["upper"]
+    # not calibrated with a confidence: the rates and the estimate without targets, and no alarm
+    assert rate["target"] is None and state["alarm"] is None and state["guarantee"] is None
+    found = gauges(text)
+    model = str(pipe.model.config._name_or_path)
+    assert found["hf_defer_monitor_mean", (("channel", "deferral_rate"), ("model", model))] == pytest.approx(
+        n_strong / len(PROMPTS))
+    assert found["hf_defer_monitor_rows", (("model", model),)] == len(PROMPTS)
+    assert not any(name == "hf_defer_monitor_alarm" for name, _ in found)  # nothing has a target
+    assert found["hf_defer_routed_total", (("model", "strong"),)] == 0.0  # the cap held every strong pick back
+
+
+def test_a_calibrated_routers_budget_is_monitored(router_folder, upstreams, behaviours):
+    pipe = load_router_pipeline(str(router_folder))  # its own copy: calibrating moves the threshold
+    calibrate_deferral(pipe, PROMPTS, max_deferral_rate=0.5, confidence=0.9)
+    threshold = pipe.model.config.defer_threshold
+    n_strong = sum(m > threshold for m in margins_by_forward(router_folder, PROMPTS))
+    with start(pipe, upstreams) as url:
+        chat = client(url)
+        answered = [ask(chat, prompt).headers["x-hf-defer-model"] for prompt in PROMPTS]
+        state = httpx.get(url + "/monitor").json()
+        text = httpx.get(url + "/metrics").text
+    assert answered.count("strong") == n_strong
+    rate = state["channels"]["deferral_rate"]
+    assert rate["target"] == 0.5 and rate["mean"] == pytest.approx(n_strong / len(PROMPTS))
+    assert state["confidence"] == pytest.approx(0.9) and state["alarm"] is None
+    key = (("channel", "deferral_rate"), ("model", str(router_folder)))
+    found = gauges(text)
+    assert found["hf_defer_monitor_target", key] == 0.5 and found["hf_defer_monitor_alarm", key] == 0.0
