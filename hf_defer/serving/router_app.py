@@ -253,7 +253,8 @@ async def _routed(router: PromptRouter, prompt: Any, body: Mapping[str, Any], me
                             "router_error")
     metrics.routing_seconds.observe(decision.seconds)
     metrics.routed.labels(model=decision.model).inc()
-    monitor.update([decision.output])
+    if decision.output is not None:  # a PromptRouter's decisions always carry it
+        monitor.update([decision.output])
     if decision.model != decision.wanted:
         metrics.capped.labels(wanted=decision.wanted).inc()
     return decision, [decision.model, *(name for name in decision.ranking if name != decision.model)]
