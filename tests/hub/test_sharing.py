@@ -350,8 +350,8 @@ def test_save_for_hub_without_card_data_writes_the_card_of_the_config(tmp_path):
     # Issue 43.8: the Hub guide calls save_for_hub's folder the one "to share"; it had no card without card_data.
     model, tokenizer = text_model()
     model.config.defer_threshold, model.config.expert_costs = 0.125, [0.05, 0.1]
-    save_for_hub(model, tmp_path / "shared", tokenizer)
-    card = ModelCard.load(tmp_path / "shared" / "README.md")
+    save_for_hub(model, tmp_path / "to_share", tokenizer)
+    card = ModelCard.load(tmp_path / "to_share" / "README.md")
     assert "**Deferral threshold:** 0.125" in card.text and "`alice`" in card.text
     assert card.data.eval_results is None  # no metrics were measured for this config
-    assert "# shared" in card.text  # named after the folder
+    assert "# to_share" in card.text  # named after the folder
