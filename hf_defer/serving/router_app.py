@@ -299,25 +299,15 @@ async def _answer(http: httpx.AsyncClient, upstreams: Mapping[str, Upstream], ca
 
 
 def _side_features(metadata: Any, router: PromptRouter) -> dict[str, Any]:
-    """The router's side features from the request's `metadata` (OpenAI's metadata values are strings: a numeric
-    side feature given as "412" is read as the number)."""
+    """The router's side features from the request's `metadata`, as given: the model's one reader of side-feature
+    values (`modeling.side_features.side_feature_value`, through the pipeline) reads a numeric feature given as "412" as the number."""
     specs = getattr(router.pipeline.model.config, "side_features", None) or []
     if not specs:
         return {}
     if not isinstance(metadata, dict):
         raise ValueError(f"this router routes on the side feature(s) {router.side_features} too: give them in the "
                          f"request's metadata, e.g. metadata={{{specs[0]['name']!r}: ...}}.")
-    out = {}
-    for spec in specs:
-        if spec["name"] in metadata:
-            value = metadata[spec["name"]]
-            if spec["kind"] == "numeric" and isinstance(value, str):
-                try:
-                    value = float(value)
-                except ValueError:
-                    pass  # named by the router's check
-            out[spec["name"]] = value
-    return out
+    return {spec["name"]: metadata[spec["name"]] for spec in specs if spec["name"] in metadata}
 
 
 def _summary(name: str, decision: RoutingDecision | None, failures: list[UpstreamError]) -> dict[str, Any]:
