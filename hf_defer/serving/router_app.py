@@ -300,7 +300,8 @@ async def _answer(http: httpx.AsyncClient, upstreams: Mapping[str, Upstream], ca
 
 def _side_features(metadata: Any, router: PromptRouter) -> dict[str, Any]:
     """The router's side features from the request's `metadata`, as given: the model's one reader of side-feature
-    values (`modeling.side_features.side_feature_value`, through the pipeline) reads a numeric feature given as "412" as the number."""
+    values (`modeling.side_features.side_feature_value`, through the pipeline) reads a numeric feature given as
+    "412" as the number."""
     specs = getattr(router.pipeline.model.config, "side_features", None) or []
     if not specs:
         return {}
