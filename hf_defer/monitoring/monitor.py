@@ -239,10 +239,12 @@ class DeferralMonitor:
             model: a deferral model, its pipeline, its config, or a saved folder (only `config.json` is read).
             confidence (`float`, *optional*): of the alarm; defaults to the guarantee's own.
             audit_rate / seed / horizon: as in [`DeferralMonitor`].
-            reference (`tuple` or `dict`, *optional*): labelled reference rows to recalibrate the label-free estimate
-                on, ``(outputs, labels)`` or ``(outputs, labels, expert_answers)`` or a dict with those keys: the
-                pipeline's outputs on the calibration inputs and what happened there (see
-                [`~DeferralMonitor.recalibrate`]).
+            reference (`tuple`, `dict` or `datasets.Dataset`, *optional*): labelled reference rows to recalibrate
+                the label-free estimate on, ``(outputs, labels)`` or ``(outputs, labels, expert_answers)`` or a dict
+                with those keys: the pipeline's outputs on the calibration inputs (or a decision log's rows) and
+                what happened there (see [`~DeferralMonitor.recalibrate`]); or a dataset of those outputs (a
+                decision log read with `datasets`) with the true labels in a ``labels`` column and, where deferred,
+                the expert's answer in an ``expert_answers`` column.
 
         Promises it cannot watch from decisions are listed in ``state()["not_monitored"]`` (a selective error
         target: the classifier's error among the inputs it keeps).
@@ -289,9 +291,18 @@ class DeferralMonitor:
             elif isinstance(reference, (tuple, list)) and len(reference) in (2, 3):
                 monitor.recalibrate(reference[0], reference[1],
                                     expert_answers=reference[2] if len(reference) == 3 else None)
+            elif isinstance(getattr(reference, "column_names", None), list):  # a datasets.Dataset
+                columns = reference.column_names
+                if "labels" not in columns:
+                    raise ValueError("reference, a dataset, must hold the outputs' columns (a decision log's) and the "
+                                     f"true labels as a `labels` column (and `expert_answers`), got columns {columns}.")
+                answers = reference["expert_answers"] if "expert_answers" in columns else None
+                outputs = reference.remove_columns([c for c in ("labels", "expert_answers") if c in columns])
+                monitor.recalibrate(outputs, reference["labels"], expert_answers=answers)
             else:
-                raise ValueError("reference must be (outputs, labels), (outputs, labels, expert_answers) or a dict "
-                                 f"with those keys, got {type(reference).__name__}.")
+                raise ValueError("reference must be (outputs, labels), (outputs, labels, expert_answers), a dict "
+                                 "with those keys or a datasets.Dataset of outputs with `labels` (and "
+                                 f"`expert_answers`) columns, got {type(reference).__name__}.")
         return monitor
 
     not_monitored: list[str] = []
@@ -658,6 +669,7 @@ def _calibration_test(estimates: Any, outcomes: Any) -> dict[str, float]:
 
     ```
     """
+    from scipy.special import expit
     from scipy.stats import chi2
 
     x = np.clip(np.asarray(estimates, dtype=np.float64).reshape(-1), 1e-9, 1 - 1e-9)
@@ -679,7 +691,7 @@ def _calibration_test(estimates: Any, outcomes: Any) -> dict[str, float]:
         w = np.array([0.0, 1.0])
         best = loglik(design @ w)
         for _ in range(100):
-            p = 1.0 / (1.0 + np.exp(-(design @ w)))
+            p = expit(design @ w)
             hessian = design.T @ (design * (p * (1 - p))[:, None]) + 1e-12 * np.eye(2)
             step = np.linalg.solve(hessian, design.T @ (y - p))
             while loglik(design @ (w + step)) < best and np.abs(step).max() > 1e-12:

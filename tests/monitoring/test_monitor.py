@@ -334,6 +334,17 @@ def test_from_model_with_a_reference(tmp_path):
     np.testing.assert_allclose(same.estimated_errors(outputs), monitor.estimated_errors(outputs))
     with pytest.raises(ValueError, match="reference must hold outputs, labels"):
         DeferralMonitor.from_model(config, reference={"outputs": outputs})
+    import datasets
+
+    table = datasets.Dataset.from_list([{**out, "labels": label, "expert_answers": answer}
+                                        for out, label, answer in zip(outputs, labels, answers)])
+    from_table = DeferralMonitor.from_model(config, reference=table)
+    assert from_table.recalibration == monitor.recalibration
+    np.testing.assert_allclose(from_table.estimated_errors(outputs), monitor.estimated_errors(outputs))
+    with pytest.raises(ValueError, match=r"a `labels` column \(and `expert_answers`\), got columns \['defer', 'expert'"):
+        DeferralMonitor.from_model(config, reference=table.remove_columns(["labels"]))
+    with pytest.raises(ValueError, match="or a datasets.Dataset of outputs"):
+        DeferralMonitor.from_model(config, reference="reference.csv")
     with pytest.raises(ValueError, match="500 outputs, 499 labels"):
         DeferralMonitor.from_model(config, reference=(outputs, labels[:-1]))
     with pytest.raises(ValueError, match="horizon must be a positive whole number"):
