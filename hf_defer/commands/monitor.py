@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections import Counter
 from typing import Any
 
 from .evaluate import match_expert_columns
@@ -89,7 +90,7 @@ def reference_rows(log: str, labels: str, expert_names: list[str], *, id_column:
     key = _column(truth, labels_id_column, ("id", "item", "row"), "--reference_id_column", labels)
     value = _column(truth, label_column, ("label", "labels", "answer"), "--reference_label_column", labels)
     keys = [str(k) for k in truth[key]]
-    repeated = sorted({k for k in keys if keys.count(k) > 1}) if len(set(keys)) != len(keys) else []
+    repeated = sorted(k for k, count in Counter(keys).items() if count > 1)
     if repeated:
         raise ValueError(f"--reference_labels {labels!r}: the ids of column {key!r} repeat ({repeated[:5]}); each "
                          "reference row needs one label.")
@@ -156,7 +157,11 @@ def monitor_log(model: str, log: str, *, labels: str | None = None, confidence: 
             reference_log, reference_labels, monitor.expert_names, id_column=id_column,
             labels_id_column=reference_id_column, label_column=reference_label_column,
             expert_columns=reference_expert_columns)
-        monitor.recalibrate(outputs, truths, expert_answers=answers)
+        try:
+            monitor.recalibrate(outputs, truths, expert_answers=answers)
+        except ValueError as problem:  # a label or a row the monitor cannot read: say which files
+            raise ValueError(f"--reference_log {reference_log!r} / --reference_labels {reference_labels!r}: "
+                             f"{problem}") from None
     table, ids = _log_table(log, "--log", id_column)
     label_of: dict[str, Any] = {}
     answer_of: dict[str, Any] = {}

@@ -10,7 +10,8 @@ What it watches (each a *channel*; the statistics are in `sequential.py`):
   Its bound is on the *expected estimated* error: it equals the true error only while the model's estimates stay
   calibrated, which a shift may break; the labelled channel below needs no such assumption. After
   [`~DeferralMonitor.recalibrate`] (labelled reference rows, as CBPE's reference set) the chances are first mapped by
-  isotonic regressions fitted there; the bound is then on the expected recalibrated estimate.
+  isotonic regressions fitted there, where a calibration test rejects the raw ones; the bound is then on the expected
+  recalibrated estimate.
 * ``system_error`` (with labels): the true system error. Deferred inputs are all labelled (the reviewers' answers),
   the inputs the model keeps only on a random audit share ``audit_rate`` that the monitor draws (seeded); each label
   is weighted by the inverse of its chance to be asked for (Horvitz-Thompson), so the estimate is unbiased for the

@@ -162,7 +162,16 @@ def test_reference_flags_mistakes_are_one_line(logged, reference, tmp_path, caps
     assert "no row of --reference_log" in capsys.readouterr().err
     assert main([*base, "--reference_log", str(out / "calibration.csv"), "--reference_labels",
                  str(out / "calibration.csv")]) == 2
-    assert "--reference_log" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--reference_log" in err and "is not a decision log" in err
+    row = {"id": "r0", "defer": False, "expert": None, "class_label": "LABEL_0", "class_score": 1.5,
+           "expert_accuracy_alice": 0.5, "expert_accuracy_bob": 0.5}
+    (tmp_path / "bad.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "one.csv").write_text("id,label,alice,bob\nr0,LABEL_0,,\n")
+    assert main([*base, "--reference_log", str(tmp_path / "bad.jsonl"), "--reference_labels",
+                 str(tmp_path / "one.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl' / --reference_labels" in err and "estimated probability outside [0, 1]" in err
 
 
 def test_reference_rows_read_renamed_columns(logged, reference, tmp_path):
