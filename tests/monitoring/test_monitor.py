@@ -1,6 +1,8 @@
 """DeferralMonitor: its arithmetic against hand-worked values, the audit weighting, the alarm's false-alarm rate over
 many simulated unshifted streams, detection of a simulated shift, and its construction from a calibrated model."""
 
+import doctest
+
 import numpy as np
 import pytest
 from scipy.optimize import minimize
@@ -301,6 +303,10 @@ def test_calibration_test_against_a_brute_force_fit():
     assert test["p_value"] == pytest.approx(chi2.sf(test["statistic"], 2))
     with pytest.raises(ValueError, match="as many 0/1 outcomes as estimates"):
         _calibration_test([0.5, 0.6], [1, 2])
+    runner = doctest.DocTestRunner()  # its docstring's example, which the public-name doctests do not reach
+    for example in doctest.DocTestFinder().find(_calibration_test):
+        runner.run(example)
+    assert runner.summarize(verbose=False) == (0, 4)
 
 
 def test_calibrated_estimates_get_a_map_about_level_of_the_time():
