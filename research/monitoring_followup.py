@@ -1,7 +1,8 @@
 """The follow-up to issue 45's monitoring results (results/monitoring.md, its last section): the same streams watched
 by the monitor with its alarm processes starting every 50 rows (instead of at every row), by the same monitor given
 the stream's length as its horizon, and the label-free estimate recalibrated on the calibration inputs (isotonic, as
-NannyML's CBPE), beside the first run's numbers (kept in `monitoring.json`).
+NannyML's CBPE, where Cox's calibration test rejects the raw estimates), beside the first run's numbers (kept in
+`monitoring.json`).
 
 The streams are those of the first run (same seeds: the rows drawn do not depend on the monitor), which this script
 checks against the recorded truth per window; CBPE's numbers are reused from the first run for that reason.
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                     channels[channel] = channels.get(channel, 0) + 1
             summary["alarm_horizon_channels"] = channels
             rows.append({"scenario": name, "summary": summary, "seconds": time.time() - t,
+                         "recalibration": result["recalibration"],
                          "estimate_recalibrated": np.round(result["estimate_recalibrated"][:kept], 5).tolist()})
             print(f"{name}: {json.dumps(summary)} ({time.time() - t:.0f} s)", flush=True)
         record["followup"] = {"streams": args.streams, "seconds": time.time() - started, "scenarios": rows}

@@ -120,7 +120,7 @@ def run_streams(setting: Setting, before: str, after: str, targets: Targets, *, 
     windows = length // window
     results: dict[str, Any] = {"alarm": [], "channel": [], "since": [], "naive": [], "naive_bonferroni": [],
                                "estimate": [], "truth": [], "kept_rows": [], "alarm_horizon": [],
-                               "channel_horizon": [], "estimate_recalibrated": []}
+                               "channel_horizon": [], "estimate_recalibrated": [], "recalibration": None}
     reference = reference_rows(setting, targets) if followup else None
     if followup:
         template = DeferralMonitor([name]).recalibrate(reference[0], reference[1], expert_answers=reference[2])
@@ -174,6 +174,10 @@ def run_streams(setting: Setting, before: str, after: str, targets: Targets, *, 
             results["kept_rows"].append({"p": 1.0 - rows["estimated"], "y": 1.0 - rows["loss"]})
     results["estimate"], results["truth"] = np.array(results["estimate"]), np.array(results["truth"])
     results["estimate_recalibrated"] = np.array(results["estimate_recalibrated"])
+    if followup:  # the maps' tests, and the calibration inputs' system error against the model's estimate of it
+        at = setting.calibration.at(targets.threshold)
+        results["recalibration"] = {**template.recalibration, "reference_error": float(at["loss"].mean()),
+                                    "reference_estimated": float(at["estimated"].mean())}
     return results
 
 

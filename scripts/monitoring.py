@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from research import monitoring_data as data  # noqa: E402
 from research import monitoring_streams as streams  # noqa: E402
-from research.monitoring_report import cbpe_reimplemented, monitoring_markdown, plot_monitoring  # noqa: E402
+from research.monitoring_report import (  # noqa: E402
+    cbpe_reimplemented, followup_markdown, monitoring_markdown, plot_monitoring)
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 OUTPUTS = ["monitoring.md", "monitoring.json", "monitoring.png"]
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render_only:
         record = json.loads((args.output_dir / "monitoring.json").read_text())
         plot_monitoring(record, args.output_dir / "monitoring.png")
-        (args.output_dir / "monitoring.md").write_text(monitoring_markdown(record))
+        (args.output_dir / "monitoring.md").write_text(monitoring_markdown(record) + followup_markdown(record))
         return 0
     existing = [name for name in OUTPUTS if (args.output_dir / name).exists()]
     if existing and not args.overwrite:

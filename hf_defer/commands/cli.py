@@ -192,6 +192,19 @@ def _monitor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--label_column", default=None, help="The labels' column (default: label, labels or answer).")
     parser.add_argument("--expert_answer_column", default=None,
                         help="The expert's own answer on deferred rows (default: the label is the expert's answer).")
+    parser.add_argument("--reference_log", default=None,
+                        help="Recalibrate the label-free estimate first: the decision log of the model on labelled "
+                             "reference inputs (e.g. hf-defer predict on the calibration file), with --reference_labels.")
+    parser.add_argument("--reference_labels", default=None,
+                        help="The reference rows' true labels, matched by id (and, for the deferred rows, the "
+                             "experts' answers: columns named as the experts).")
+    parser.add_argument("--reference_id_column", default=None,
+                        help="The reference labels' id column (default: id, item or row).")
+    parser.add_argument("--reference_label_column", default=None,
+                        help="The reference labels' column (default: label, labels or answer).")
+    parser.add_argument("--reference_expert_columns", default=None,
+                        help="The experts' answer columns of --reference_labels, matched by name: 'alice,bob' or "
+                             "'alice=col_a,bob=col_b' (default: columns named as the model's experts).")
     parser.add_argument("--output", default=None, help="Also write the state as JSON to this file.")
     parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
     parser.add_argument("--fail_on_alarm", action="store_true", help="Exit with status 1 when an alarm is raised.")

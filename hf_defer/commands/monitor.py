@@ -7,6 +7,11 @@ pull`'s `answers.csv`: `item`, `answer`) gives the true label of some rows, matc
 have one (the reviewers' answers), and the kept rows that have one must have been drawn for an audit at random, each
 with probability `--audit_rate`. A reviewer's answer is taken as final (as the expert's answer and as the truth, so a
 deferred row counts as right) unless `--expert_answer_column` names a column with the expert's own answer.
+
+`--reference_log` and `--reference_labels` recalibrate the label-free estimate first
+([`DeferralMonitor.recalibrate`]): the decision log of the model on labelled reference inputs (e.g. `hf-defer predict`
+on the calibration file) and a file with their true labels and, for the deferred rows, the expert's answer (one
+column per expert, named as the experts, as `hf-defer calibrate` reads them), matched by id as --log and --labels.
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections import Counter
 from typing import Any
 
+from .evaluate import match_expert_columns
 from .inputs import read_table
 from .outputs import check_output_file
 
-__all__ = ["monitor_log", "run_monitor"]
+__all__ = ["monitor_log", "reference_rows", "run_monitor"]
 
 
 def _column(table: Any, name: str | None, candidates: tuple[str, ...], flag: str, path: str) -> str:
@@ -39,10 +46,95 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value)) or value == ""
 
 
+def _log_table(path: str, flag: str, id_column: str | None) -> tuple[Any, list[str]]:
+    """A decision log as a pandas table, with its ids (as strings, unique)."""
+    table = read_table(path, flag).to_pandas()
+    needed = {"defer", "expert"}
+    if not needed <= set(table.columns):
+        raise ValueError(f"{flag} {path!r} is not a decision log of hf-defer predict: it lacks the columns "
+                         f"{sorted(needed - set(table.columns))} (its columns are {list(table.columns)}).")
+    ids_name = _column(table, id_column, ("id", "row", "item"), "--id_column", path)
+    ids = [str(value) for value in table[ids_name]]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{flag} {path!r}: the ids of column {ids_name!r} repeat; give --id_column with unique ids.")
+    return table, ids
+
+
+def _cell(value: Any) -> Any:
+    """A table cell as a label: `None` where missing, a whole float (a column of ids with gaps) as an `int`."""
+    if _missing(value):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def reference_rows(log: str, labels: str, expert_names: list[str], *, id_column: str | None = None,
+                   labels_id_column: str | None = None, label_column: str | None = None,
+                   expert_columns: list[str] | None = None) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
+    """The labelled reference rows for [`DeferralMonitor.recalibrate`] from files: the decision log `log` of the
+    model on the reference inputs, and `labels`, a table with their ids, true labels and, for the deferred rows, each
+    expert's answer (columns named as the experts, or `expert_columns` as `hf-defer calibrate`'s
+    `--expert_column_names`); a route-only model's labels are whether the chosen expert was right (1/0) and need no
+    answers. Log rows without a label are left out.
+
+    Example:
+
+    ```python
+    >>> from hf_defer.commands.monitor import reference_rows
+    >>> outputs, labels, answers = reference_rows("reference.jsonl", "calibration.csv", ["alice"])  # doctest: +SKIP
+    ```
+    """
+    table, ids = _log_table(log, "--reference_log", id_column)
+    truth = read_table(labels, "--reference_labels").to_pandas()
+    key = _column(truth, labels_id_column, ("id", "item", "row"), "--reference_id_column", labels)
+    value = _column(truth, label_column, ("label", "labels", "answer"), "--reference_label_column", labels)
+    keys = [str(k) for k in truth[key]]
+    repeated = sorted(k for k, count in Counter(keys).items() if count > 1)
+    if repeated:
+        raise ValueError(f"--reference_labels {labels!r}: the ids of column {key!r} repeat ({repeated[:5]}); each "
+                         "reference row needs one label.")
+    unknown = sorted(set(keys) - set(ids))
+    if unknown:
+        raise ValueError(f"--reference_labels {labels!r} labels ids that are not in --reference_log {log!r}: "
+                         f"{unknown[:5]} (matched on {key!r} against the log's ids).")
+    route_only = "estimated_accuracy" in table.columns and "class_score" not in table.columns
+    columns: dict[str, str] = {}
+    if not route_only:
+        given = match_expert_columns(expert_columns, expert_names, "--reference_expert_columns")
+        missing = [column for column in given if column not in truth.columns]
+        if missing:
+            raise ValueError(f"--reference_labels {labels!r} has no column {missing} for the experts' answers on "
+                             "the deferred rows (columns named as the experts, or name them with "
+                             f"--reference_expert_columns); its columns are {list(truth.columns)}.")
+        columns = dict(zip(expert_names, given))
+    by_id = {k: row for k, row in zip(keys, truth.to_dict("records"))}
+    rows = table.to_dict("records")
+    outputs, truths, answers = [], [], []
+    for row_id, row in zip(ids, rows):
+        found = by_id.get(row_id)
+        if found is None or _missing(found[value]):
+            continue
+        outputs.append(row)
+        truths.append(_cell(found[value]))
+        expert = None if _missing(row.get("expert")) else str(row["expert"])
+        deferred = str(row["defer"]).strip().lower() in ("true", "1")
+        answers.append(_cell(found[columns[expert]]) if deferred and expert in columns else None)
+    if not outputs:
+        raise ValueError(f"no row of --reference_log {log!r} has a label in --reference_labels {labels!r} (column "
+                         f"{value!r}, matched on {key!r}).")
+    return outputs, truths, answers
+
+
 def monitor_log(model: str, log: str, *, labels: str | None = None, confidence: float | None = None,
                 audit_rate: float | None = None, id_column: str | None = None, labels_id_column: str | None = None,
-                label_column: str | None = None, expert_answer_column: str | None = None) -> dict[str, Any]:
-    """The monitor's state after the decision log `log` of the saved model `model` (and the labels file `labels`).
+                label_column: str | None = None, expert_answer_column: str | None = None,
+                reference_log: str | None = None, reference_labels: str | None = None,
+                reference_id_column: str | None = None, reference_label_column: str | None = None,
+                reference_expert_columns: list[str] | None = None) -> dict[str, Any]:
+    """The monitor's state after the decision log `log` of the saved model `model` (and the labels file `labels`),
+    its label-free estimate recalibrated first on `reference_log` and `reference_labels` when given
+    ([`reference_rows`]).
 
     Example:
 
@@ -54,17 +146,23 @@ def monitor_log(model: str, log: str, *, labels: str | None = None, confidence: 
     """
     from ..monitoring import DeferralMonitor
 
+    if (reference_log is None) != (reference_labels is None):
+        raise ValueError("--reference_log and --reference_labels go together (the decision log of the model on "
+                         "labelled reference inputs, and their labels); got only "
+                         + ("--reference_log." if reference_labels is None else "--reference_labels."))
     monitor = DeferralMonitor.from_model(model, confidence=confidence,
                                          audit_rate=None if labels is None else (audit_rate or 0.0))
-    table = read_table(log, "--log").to_pandas()
-    ids_name = _column(table, id_column, ("id", "row", "item"), "--id_column", log)
-    needed = {"defer", "expert"}
-    if not needed <= set(table.columns):
-        raise ValueError(f"--log {log!r} is not a decision log of hf-defer predict: it lacks the columns "
-                         f"{sorted(needed - set(table.columns))} (its columns are {list(table.columns)}).")
-    ids = [str(value) for value in table[ids_name]]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"--log {log!r}: the ids of column {ids_name!r} repeat; give --id_column with unique ids.")
+    if reference_log is not None:
+        outputs, truths, answers = reference_rows(
+            reference_log, reference_labels, monitor.expert_names, id_column=id_column,
+            labels_id_column=reference_id_column, label_column=reference_label_column,
+            expert_columns=reference_expert_columns)
+        try:
+            monitor.recalibrate(outputs, truths, expert_answers=answers)
+        except ValueError as problem:  # a label or a row the monitor cannot read: say which files
+            raise ValueError(f"--reference_log {reference_log!r} / --reference_labels {reference_labels!r}: "
+                             f"{problem}") from None
+    table, ids = _log_table(log, "--log", id_column)
     label_of: dict[str, Any] = {}
     answer_of: dict[str, Any] = {}
     if labels is not None:
@@ -75,12 +173,12 @@ def monitor_log(model: str, log: str, *, labels: str | None = None, confidence: 
                                                                    "--expert_answer_column", labels)
         for row in answers.to_dict("records"):  # the latest answer of an item wins (the file is oldest first)
             if not _missing(row[value]):
-                label_of[str(row[key])] = row[value]
-                answer_of[str(row[key])] = row[value] if expert is None else row[expert]
+                label_of[str(row[key])] = _cell(row[value])
+                answer_of[str(row[key])] = _cell(row[value] if expert is None else row[expert])
         unknown = sorted(set(label_of) - set(ids))
         if unknown:
             raise ValueError(f"--labels {labels!r} labels ids that are not in --log {log!r}: {unknown[:5]} (matched "
-                             f"on {key!r} against the log's {ids_name!r}).")
+                             f"on {key!r} against the log's ids).")
     rows = table.to_dict("records")
     defer = [str(row["defer"]).strip().lower() in ("true", "1") for row in rows]
     audited = [not d and i in label_of for d, i in zip(defer, ids)]
@@ -93,6 +191,7 @@ def monitor_log(model: str, log: str, *, labels: str | None = None, confidence: 
                                                         if d and i in answer_of})
     state = monitor.state()
     state["log"], state["labels"] = log, labels
+    state["reference_log"], state["reference_labels"] = reference_log, reference_labels
     return state
 
 
@@ -109,6 +208,13 @@ def _format(state: dict[str, Any]) -> str:
     if state["awaiting_labels"]:
         lines.append(f"  {state['awaiting_labels']} rows drawn for a label have none yet: the true error covers the "
                      "rows before the first of them")
+    recalibration = state.get("recalibration")
+    if recalibration is not None:
+        fitted = recalibration["fitted_on_rows"]
+        lines.append("  label-free estimate recalibrated: " + (", ".join(
+            f"{key} (a map fitted on {rows} reference rows)" for key, rows in fitted.items()) or "no map")
+            + ("; raw (calibrated on the reference rows, or too few of them): " + ", ".join(recalibration["raw"])
+               if recalibration["raw"] else ""))
     lines.append("alarm: " + (state["alarm"]["message"] if state["alarm"] else "none"))
     return "\n".join(lines)
 
@@ -117,11 +223,16 @@ def run_monitor(args: argparse.Namespace) -> int:
     """`hf-defer monitor`: prints the state, writes it as JSON with --output; exit status 1 on an alarm with
     --fail_on_alarm."""
     if args.output is not None:
-        check_output_file(args.output, [args.log] + ([args.labels] if args.labels else []), overwrite=args.overwrite)
+        inputs = [path for path in (args.log, args.labels, args.reference_log, args.reference_labels) if path]
+        check_output_file(args.output, inputs, overwrite=args.overwrite)
     state = monitor_log(args.model, args.log, labels=args.labels, confidence=args.confidence,
                         audit_rate=args.audit_rate, id_column=args.id_column,
                         labels_id_column=args.labels_id_column, label_column=args.label_column,
-                        expert_answer_column=args.expert_answer_column)
+                        expert_answer_column=args.expert_answer_column, reference_log=args.reference_log,
+                        reference_labels=args.reference_labels, reference_id_column=args.reference_id_column,
+                        reference_label_column=args.reference_label_column,
+                        reference_expert_columns=None if args.reference_expert_columns is None else
+                        args.reference_expert_columns.split(","))
     print(_format(state))
     if args.output is not None:
         with open(args.output, "w") as handle:

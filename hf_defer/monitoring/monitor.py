@@ -10,7 +10,8 @@ What it watches (each a *channel*; the statistics are in `sequential.py`):
   Its bound is on the *expected estimated* error: it equals the true error only while the model's estimates stay
   calibrated, which a shift may break; the labelled channel below needs no such assumption. After
   [`~DeferralMonitor.recalibrate`] (labelled reference rows, as CBPE's reference set) the chances are first mapped by
-  isotonic regressions fitted there; the bound is then on the expected recalibrated estimate.
+  isotonic regressions fitted there, where a calibration test rejects the raw ones; the bound is then on the expected
+  recalibrated estimate.
 * ``system_error`` (with labels): the true system error. Deferred inputs are all labelled (the reviewers' answers),
   the inputs the model keeps only on a random audit share ``audit_rate`` that the monitor draws (seeded); each label
   is weighted by the inverse of its chance to be asked for (Horvitz-Thompson), so the estimate is unbiased for the
@@ -239,10 +240,12 @@ class DeferralMonitor:
             model: a deferral model, its pipeline, its config, or a saved folder (only `config.json` is read).
             confidence (`float`, *optional*): of the alarm; defaults to the guarantee's own.
             audit_rate / seed / horizon: as in [`DeferralMonitor`].
-            reference (`tuple` or `dict`, *optional*): labelled reference rows to recalibrate the label-free estimate
-                on, ``(outputs, labels)`` or ``(outputs, labels, expert_answers)`` or a dict with those keys: the
-                pipeline's outputs on the calibration inputs and what happened there (see
-                [`~DeferralMonitor.recalibrate`]).
+            reference (`tuple`, `dict` or `datasets.Dataset`, *optional*): labelled reference rows to recalibrate
+                the label-free estimate on, ``(outputs, labels)`` or ``(outputs, labels, expert_answers)`` or a dict
+                with those keys: the pipeline's outputs on the calibration inputs (or a decision log's rows) and
+                what happened there (see [`~DeferralMonitor.recalibrate`]); or a dataset of those outputs (a
+                decision log read with `datasets`) with the true labels in a ``labels`` column and, where deferred,
+                the expert's answer in an ``expert_answers`` column.
 
         Promises it cannot watch from decisions are listed in ``state()["not_monitored"]`` (a selective error
         target: the classifier's error among the inputs it keeps).
@@ -289,16 +292,25 @@ class DeferralMonitor:
             elif isinstance(reference, (tuple, list)) and len(reference) in (2, 3):
                 monitor.recalibrate(reference[0], reference[1],
                                     expert_answers=reference[2] if len(reference) == 3 else None)
+            elif isinstance(getattr(reference, "column_names", None), list):  # a datasets.Dataset
+                columns = reference.column_names
+                if "labels" not in columns:
+                    raise ValueError("reference, a dataset, must hold the outputs' columns (a decision log's) and the "
+                                     f"true labels as a `labels` column (and `expert_answers`), got columns {columns}.")
+                answers = reference["expert_answers"] if "expert_answers" in columns else None
+                outputs = reference.remove_columns([c for c in ("labels", "expert_answers") if c in columns])
+                monitor.recalibrate(outputs, reference["labels"], expert_answers=answers)
             else:
-                raise ValueError("reference must be (outputs, labels), (outputs, labels, expert_answers) or a dict "
-                                 f"with those keys, got {type(reference).__name__}.")
+                raise ValueError("reference must be (outputs, labels), (outputs, labels, expert_answers), a dict "
+                                 "with those keys or a datasets.Dataset of outputs with `labels` (and "
+                                 f"`expert_answers`) columns, got {type(reference).__name__}.")
         return monitor
 
     not_monitored: list[str] = []
 
     def recalibrate(self, outputs: Sequence[Mapping[str, Any]], labels: Sequence[Any], *,
                     expert_answers: Sequence[Any] | None = None, min_rows: int = 10,
-                    cross_check: bool = True) -> "DeferralMonitor":
+                    level: float | None = 0.05) -> "DeferralMonitor":
         """Recalibrates the label-free estimate on labelled reference rows (the calibration inputs, or any labelled
         set from the population the targets were certified on), as NannyML's CBPE does: an isotonic regression
         (scikit-learn's ``IsotonicRegression``, a monotone map fitted to what happened) of whether the classifier
@@ -309,26 +321,37 @@ class DeferralMonitor:
         ``estimated_error`` channel is then fed the recalibrated chances. Call it before the first
         [`~DeferralMonitor.update`].
 
+        A map is kept only where the reference rows show that the raw estimates are miscalibrated there: Cox's
+        calibration test (Cox, Biometrika 1958), the likelihood-ratio test of
+        ``logit P(right) = a + b logit(estimate)`` against ``a = 0, b = 1`` (the raw estimates as they are), chi-squared with 2 degrees of freedom (1 when
+        all the rows share one estimate: the intercept alone), rejects at ``level``. The raw estimates are not fitted
+        on the reference rows, so the test needs no held-out rows, and its chance to replace calibrated estimates by
+        a fitted map is ``level`` (the chi-squared law is the large-sample one). It looks at what the monitor uses: the intercept is the calibration of the
+        mean (what a window's estimate sums), the slope whether the estimates stay right where the traffic moves to
+        surer or less sure inputs. On a few dozen rows (a small calibration set's deferred inputs) an isotonic fit is
+        mostly noise and the test rarely rejects: those estimates stay raw. ``recalibration["tests"]`` gives each
+        test's statistic, p-value and fitted ``a`` and ``b``.
+
         The alarm's validity does not depend on it: the channel's bound and test are on the mean of the
         recalibrated estimate, whatever map was fitted (it is fixed before the stream). That it tracks the true
         error is an assumption, as for the raw estimate: the map corrects the model's miscalibration on the
         reference population, not what a shift does to it. The labelled ``system_error`` channel needs neither.
 
         Args:
-            outputs (list of `dict`): the pipeline's outputs on the reference rows (or a decision log's rows).
-            labels (sequence): each row's true label (class names, or ids with ``id2label``); for a route-only
-                model whether the chosen expert was right (1/0).
+            outputs (list of `dict` or `datasets.Dataset`): the pipeline's outputs on the reference rows (or a
+                decision log's rows).
+            labels (sequence): each row's true label (class names, or ids with ``id2label``; `None` where unknown);
+                for a route-only model whether the chosen expert was right (1/0).
             expert_answers (sequence, *optional*): per row, the answer of the expert it was deferred to (`None` on
                 kept rows or where unknown; a model expert's answer is read from the output's ``label``).
             min_rows (`int`, *optional*, defaults to 10): a map is fitted only from at least this many rows (and
                 both outcomes); the others stay raw (``recalibration`` says which).
-            cross_check (`bool`, *optional*, defaults to `True`): keep a map only where it predicts held-out
-                reference rows better than the raw estimates (the Brier score of 5-fold cross-fitted isotonic maps
-                against the raw one's), as CBPE recalibrates only where that improves the calibration: on a small or
-                already calibrated reference set an isotonic fit is mostly noise.
+            level (`float`, *optional*, defaults to 0.05): the level of the calibration test above; `None` keeps
+                every map that could be fitted, untested.
 
         Returns:
-            The monitor (recalibrated in place). ``recalibration`` holds the rows each map was fitted on.
+            The monitor (recalibrated in place). ``recalibration`` holds the rows each map was fitted on, the sources
+            left raw, the level and each calibration test.
 
         Example:
 
@@ -337,7 +360,7 @@ class DeferralMonitor:
         >>> monitor = DeferralMonitor(["alice"])
         >>> reference = [{"defer": False, "expert": None, "class_label": "y", "class_score": score,
         ...               "expert_scores": {"alice": 0.8}} for score in (0.6, 0.7, 0.8, 0.9)]
-        >>> _ = monitor.recalibrate(reference, ["y", "n", "y", "y"], min_rows=4, cross_check=False)  # 1, 0, 1, 1
+        >>> _ = monitor.recalibrate(reference, ["y", "n", "y", "y"], min_rows=4, level=None)  # 1, 0, 1, 1
         >>> monitor.estimated_errors([{**reference[0], "class_score": 0.75}]).round(4).tolist()  # 1 - (0.5 + 1) / 2
         [0.25]
 
@@ -384,27 +407,25 @@ class DeferralMonitor:
                 expert = self.expert_names[chosen]
                 add(f"expert:{expert}", float(_expert_scores(out, self.expert_names)[expert]),
                     float(self._name(answer) == self._name(label)))
-        maps, fitted = {}, {}
+        if level is not None and not (isinstance(level, (int, float)) and not isinstance(level, bool)
+                                      and 0 < level < 1):
+            raise ValueError(f"level must be a test level in (0, 1) (or None: keep every map), got {level!r}.")
+        maps, fitted, tests = {}, {}, {}
         for key, (xs, ys) in sorted(pairs.items()):
             if len(xs) < min_rows or len(set(ys)) < 2:
                 continue
             x, y = np.asarray(xs), np.asarray(ys)
-            if cross_check:
-                fold = np.arange(x.size) % 5
-                held = np.empty(x.size)
-                for k in range(5):
-                    train = fold != k
-                    held[~train] = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(
-                        x[train], y[train]).predict(x[~train]) if len(set(y[train])) > 1 else y[train].mean()
-                if np.mean((held - y) ** 2) >= np.mean((x - y) ** 2):
+            if level is not None:
+                tests[key] = _calibration_test(x, y)
+                if not tests[key]["p_value"] < level:
                     continue
             iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(x, y)
             maps[key] = (np.asarray(iso.X_thresholds_, dtype=np.float64), np.asarray(iso.y_thresholds_,
                                                                                      dtype=np.float64))
             fitted[key] = len(xs)
         self._maps = maps
-        self.recalibration = {"fitted_on_rows": fitted,
-                              "raw": sorted(set(pairs) - set(maps))}
+        self.recalibration = {"fitted_on_rows": fitted, "raw": sorted(set(pairs) - set(maps)), "level": level,
+                              "tests": tests}
         return self
 
     # -- feeding it ----------------------------------------------------------------------------------------------
@@ -620,6 +641,70 @@ class DeferralMonitor:
             "guarantee": None if self.guarantee is None else {
                 key: self.guarantee.get(key) for key in ("threshold", "confidence", "n", "date")},
         }
+
+
+def _calibration_test(estimates: Any, outcomes: Any) -> dict[str, float]:
+    r"""Cox's calibration test (Cox, Biometrika 1958) of estimated chances against what happened: the likelihood
+    ratio of the logistic recalibration ``logit P(outcome = 1) = a + b logit(estimate)``, fitted by maximum
+    likelihood, against the estimates as they are (``a = 0, b = 1``), chi-squared with 2 degrees of freedom under
+    calibration (1 when every estimate is the same: the intercept alone). Estimates are clipped to
+    [1e-9, 1 - 1e-9].
+
+    Args:
+        estimates (array of `float`): the estimated chances, in [0, 1].
+        outcomes (array of 0/1): what happened.
+
+    Returns:
+        `dict`: ``rows``, ``statistic`` (twice the log-likelihood gained), ``df``, ``p_value``, and the fitted
+        ``intercept`` (a) and ``slope`` (b; 1 when every estimate is the same).
+
+    Example:
+
+    ```python
+    >>> from hf_defer.monitoring.monitor import _calibration_test
+    >>> test = _calibration_test([0.7] * 10, [1] * 6 + [0] * 4)  # 6 right where 7 were expected
+    >>> round(test["statistic"], 4)  # 2 (6 log(0.6 / 0.7) + 4 log(0.4 / 0.3))
+    0.4516
+    >>> test["df"], round(test["p_value"], 2)
+    (1, 0.5)
+
+    ```
+    """
+    from scipy.special import expit
+    from scipy.stats import chi2
+
+    x = np.clip(np.asarray(estimates, dtype=np.float64).reshape(-1), 1e-9, 1 - 1e-9)
+    y = np.asarray(outcomes, dtype=np.float64).reshape(-1)
+    if x.shape != y.shape or x.size == 0 or not np.isin(y, (0.0, 1.0)).all():
+        raise ValueError(f"the calibration test needs as many 0/1 outcomes as estimates, got {y.size} outcomes for "
+                         f"{x.size} estimates.")
+    z = np.log(x) - np.log1p(-x)
+
+    def loglik(eta: np.ndarray) -> float:
+        return float(np.sum(y * eta - np.logaddexp(0.0, eta)))
+
+    if np.ptp(z) == 0:  # one estimate: only the intercept can move (the maximum puts P at the share of ones)
+        share = float(np.clip(y.mean(), 1e-12, 1 - 1e-12))
+        a, b, df = math.log(share / (1 - share)) - float(z[0]), 1.0, 1
+        best = loglik(z + a)
+    else:  # Newton's method from (0, 1), halving steps that do not gain (the log-likelihood is concave)
+        design = np.stack([np.ones_like(z), z], axis=1)
+        w = np.array([0.0, 1.0])
+        best = loglik(design @ w)
+        for _ in range(100):
+            p = expit(design @ w)
+            hessian = design.T @ (design * (p * (1 - p))[:, None]) + 1e-12 * np.eye(2)
+            step = np.linalg.solve(hessian, design.T @ (y - p))
+            while loglik(design @ (w + step)) < best and np.abs(step).max() > 1e-12:
+                step = step / 2
+            gained = loglik(design @ (w + step)) - best
+            w, best = w + step, best + max(gained, 0.0)
+            if gained < 1e-10:
+                break
+        (a, b), df = w.tolist(), 2
+    statistic = max(0.0, 2.0 * (best - loglik(z)))
+    return {"rows": int(x.size), "statistic": statistic, "df": df, "p_value": float(chi2.sf(statistic, df)),
+            "intercept": float(a), "slope": float(b)}
 
 
 def monitor_for(model: Any, **kwargs: Any) -> DeferralMonitor:

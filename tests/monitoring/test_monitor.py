@@ -1,9 +1,12 @@
 """DeferralMonitor: its arithmetic against hand-worked values, the audit weighting, the alarm's false-alarm rate over
 many simulated unshifted streams, detection of a simulated shift, and its construction from a calibrated model."""
 
+import doctest
+
 import numpy as np
 import pytest
-from scipy.stats import binom
+from scipy.optimize import minimize
+from scipy.stats import binom, chi2
 
 import hf_defer
 from hf_defer import DeferralMonitor
@@ -184,11 +187,12 @@ def test_recalibration_isotonic_values_by_hand():
             deferred("alice", alice=0.7), deferred("alice", alice=0.9), deferred("bob", bob=0.7)]
     labels = ["yes", "no", "yes", "yes", "yes", "yes", "yes", "yes", "yes"]  # the classifier answers "yes" on kept rows
     answers = [None, None, None, None, "no", "yes", "no", "yes", "yes"]  # alice: wrong, right, wrong, right
-    monitor.recalibrate(rows, labels, expert_answers=answers, min_rows=4, cross_check=False)
+    monitor.recalibrate(rows, labels, expert_answers=answers, min_rows=4, level=None)
     # classifier on the kept rows (score, right): (0.6,1) (0.7,0) (0.8,1) (0.9,1): 1 then 0 break the order and are
     # pooled to 1/2 at 0.6 and 0.7; 1 at 0.8 and 0.9. Alice on the rows deferred to her: (0.5,0) (0.6,1) (0.7,0)
     # (0.9,1): 0, then 1/2 at 0.6 and 0.7, then 1. Bob: one row, fewer than min_rows: raw
-    assert monitor.recalibration == {"fitted_on_rows": {"classifier": 4, "expert:alice": 4}, "raw": ["expert:bob"]}
+    assert monitor.recalibration == {"fitted_on_rows": {"classifier": 4, "expert:alice": 4}, "raw": ["expert:bob"],
+                                     "level": None, "tests": {}}
     got = monitor.estimated_errors([kept(0.65), kept(0.75), kept(0.95), kept(0.3), deferred("alice", alice=0.8),
                                     deferred("alice", alice=0.55), deferred("bob", bob=0.7)])
     # between the fitted points linearly, beyond them the end values
@@ -229,15 +233,96 @@ def test_recalibrated_estimate_is_closer_to_the_truth_on_miscalibrated_scores():
     assert np.abs((1 - fixed.estimated_errors(outputs)) - chance).mean() < 0.05
 
 
-def test_cross_check_keeps_calibrated_scores_raw():
-    rng = np.random.default_rng(2)
-    score = rng.uniform(0.5, 1, 300)  # calibrated: right with chance score
-    outputs = [kept(float(p), label="yes") for p in score]
-    labels = ["yes" if r else "no" for r in rng.random(300) < score]
-    checked = DeferralMonitor(["alice", "bob"]).recalibrate(outputs, labels)
-    assert checked.recalibration == {"fitted_on_rows": {}, "raw": ["classifier"]}
-    assert DeferralMonitor(["alice", "bob"]).recalibrate(outputs, labels, cross_check=False).recalibration == {
-        "fitted_on_rows": {"classifier": 300}, "raw": []}
+def grouped(groups):
+    """Kept rows: for each (score, rows, right) that many rows at that class score, the first `right` of them right."""
+    outputs, labels = [], []
+    for score, rows, right in groups:
+        outputs += [kept(score, label="yes") for _ in range(rows)]
+        labels += ["yes"] * right + ["no"] * (rows - right)
+    return outputs, labels
+
+
+def test_exactly_calibrated_estimates_stay_raw():
+    # 30 of 50 right at 0.6, 40 of 50 at 0.8: the logistic fit through two scores meets the shares, which are the
+    # scores: a = 0, b = 1, no likelihood gained
+    outputs, labels = grouped([(0.6, 50, 30), (0.8, 50, 40)])
+    monitor = DeferralMonitor(["alice", "bob"]).recalibrate(outputs, labels)
+    assert monitor.recalibration["fitted_on_rows"] == {} and monitor.recalibration["raw"] == ["classifier"]
+    test = monitor.recalibration["tests"]["classifier"]
+    assert test["statistic"] == pytest.approx(0.0, abs=1e-8) and test["p_value"] == pytest.approx(1.0)
+    assert (test["intercept"], test["slope"]) == (pytest.approx(0.0, abs=1e-6), pytest.approx(1.0))
+    np.testing.assert_allclose(monitor.estimated_errors([kept(0.6), kept(0.7)]), [0.4, 0.3])
+
+
+def test_strongly_miscalibrated_estimates_get_a_map():
+    # 105 of 150 right at 0.9, 120 of 150 at 0.95; the fit meets the shares 0.7 and 0.8, so the likelihood ratio is
+    # 2 (105 log(0.7/0.9) + 45 log(0.3/0.1) + 120 log(0.8/0.95) + 30 log(0.2/0.05)) = 88.03, far beyond chi2(2)
+    outputs, labels = grouped([(0.9, 150, 105), (0.95, 150, 120)])
+    monitor = DeferralMonitor(["alice", "bob"]).recalibrate(outputs, labels)
+    test = monitor.recalibration["tests"]["classifier"]
+    by_hand = 2 * (105 * np.log(0.7 / 0.9) + 45 * np.log(0.3 / 0.1) + 120 * np.log(0.8 / 0.95) + 30 * np.log(4))
+    assert test["statistic"] == pytest.approx(by_hand, rel=1e-6) and test["df"] == 2
+    assert test["p_value"] == pytest.approx(np.exp(-by_hand / 2), rel=1e-6)  # chi2(2)'s tail is exp(-x / 2)
+    assert monitor.recalibration["fitted_on_rows"] == {"classifier": 300}
+    np.testing.assert_allclose(monitor.estimated_errors([kept(0.9), kept(0.95)]), [0.3, 0.2])
+
+
+def test_a_tiny_noisy_reference_stays_raw():
+    # 6 of 10 right at 0.7: one score, the intercept alone: 2 (6 log(0.6/0.7) + 4 log(0.4/0.3)) = 0.4516, p = 0.50
+    outputs, labels = grouped([(0.7, 10, 6)])
+    monitor = DeferralMonitor(["alice", "bob"]).recalibrate(outputs, labels)
+    test = monitor.recalibration["tests"]["classifier"]
+    by_hand = 2 * (6 * np.log(0.6 / 0.7) + 4 * np.log(0.4 / 0.3))
+    assert test["df"] == 1 and test["statistic"] == pytest.approx(by_hand, rel=1e-9)
+    assert test["p_value"] == pytest.approx(chi2.sf(by_hand, 1)) and 0.49 < test["p_value"] < 0.51
+    assert monitor.recalibration["fitted_on_rows"] == {}
+    assert monitor.estimated_errors([kept(0.7)]).tolist() == pytest.approx([0.3])
+    untested = DeferralMonitor(["alice", "bob"]).recalibrate(outputs, labels, level=None)  # the map would say 0.4
+    assert untested.estimated_errors([kept(0.7)]).tolist() == pytest.approx([0.4])
+    with pytest.raises(ValueError, match="level must be a test level in"):
+        DeferralMonitor(["alice"]).recalibrate(outputs, labels, level=1.5)
+
+
+def test_calibration_test_against_a_brute_force_fit():
+    from hf_defer.monitoring.monitor import _calibration_test
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0.3, 0.99, 200)
+    y = (rng.random(200) < x ** 2).astype(float)
+    z = np.log(x / (1 - x))
+
+    def loglik(w):
+        eta = w[0] + w[1] * z
+        return np.sum(y * eta - np.logaddexp(0, eta))
+
+    best = minimize(lambda w: -loglik(w), [0.0, 1.0], method="Nelder-Mead",
+                    options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 10_000})
+    test = _calibration_test(x, y)
+    assert test["statistic"] == pytest.approx(2 * (-best.fun - loglik([0.0, 1.0])), rel=1e-6)
+    assert (test["intercept"], test["slope"]) == (pytest.approx(best.x[0], abs=1e-4), pytest.approx(best.x[1], abs=1e-4))
+    assert test["p_value"] == pytest.approx(chi2.sf(test["statistic"], 2))
+    with pytest.raises(ValueError, match="as many 0/1 outcomes as estimates"):
+        _calibration_test([0.5, 0.6], [1, 2])
+    runner = doctest.DocTestRunner()  # its docstring's example, which the public-name doctests do not reach
+    for example in doctest.DocTestFinder().find(_calibration_test):
+        runner.run(example)
+    assert runner.summarize(verbose=False) == (0, 4)
+
+
+def test_calibrated_estimates_get_a_map_about_level_of_the_time():
+    # 400 reference sets of 200 calibrated rows: the test rejects each with chance about 0.05 (the large-sample law);
+    # a binomial(400, 0.05) count lies in [9, 33] with probability > 0.999. Overconfident rows (right with chance
+    # score^3) are caught on every set.
+    from hf_defer.monitoring.monitor import _calibration_test
+
+    rng = np.random.default_rng(4)
+    rejected = caught = 0
+    for _ in range(400):
+        x = rng.uniform(0.5, 1, 200)
+        rejected += _calibration_test(x, rng.random(200) < x)["p_value"] < 0.05
+        caught += _calibration_test(x, rng.random(200) < x ** 3)["p_value"] < 0.05
+    assert binom.ppf(0.0005, 400, 0.05) <= rejected <= binom.ppf(0.9995, 400, 0.05)
+    assert caught == 400
 
 
 def test_from_model_with_a_reference(tmp_path):
@@ -255,6 +340,17 @@ def test_from_model_with_a_reference(tmp_path):
     np.testing.assert_allclose(same.estimated_errors(outputs), monitor.estimated_errors(outputs))
     with pytest.raises(ValueError, match="reference must hold outputs, labels"):
         DeferralMonitor.from_model(config, reference={"outputs": outputs})
+    import datasets
+
+    table = datasets.Dataset.from_list([{**out, "labels": label, "expert_answers": answer}
+                                        for out, label, answer in zip(outputs, labels, answers)])
+    from_table = DeferralMonitor.from_model(config, reference=table)
+    assert from_table.recalibration == monitor.recalibration
+    np.testing.assert_allclose(from_table.estimated_errors(outputs), monitor.estimated_errors(outputs))
+    with pytest.raises(ValueError, match=r"a `labels` column \(and `expert_answers`\), got columns \['defer', 'expert'"):
+        DeferralMonitor.from_model(config, reference=table.remove_columns(["labels"]))
+    with pytest.raises(ValueError, match="or a datasets.Dataset of outputs"):
+        DeferralMonitor.from_model(config, reference="reference.csv")
     with pytest.raises(ValueError, match="500 outputs, 499 labels"):
         DeferralMonitor.from_model(config, reference=(outputs, labels[:-1]))
     with pytest.raises(ValueError, match="horizon must be a positive whole number"):
@@ -267,9 +363,8 @@ def test_recalibration_of_a_route_only_model_by_hand():
 
     monitor = DeferralMonitor(["alice"])
     # (estimated accuracy, right): (0.9,0) (0.8,1) (0.7,1) (0.6,0): sorted 0, 1, 1, 0 -> 0, then 1, 1, 0 pooled to 2/3
-    monitor.recalibrate([routed(0.9), routed(0.8), routed(0.7), routed(0.6)], [0, 1, 1, 0], min_rows=4,
-                        cross_check=False)
-    assert monitor.recalibration == {"fitted_on_rows": {"route": 4}, "raw": []}
+    monitor.recalibrate([routed(0.9), routed(0.8), routed(0.7), routed(0.6)], [0, 1, 1, 0], min_rows=4, level=None)
+    assert monitor.recalibration == {"fitted_on_rows": {"route": 4}, "raw": [], "level": None, "tests": {}}
     np.testing.assert_allclose(monitor.estimated_errors([routed(0.65), routed(0.85)]), [1 - 1 / 3, 1 - 2 / 3])
     with pytest.raises(ValueError, match=r"labels\[1\] must be 1 \(the chosen expert was right\) or 0"):
         DeferralMonitor(["alice"]).recalibrate([routed(0.9), routed(0.8)], [1, "yes"])

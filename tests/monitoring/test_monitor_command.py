@@ -84,3 +84,111 @@ def test_a_csv_log_reads_as_the_jsonl_one(logged, tmp_path):
     for name in ("deferral_rate", "deferral_rate[alice]", "estimated_error"):
         assert from_csv["channels"][name]["mean"] == pytest.approx(from_jsonl["channels"][name]["mean"])
     assert from_csv["rows"] == 60
+
+
+@pytest.fixture(scope="module")
+def reference(logged, tmp_path_factory):
+    """A reference log of 200 decisions and its labels: the classifier right exactly on the kept rows whose score is
+    above the kept rows' median (a step: as miscalibrated as scores can be), the experts always right."""
+    folder, _ = logged
+    out = tmp_path_factory.mktemp("reference")
+    model = hf_defer.EncoderForDeferral.from_pretrained(folder / "model")
+    rng = np.random.default_rng(5)
+    outputs = hf_defer.DeferralPipeline(model=model)(list(rng.normal(size=(200, 4)).astype("float32")))
+    ids = [f"r{i}" for i in range(200)]
+    write_predictions(outputs, out / "reference.jsonl", ["alice", "bob"], ids=ids, id_column="id")
+    median = np.median([o["class_score"] for o in outputs if not o["defer"]])
+    other = {"LABEL_0": "LABEL_1", "LABEL_1": "LABEL_0"}
+    truth = []
+    with open(out / "calibration.csv", "w", newline="") as handle:  # id, label, one answer column per expert
+        writer = csv.writer(handle)
+        writer.writerow(["id", "label", "alice", "bob"])
+        for key, o in zip(ids, outputs):
+            label = o["class_label"] if o["defer"] or o["class_score"] > median else other[o["class_label"]]
+            truth.append(label)
+            writer.writerow([key, label, label, label])
+    return out, outputs, truth
+
+
+def test_recalibrated_from_a_reference_log(logged, reference, tmp_path, capsys):
+    folder, _ = logged
+    out, outputs, truth = reference
+    argv = ["monitor", "--model", str(folder / "model"), "--log", str(out / "reference.jsonl"), "--reference_log",
+            str(out / "reference.jsonl"), "--reference_labels", str(out / "calibration.csv"), "--output",
+            str(tmp_path / "state.json")]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "recalibrated: classifier (a map fitted on" in printed
+    state = json.loads((tmp_path / "state.json").read_text())
+    kept = [o for o in outputs if not o["defer"]]
+    recalibration = state["recalibration"]
+    # the experts were always right (one outcome: no map); the classifier's step is rejected as calibrated
+    assert recalibration["fitted_on_rows"] == {"classifier": len(kept)}
+    assert sorted(recalibration["raw"]) == sorted({f"expert:{o['expert']}" for o in outputs if o["defer"]})
+    assert recalibration["tests"]["classifier"]["p_value"] < 1e-6
+    assert state["reference_log"] == str(out / "reference.jsonl")
+    # on the reference rows themselves the isotonic map gives back the step: error 1 at or below the median, else 0
+    wrong = sum(o["class_label"] != t for o, t in zip(outputs, truth))
+    expected = (wrong + sum(1 - o["expert_scores"][o["expert"]] for o in outputs if o["defer"])) / len(outputs)
+    assert state["channels"]["estimated_error"]["mean"] == pytest.approx(expected)
+
+
+def test_reference_flags_mistakes_are_one_line(logged, reference, tmp_path, capsys):
+    folder, _ = logged
+    out, outputs, truth = reference
+    base = ["monitor", "--model", str(folder / "model"), "--log", str(folder / "decisions.jsonl")]
+    assert main([*base, "--reference_log", str(out / "reference.jsonl")]) == 2
+    assert "--reference_log and --reference_labels go together" in capsys.readouterr().err
+    (tmp_path / "no_experts.csv").write_text("id,label\nr0,LABEL_0\n")
+    assert main([*base, "--reference_log", str(out / "reference.jsonl"), "--reference_labels",
+                 str(tmp_path / "no_experts.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "has no column ['alice', 'bob']" in err and "--reference_expert_columns" in err
+    (tmp_path / "renamed.csv").write_text("id,label,a,b\nr0,LABEL_0,LABEL_0,LABEL_0\n")
+    assert main([*base, "--reference_log", str(out / "reference.jsonl"), "--reference_labels",
+                 str(tmp_path / "renamed.csv"), "--reference_expert_columns", "alice=a,carol=b"]) == 2
+    assert "--reference_expert_columns must name one column per expert" in capsys.readouterr().err
+    (tmp_path / "unknown.csv").write_text("id,label,alice,bob\nzz,LABEL_0,LABEL_0,LABEL_0\n")
+    assert main([*base, "--reference_log", str(out / "reference.jsonl"), "--reference_labels",
+                 str(tmp_path / "unknown.csv")]) == 2
+    assert "ids that are not in --reference_log" in capsys.readouterr().err
+    (tmp_path / "twice.csv").write_text("id,label,alice,bob\nr0,LABEL_0,,\nr0,LABEL_1,,\n")
+    assert main([*base, "--reference_log", str(out / "reference.jsonl"), "--reference_labels",
+                 str(tmp_path / "twice.csv")]) == 2
+    assert "repeat (['r0'])" in capsys.readouterr().err
+    (tmp_path / "empty.csv").write_text("id,label,alice,bob\nr0,,,\n")
+    assert main([*base, "--reference_log", str(out / "reference.jsonl"), "--reference_labels",
+                 str(tmp_path / "empty.csv")]) == 2
+    assert "no row of --reference_log" in capsys.readouterr().err
+    assert main([*base, "--reference_log", str(out / "calibration.csv"), "--reference_labels",
+                 str(out / "calibration.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "--reference_log" in err and "is not a decision log" in err
+    row = {"id": "r0", "defer": False, "expert": None, "class_label": "LABEL_0", "class_score": 1.5,
+           "expert_accuracy_alice": 0.5, "expert_accuracy_bob": 0.5}
+    (tmp_path / "bad.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "one.csv").write_text("id,label,alice,bob\nr0,LABEL_0,,\n")
+    assert main([*base, "--reference_log", str(tmp_path / "bad.jsonl"), "--reference_labels",
+                 str(tmp_path / "one.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl' / --reference_labels" in err and "estimated probability outside [0, 1]" in err
+
+
+def test_reference_rows_read_renamed_columns(logged, reference, tmp_path):
+    from hf_defer.commands.monitor import reference_rows
+
+    _, outputs, truth = reference
+    out = reference[0]
+    with open(tmp_path / "renamed.csv", "w", newline="") as handle:  # other column names; half the rows
+        writer = csv.writer(handle)
+        writer.writerow(["item", "truth", "answer_a", "answer_b"])
+        for i, (o, t) in enumerate(zip(outputs, truth)):
+            if i % 2 == 0:
+                writer.writerow([f"r{i}", t, t if o["expert"] == "alice" else "", t if o["expert"] == "bob" else ""])
+    rows, labels, answers = reference_rows(str(out / "reference.jsonl"), str(tmp_path / "renamed.csv"),
+                                           ["alice", "bob"], labels_id_column="item", label_column="truth",
+                                           expert_columns=["bob=answer_b", "alice=answer_a"])
+    assert len(rows) == len(labels) == len(answers) == 100
+    assert labels == truth[::2]
+    assert answers == [t if o["defer"] else None for o, t in zip(outputs[::2], truth[::2])]
+    assert [row["class_score"] for row in rows] == pytest.approx([o["class_score"] for o in outputs[::2]])

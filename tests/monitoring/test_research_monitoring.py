@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from research.monitoring_data import Population, Setting
-from research.monitoring_report import cbpe_reimplemented
-from research.monitoring_streams import Targets, _naive_first_alarm, certify, reference_rows, summarize
+from research.monitoring_report import _versus, cbpe_reimplemented
+from research.monitoring_streams import Targets, _naive_first_alarm, certify, reference_rows, run_streams, summarize
 
 
 def test_cbpe_recalibrates_on_the_reference_then_averages_each_chunk():
@@ -61,3 +61,28 @@ def test_reference_rows_carry_the_calibration_truth():
     assert [out["class_label"] for out in outputs] == ["n", "y", "y"] and labels == ["y"] * 3  # kept row 0 wrong
     assert answers == [None, "n", "y"]  # the expert, on the deferred rows: wrong, right
     assert [out["expert_scores"]["e"] for out in outputs] == [0.6, 0.95, 0.85]
+
+
+def test_followup_streams_recalibrate_where_cox_rejects():
+    # calibration inputs: every input kept (margin -1 < threshold 0), the classifier's score 0.9 but right on half:
+    # Cox's test rejects (one score: the intercept alone), the isotonic map says 0.5, so every estimate is 0.5
+    n = 400
+    loss = (np.arange(n) % 2).astype(float)
+    cal = Population("cal", np.full(n, -1.0), np.full(n, 0.9), np.full(n, 0.8), np.zeros(n, dtype=int), loss,
+                     np.zeros(n))
+    setting = Setting("s", "", ["e"], cal, {"a": cal})
+    out = run_streams(setting, "a", "a", Targets(0.0, 0.2, 0.6, 0.9), streams=2, pre=100, post=100, window=50,
+                      followup=True)
+    record = out["recalibration"]
+    assert record["fitted_on_rows"] == {"classifier": n} and record["tests"]["classifier"]["df"] == 1
+    # 2 (200 log(0.5 / 0.9) + 200 log(0.5 / 0.1))
+    assert record["tests"]["classifier"]["statistic"] == pytest.approx(400 * (np.log(0.5 / 0.9) + np.log(5)))
+    assert record["reference_error"] == 0.5 and record["reference_estimated"] == pytest.approx(0.1)
+    np.testing.assert_allclose(out["estimate_recalibrated"], 0.5)
+    np.testing.assert_allclose(out["estimate"], 0.1)
+
+
+def test_the_comparison_with_cbpe_is_read_at_the_tables_rounding():
+    assert _versus(0.01214, 0.01206) == "as close as CBPE (0.0121 against 0.0121)"
+    assert _versus(0.0133, 0.0136) == "closer than CBPE (0.0133 against 0.0136)"
+    assert _versus(0.0151, 0.0121) == "further than CBPE (0.0151 against 0.0121)"
