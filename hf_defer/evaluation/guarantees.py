@@ -14,6 +14,9 @@ calibration sample, the promise holds on the population in at least 90 % of draw
   on the labelled ones.
 * A mean-cost budget, per-expert budgets and all of these together: [`certify_threshold`], one confidence shared
   by a Bonferroni split.
+* The other kind of promise, ``guarantee="expected"``: the system error's *expectation* over calibration draws and new
+  inputs at most the target, by conformal risk control (Angelopoulos et al. 2024) on losses made monotone below a
+  deferral cap fixed without the labels ([`certify_threshold`] says how, with the proof).
 
 The p-values and the fixed-sequence test for bounded losses come from MAPIE's `risk_control` (`pip install
 hf-defer[guarantees]`); scipy's binomial law gives the exact bounds for 0/1 losses and deferral counts.
@@ -56,6 +59,18 @@ classifier (issue 42), which the first, stopping at its first failure, never tes
 is either far inside the target (the experts always wrong of issue 42: p = 3.9e-4) or not worth testing, while the
 first sequence's level sets the cost of every certificate (with 0.1 of the level on the second, HateSpeech at
 n = 1,000 refused 20.5 % of 200 draws instead of 17 %; with 0.02, the same 17 %)."""
+
+GUARANTEES = ("high_probability", "expected")
+"""The kinds of promise: ``"high_probability"`` (with a ``confidence``: the promise holds on new inputs with that
+probability over the draw of the calibration inputs) and ``"expected"`` (no confidence: the error on new inputs is at
+most the target *on average* over calibration draws, a refused calibration counting as no error)."""
+
+CRC_EXPECTED = ("conformal risk control (expected error over calibration draws and new inputs), the thresholds "
+                "deferring at most as much as {cap}, each input's loss made monotone above it")
+"""The bound of an expected-error claim; ``{cap}`` names the deferral cap and where it came from."""
+
+CRC_BOUND = 1.0
+"""``B`` of conformal risk control: the largest loss a new input can have (losses lie in [0, 1])."""
 
 UNLABELED_SHARE = 0.2
 """Of a prediction-powered test's level, the share spent on the bound on the unlabelled inputs' mean predicted loss
@@ -276,6 +291,42 @@ def _ppi_test(margins: np.ndarray, kept_loss: np.ndarray, deferred_loss: np.ndar
         return rejected
 
     return test
+
+
+def _deferral_cap(unlabeled: tuple | None) -> tuple[float, str]:
+    """The most deferral an expected-error threshold may use, ``t_u``, and how it was chosen, from no labelled input:
+    on the unlabelled inputs, the point of the lattice (``LTT_GRID_STEP``) where the model's *predicted* system error
+    (its predicted loss if kept below the threshold, if deferred above it) is least, the most deferring one of ties;
+    without them, 0 (the pipeline's most deferral)."""
+    if unlabeled is None:
+        return 0.0, "threshold 0 (the most deferral)"
+    u_margins, u_kept, u_deferred = unlabeled
+    lattice = _lattice(u_margins)
+    change, _ = _above(u_margins, u_deferred - u_kept, lattice)
+    cap = float(lattice[int(np.argmin(u_kept.sum() + change))])
+    return cap, (f"threshold {cap:.4g}, where the model's predicted system error on the {u_margins.size} unlabelled "
+                 "inputs is least")
+
+
+def _expected_error_threshold(margins: np.ndarray, kept_loss: np.ndarray, deferred_loss: np.ndarray, alpha: float,
+                              cap: float) -> float:
+    """Conformal risk control on the capped monotone losses ([`certify_threshold`], ``guarantee="expected"``): the
+    point of ``{cap} U {k LTT_GRID_STEP > cap}`` with the fewest deferrals, clear of every margin, where
+    ``(sum_i L^u_i(t) + CRC_BOUND) / (n + 1) <= alpha``; a `ValueError` naming the smallest target when none is."""
+    n = margins.size
+    worst = np.where(margins > cap, np.maximum(kept_loss, deferred_loss), kept_loss)  # L^u_i(t) of an input kept at t
+    lattice = _lattice(margins)
+    points = np.append(cap, lattice[lattice > cap])
+    above, _ = _above(margins, worst - deferred_loss, points)  # deferred at t: its deferred loss instead
+    risk = (worst.sum() - above + CRC_BOUND) / (n + 1)  # non-decreasing in t
+    clear = _clear(margins, points, MARGIN_TOLERANCE)
+    usable = np.flatnonzero((risk <= alpha) & clear)
+    if usable.size:
+        return float(points[usable[-1]])
+    smallest = min(1.0, math.ceil(float(risk[clear].min(initial=1.0)) * 1e4) / 1e4)
+    raise ValueError(f"max_error {alpha!r} (system error, expected) cannot be promised with {n} calibration inputs: "
+                     f"the smallest max_error promised here is {smallest:.4g}"
+                     + (" (none below 1: more calibration inputs are needed)" if smallest >= 1 else "") + ".")
 
 
 def _p_value_test(total: np.ndarray, n_obs: np.ndarray, binary: bool) -> Any:
@@ -505,7 +556,7 @@ def _rate_constraints(margins: np.ndarray, max_deferral_rate: Any, experts: Any)
 def certify_threshold(
     margins: Any,
     *,
-    confidence: float,
+    confidence: float | None = None,
     max_deferral_rate: float | Mapping[Any, float] | None = None,
     experts: Any = None,
     max_error: float | None = None,
@@ -518,8 +569,10 @@ def certify_threshold(
     predicted_if_kept: Any = None,
     predicted_if_deferred: Any = None,
     unlabeled: Mapping[str, Any] | None = None,
+    guarantee: str = "high_probability",
 ) -> DeferralGuarantee:
-    """The threshold that keeps every promise given, all together with probability at least ``confidence``.
+    """The threshold that keeps every promise given, all together with probability at least ``confidence``; or, with
+    ``guarantee="expected"``, an error target kept on average over calibration draws (the last item below).
 
     The ``1 - confidence`` left to chance is split equally among the promises (Bonferroni): a total budget, one per
     expert in a dict budget, the error target, the cost budget. Each promise alone:
@@ -549,6 +602,27 @@ def certify_threshold(
       width follows the variance of ``L - f``: small where the predictions are sharp and calibrated). Valid whatever
       the predictions are worth; cheaper than the labelled test alone only where the predictions explain most of
       the loss (the betting test is wider than the exact binomial one at equal variance).
+    * **error, expected** (``guarantee="expected"``, ``max_error`` alone, no ``confidence``): conformal risk control
+      (Angelopoulos et al., ICLR 2024). The promise: ``E[err(t_hat) 1{certified}] <= alpha``, the expectation over
+      the draw of the calibration inputs and the new input, ``err(t)`` the system error on new inputs at ``t``; that
+      is, averaged over calibration draws and inputs, with a refused calibration counting as no error. It says
+      nothing about any one calibration (one threshold may well exceed ``alpha``; the high-probability promise is the
+      one that bounds that). How: a cap ``t_u``, the most deferral allowed, is fixed without the labelled inputs (on
+      ``unlabeled``: where the model's predicted system error is least; else 0, the most deferral). For ``t >= t_u``
+      each input's loss is made monotone: ``L^u_i(t) = max over t' in [t_u, t] of L_i(t')``, ``L_i(t')`` its true
+      loss at ``t'`` (``loss_if_deferred`` if ``margin_i > t'``, else ``loss_if_kept``). So ``L^u_i(t)`` is the
+      deferred loss where ``margin_i > t``, ``max(loss_if_kept, loss_if_deferred)`` where ``t_u < margin_i <= t``,
+      and the kept loss where ``margin_i <= t_u``: at least the true loss, at most 1, and non-decreasing in ``t``
+      (the range of the max only grows). The answer ``t_hat`` is the point of the fixed set ``Lambda = {t_u} U {k
+      LTT_GRID_STEP > t_u}`` with the fewest deferrals, clear of every margin, where ``(sum_i L^u_i(t) + 1) / (n + 1)
+      <= alpha``; a `ValueError` (naming the smallest target) when there is none. Proof: add the new input as the
+      ``(n + 1)``-th and let ``t'`` be the largest point of ``Lambda`` (``+inf`` allowed) with
+      ``sum_{i <= n + 1} L^u_i(t') / (n + 1) <= alpha`` (it exists where ``t_hat`` does, and ``t' >= t_hat``: the
+      new loss is at most 1). ``t'`` is a symmetric function of the ``n + 1`` exchangeable inputs (``t_u`` and
+      ``Lambda`` do not depend on them), so ``E[L^u_{n+1}(t') 1{t' exists}] = E[mean_i L^u_i(t') 1{t' exists}] <=
+      alpha``; monotonicity gives ``L^u_{n+1}(t_hat) <= L^u_{n+1}(t')``, and the true loss is at most ``L^u``. The
+      cap is what makes the monotone loss affordable: only inputs with ``t_u < margin <= t_hat`` pay for both sides,
+      where the unrestricted one (``t_u = 0``) makes every input above 0 pay for it.
 
     With no error target the answer defers as much as the budgets allow (the tightest certified threshold). The
     threshold is never below 0 and never closer than ``MARGIN_TOLERANCE`` to a calibration margin (only moved towards
@@ -575,7 +649,10 @@ def certify_threshold(
             the chosen expert's estimated accuracy), for the prediction-powered test.
         unlabeled (`dict`, *optional*): inputs from the same distribution without labels: ``{"margins": [U],
             "predicted_if_kept": [U], "predicted_if_deferred": [U]}`` (the last not needed with ``selective``);
-            with ``max_error`` it makes the error test prediction-powered.
+            with ``max_error`` it makes the error test prediction-powered (with ``guarantee="expected"``: it sets the
+            deferral cap, and the labelled inputs' predicted losses are not read).
+        guarantee (`str`, *optional*, defaults to ``"high_probability"``): ``"expected"`` for the expected-error
+            promise (``max_error`` alone, ``confidence`` left out).
 
     Returns:
         [`DeferralGuarantee`]: the threshold, and the claims with their bounds and values on the calibration inputs.
@@ -596,9 +673,12 @@ def certify_threshold(
     ```
     """
     margins = _check_margins(margins)
-    confidence = check_share(confidence, "confidence", closed_top=False)
     if not isinstance(selective, bool):
         raise ValueError(f"selective must be a bool, got {selective!r}.")
+    if check_guarantee(guarantee, confidence, max_error, selective, max_deferral_rate, max_mean_cost) == "expected":
+        return _certify_expected(margins, max_error, loss_if_kept, loss_if_deferred, unlabeled,
+                                 predicted_if_kept is not None or predicted_if_deferred is not None)
+    confidence = check_share(confidence, "confidence", closed_top=False)
     rates = _rate_constraints(margins, max_deferral_rate, experts)
     error = _check_error_target(margins, max_error, loss_if_kept, loss_if_deferred, selective)
     predictions = _check_predictions(margins, predicted_if_kept, predicted_if_deferred, unlabeled, max_error, selective)
@@ -621,6 +701,52 @@ def certify_threshold(
         claims.append(claim)
     _add_observed(claims, margins > threshold, experts, error, cost)
     return DeferralGuarantee(threshold=float(threshold), confidence=confidence, n=margins.size, claims=claims)
+
+
+def check_guarantee(guarantee: Any, confidence: Any, max_error: Any, selective: bool, max_deferral_rate: Any,
+                    max_mean_cost: Any) -> str:
+    """The kind of promise asked (one of `GUARANTEES`), refused where the other arguments make no sense with it:
+    an expected-error promise bounds ``max_error`` alone (the system error) and has no confidence; a high-probability
+    one needs a confidence."""
+    if guarantee not in GUARANTEES:
+        raise ValueError(f"guarantee must be one of {list(GUARANTEES)}, got {guarantee!r}.")
+    if guarantee == "high_probability":
+        if confidence is None:
+            raise ValueError("confidence is missing: a high-probability promise holds with a stated probability, in "
+                             "(0, 1), e.g. 0.9 (or guarantee='expected' for the expected-error promise).")
+        return guarantee
+    if confidence is not None:
+        raise ValueError(f"guarantee='expected' bounds the error on average over calibration draws and has no "
+                         f"confidence; got confidence={confidence!r}: leave it out, or use "
+                         "guarantee='high_probability' for a promise with that probability.")
+    if max_deferral_rate is not None or max_mean_cost is not None:
+        raise ValueError("guarantee='expected' takes max_error alone: a deferral budget (max_deferral_rate) or a cost "
+                         "budget (max_mean_cost) is a high-probability promise; calibrate them with a confidence "
+                         "(guarantee='high_probability').")
+    if max_error is None:
+        raise ValueError("guarantee='expected' promises a system error: give max_error.")
+    if selective:
+        raise ValueError("guarantee='expected' bounds the system error; the selective error (a ratio among the inputs "
+                         "kept) has no expected-error promise here: use guarantee='high_probability' with a "
+                         "confidence.")
+    return guarantee
+
+
+def _certify_expected(margins: np.ndarray, max_error: Any, loss_if_kept: Any, loss_if_deferred: Any,
+                      unlabeled: Mapping[str, Any] | None, predictions: bool) -> DeferralGuarantee:
+    """The expected-error promise ([`certify_threshold`], ``guarantee="expected"``) and its record (no confidence)."""
+    if predictions:
+        raise ValueError("predicted_if_kept / predicted_if_deferred serve the prediction-powered test "
+                         "(guarantee='high_probability'); guarantee='expected' reads only the unlabelled inputs' "
+                         "predicted losses, for its deferral cap: leave them out.")
+    alpha, kept_loss, deferred_loss = _check_error_target(margins, max_error, loss_if_kept, loss_if_deferred, False)
+    cap, where = _deferral_cap(None if unlabeled is None else _check_unlabeled(unlabeled, False))
+    threshold = _expected_error_threshold(margins, kept_loss, deferred_loss, alpha, cap)
+    claim = {"kind": "system_error", "target": alpha, "bound": CRC_EXPECTED.format(cap=where),
+             "confidence": None, "guarantee": "expected", "method": "conformal_risk_control", "cap": cap}
+    claims = [claim | ({} if unlabeled is None else {"unlabeled": int(np.asarray(unlabeled["margins"]).size)})]
+    _add_observed(claims, margins > threshold, None, (alpha, kept_loss, deferred_loss), None)
+    return DeferralGuarantee(threshold=threshold, confidence=None, n=margins.size, claims=claims)
 
 
 def _check_error_target(margins: np.ndarray, max_error: Any, loss_if_kept: Any, loss_if_deferred: Any,
@@ -719,13 +845,7 @@ def _check_predictions(margins: np.ndarray, predicted_if_kept: Any, predicted_if
         return None
     if max_error is None:
         raise ValueError("unlabeled= serves the error target: give max_error (budgets need no labels at all).")
-    if not isinstance(unlabeled, Mapping) or set(unlabeled) - {"margins", "predicted_if_kept",
-                                                                "predicted_if_deferred"}:
-        raise ValueError("unlabeled must be a dict with 'margins', 'predicted_if_kept' and (unless selective) "
-                         f"'predicted_if_deferred', got {unlabeled!r:.200}.")
-    needed = ["predicted_if_kept"] + ([] if selective else ["predicted_if_deferred"])
-    if "margins" not in unlabeled or any(name not in unlabeled for name in needed):
-        raise ValueError(f"unlabeled needs 'margins' and {needed}, got the keys {sorted(unlabeled)}.")
+    unlabeled_checked = _check_unlabeled(unlabeled, selective)
     if predicted_if_kept is None or (predicted_if_deferred is None and not selective):
         raise ValueError("unlabeled= needs the labelled inputs' predicted losses too: predicted_if_kept and (unless "
                          "selective) predicted_if_deferred.")
@@ -733,6 +853,18 @@ def _check_predictions(margins: np.ndarray, predicted_if_kept: Any, predicted_if
     kept = _check_losses("predicted_if_kept", predicted_if_kept, n)
     deferred = (np.zeros(n) if predicted_if_deferred is None else
                 _check_losses("predicted_if_deferred", predicted_if_deferred, n, allow_nan=np.isneginf(margins)))
+    return kept, deferred, unlabeled_checked
+
+
+def _check_unlabeled(unlabeled: Any, selective: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The unlabelled inputs' margins and predicted losses ``(margins, if kept, if deferred)``, checked."""
+    if not isinstance(unlabeled, Mapping) or set(unlabeled) - {"margins", "predicted_if_kept",
+                                                                "predicted_if_deferred"}:
+        raise ValueError("unlabeled must be a dict with 'margins', 'predicted_if_kept' and (unless selective) "
+                         f"'predicted_if_deferred', got {unlabeled!r:.200}.")
+    needed = ["predicted_if_kept"] + ([] if selective else ["predicted_if_deferred"])
+    if "margins" not in unlabeled or any(name not in unlabeled for name in needed):
+        raise ValueError(f"unlabeled needs 'margins' and {needed}, got the keys {sorted(unlabeled)}.")
     try:
         u_margins = _check_margins(unlabeled["margins"])
     except ValueError as error:
@@ -741,7 +873,7 @@ def _check_predictions(margins: np.ndarray, predicted_if_kept: Any, predicted_if
     u_deferred = (np.zeros(u_margins.size) if unlabeled.get("predicted_if_deferred") is None else
                   _check_losses("unlabeled['predicted_if_deferred']", unlabeled["predicted_if_deferred"],
                                 u_margins.size, allow_nan=np.isneginf(u_margins)))
-    return kept, deferred, (u_margins, u_kept, u_deferred)
+    return u_margins, u_kept, u_deferred
 
 
 def _observed(claim: dict[str, Any], deferred: np.ndarray, values: dict[str, Any]) -> float:
