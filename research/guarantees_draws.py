@@ -371,7 +371,38 @@ def prediction_quality(pool: Pool) -> dict[str, float]:
     return {"predicted_if_kept": float(pool.predicted_if_kept.mean()), "loss_if_kept": float(pool.loss_if_kept.mean()),
             "predicted_if_deferred": float(pool.predicted_if_deferred.mean()),
             "loss_if_deferred": float(pool.loss_if_deferred.mean()), "loss_variance": float(loss.var()),
-            "residual_variance": float((loss - predicted).var())}
+            "residual_variance": float((loss - predicted).var()),
+            # PPI++ (Angelopoulos et al. 2023b): the correction L - lambda f at its best lambda = Cov(L, f) / Var(f)
+            # has variance Var(L) (1 - rho^2); lambda = 1 is plain PPI's.
+            "best_lambda": float(np.cov(loss, predicted)[0, 1] / predicted.var(ddof=1)),
+            "best_residual_variance": float(loss.var() * (1 - np.corrcoef(loss, predicted)[0, 1] ** 2))}
+
+
+def ppi_ceiling(pool: Pool, n: int, draws: int = 200, confidence: float = 0.9, seed: int = 0) -> dict[str, Any]:
+    """What a prediction-powered test could at best do with n labelled inputs: the best correction's variance is
+    ``(1 - rho^2)`` of the loss's ([`prediction_quality`]), so its bound is at best as wide as Learn-then-Test's with
+    ``n / (1 - rho^2)`` labelled inputs and the exact binomial p-values (optimistic: the bounds that hold for a
+    corrected, non-0/1 loss are wider). Learn-then-Test at that effective n on `draws` draws of it: refusals and the
+    deferral where certified."""
+    from hf_defer.evaluation.guarantees import error_threshold
+
+    quality = prediction_quality(pool)
+    effective = int(round(n * quality["loss_variance"] / quality["best_residual_variance"]))
+    population = Population(pool.margins, pool.loss_if_kept, pool.loss_if_deferred)
+    goal = targets(population)
+    rng = np.random.default_rng([seed, effective])
+    thresholds = []
+    for _ in range(draws):
+        rows = rng.choice(population.size, min(effective, population.size), replace=False)
+        try:
+            thresholds.append(error_threshold(pool.margins[rows], pool.loss_if_kept[rows], pool.loss_if_deferred[rows],
+                                              max_error=goal["max_error"], confidence=confidence))
+        except ValueError:
+            thresholds.append(float("nan"))
+    t = np.asarray(thresholds)
+    rates = population.at(t[~np.isnan(t)])[0]
+    return {"n": n, "effective_n": effective, "draws": draws, "refused": float(np.isnan(t).mean()),
+            "deferral_rate": float(rates.mean()) if rates.size else None}
 
 
 def run_cheaper_draws(pool: Pool, sizes: tuple[int, ...] = (100, 300, 1000), draws: int = 200,

@@ -162,6 +162,10 @@ def run_cheaper(args: argparse.Namespace, output: Path) -> int:
             done[pool.name] = g.run_cheaper_draws(pool, sizes, args.cheaper_draws, args.confidence, args.seed,
                                                   args.unlabeled)
             write_json(file, done[pool.name])
+        if "ceiling" not in done[pool.name]:  # the best a prediction-powered test could do at the largest n
+            done[pool.name]["ceiling"] = g.ppi_ceiling(pool, max(int(n) for n in done[pool.name]["sizes"]),
+                                                       args.cheaper_draws, args.confidence, args.seed)
+            write_json(file, done[pool.name])
         record["cheaper"] = list(done.values())
         write_json(output / "guarantees.json", record)
     before = record.get("cheaper_settings", {}).get("sizes", [])
