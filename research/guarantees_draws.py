@@ -352,10 +352,31 @@ CHEAPER_RULES = {
     "error_expected": ("error", "guarantee='expected': conformal risk control on losses made monotone above a cap "
                                 "(the unlabelled inputs' least predicted error)"),
     "error_expected_nocap": ("error", "guarantee='expected' without unlabelled inputs (cap at threshold 0)"),
+    "error_betting": ("error", "the prediction-powered test's betting test with the estimates ignored (lambda = 0)"),
+    "error_union": ("error", "Learn-then-Test at 0.8 of the level or prediction-powered at 0.2, whichever defers less"),
     "selective_ltt": ("selective", "Learn-then-Test (labelled inputs only, both ends)"),
     "selective_ppi": ("selective", "prediction-powered Learn-then-Test (+ unlabelled inputs)"),
 }
 """The rules of issue 47 (results/guarantees.md, "Cheaper promises"), on the first draws of `run_draws`."""
+
+
+def betting_error_threshold(margins: np.ndarray, loss_if_kept: np.ndarray, loss_if_deferred: np.ndarray,
+                            max_error: float, confidence: float) -> float:
+    """The prediction-powered test at lambda = 0 (the estimates ignored, no unlabelled bound): its betting test on the
+    labelled losses alone, at the whole level, in the same two fixed sequences over its lattice. What PPI++ would fall
+    back to where the estimates carry nothing, against Learn-then-Test's exact binomial p-values."""
+    from hf_defer.evaluation import guarantees as g
+
+    lattice = g._lattice(margins, g.PPI_GRID_STEP)
+    clear = g._clear(margins, lattice, g.MARGIN_TOLERANCE)
+
+    def test(alpha: float, level: float, points: slice = slice(None)) -> np.ndarray:
+        chosen = lattice[points]
+        z = np.where(margins[None, :] > chosen[:, None], loss_if_deferred[None, :], loss_if_kept[None, :])
+        return g._betting_rejects(z, np.full(chosen.size, alpha), level)
+
+    return g._error_threshold(margins, test, max_error, "system error", 1.0 - confidence, lattice, clear, 0.0,
+                              confidence, False)
 
 
 def prediction_quality(pool: Pool) -> dict[str, float]:
@@ -443,9 +464,9 @@ def run_cheaper_draws(pool: Pool, sizes: tuple[int, ...] = (100, 300, 1000), dra
             others.append({"margins": pool.margins[pick], "predicted_if_kept": pool.predicted_if_kept[pick],
                            "predicted_if_deferred": pool.predicted_if_deferred[pick]})
 
-        def ppi(i: int, selective: bool) -> float:
+        def ppi(i: int, selective: bool, level: float = confidence) -> float:
             target = limits["selective" if selective else "error"]
-            return certify_threshold(m[i], confidence=confidence, max_error=target, loss_if_kept=lk[i],
+            return certify_threshold(m[i], confidence=level, max_error=target, loss_if_kept=lk[i],
                                      loss_if_deferred=None if selective else ld[i], selective=selective,
                                      predicted_if_kept=pk[i], predicted_if_deferred=None if selective else pd[i],
                                      unlabeled=others[i]).threshold
@@ -460,6 +481,11 @@ def run_cheaper_draws(pool: Pool, sizes: tuple[int, ...] = (100, 300, 1000), dra
             "error_expected_nocap": lambda: [refusing(lambda i=i: certify_threshold(
                 m[i], max_error=limits["error"], loss_if_kept=lk[i], loss_if_deferred=ld[i],
                 guarantee="expected").threshold) for i in range(draws)],
+            "error_betting": lambda: [refusing(lambda i=i: betting_error_threshold(m[i], lk[i], ld[i], limits["error"],
+                                                                            confidence)) for i in range(draws)],
+            "error_union": lambda: [np.nanmax([refusing(lambda i=i: error_threshold(
+                m[i], lk[i], ld[i], max_error=limits["error"], confidence=1 - 0.8 * (1 - confidence))),
+                refusing(lambda i=i: ppi(i, False, 1 - 0.2 * (1 - confidence))), -np.inf]) for i in range(draws)],
             "selective_ltt": lambda: [refusing(lambda i=i: error_threshold(
                 m[i], lk[i], None, max_error=limits["selective"], confidence=confidence, selective=True))
                 for i in range(draws)],
@@ -471,6 +497,7 @@ def run_cheaper_draws(pool: Pool, sizes: tuple[int, ...] = (100, 300, 1000), dra
                 continue
             start = time.perf_counter()
             thresholds = np.asarray(call(), dtype=np.float64)
+            thresholds[np.isneginf(thresholds)] = np.nan  # error_union: neither certified
             kind = CHEAPER_RULES[rule][0]
             results[rule] = evaluate_thresholds(population, m, lk, ld, thresholds, kind, limits[kind]) | {
                 "seconds": round(time.perf_counter() - start, 3)}

@@ -327,6 +327,14 @@ def _against_the_targets(entries: list[dict[str, Any]], pools: dict[str, Any]) -
                f", where Learn-then-Test with exact binomial p-values refuses {_pct(ceiling['refused'])}"
                + ("" if ceiling["deferral_rate"] is None else
                   f" and defers {ceiling['deferral_rate'] / oracle:.2f}x the oracle's") + ".")
+        if "error_betting" in rules:
+            bet, union = rules["error_betting"]["pool"], rules["error_union"]["pool"]
+            cap += (f" With the estimates ignored (lambda = 0, PPI++'s fallback) the betting test alone refuses "
+                    f"{_pct(bet['refused'])} (defers {ratio(bet)}) where the exact binomial refuses "
+                    f"{_pct(ltt['refused'])}" + (": the looser test alone costs more than PPI's estimates save"
+                                                 if bet["refused"] > ppi["refused"] else "") + ". Learn-then-Test at "
+                    f"0.8 of the level or PPI at 0.2, whichever defers less: refused {_pct(union['refused'])}, "
+                    f"{ratio(union)}.")
         expected = ("" if exp is None else
                     f" The expected-error promise (a weaker one): refused {_pct(exp['refused'])}, deferral "
                     f"{ratio(exp)}, mean error {_pct(exp['error_counted'])}.")
