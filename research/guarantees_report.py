@@ -331,8 +331,10 @@ def _against_the_targets(entries: list[dict[str, Any]], pools: dict[str, Any]) -
             bet, union = rules["error_betting"]["pool"], rules["error_union"]["pool"]
             cap += (f" With the estimates ignored (lambda = 0, PPI++'s fallback) the betting test alone refuses "
                     f"{_pct(bet['refused'])} (defers {ratio(bet)}) where the exact binomial refuses "
-                    f"{_pct(ltt['refused'])}" + (": the looser test alone costs more than PPI's estimates save"
-                                                 if bet["refused"] > ppi["refused"] else "") + ". Learn-then-Test at "
+                    f"{_pct(ltt['refused'])}" + (
+                        f", and PPI, with the estimates, {_pct(ppi['refused'])}: the variance they remove is worth "
+                        "less than the share of the level and the unlabelled bound they cost"
+                        if bet["refused"] < ppi["refused"] else "") + ". Learn-then-Test at "
                     f"0.8 of the level or PPI at 0.2, whichever defers less: refused {_pct(union['refused'])}, "
                     f"{ratio(union)}.")
         expected = ("" if exp is None else
