@@ -170,6 +170,12 @@ def test_expected_error_is_conformal_risk_control_on_the_pipeline_losses():
     capped = calibrate_deferral(model, data, max_error=0.5, guarantee="expected", unlabeled=more)
     claim = model.config.deferral_guarantee["claims"][0]
     assert claim["unlabeled"] == 400 and capped >= claim["cap"] >= 0
+    # The monitor has no confidence of the guarantee's to reuse: it asks for its own.
+    from hf_defer import DeferralMonitor
+
+    with pytest.raises(ValueError, match=r"bounds the expected error .* give the alarm's, confidence="):
+        DeferralMonitor.from_model(model)
+    assert DeferralMonitor.from_model(model, confidence=0.9).state()["confidence"] == 0.9
 
 
 def test_expected_error_refuses_what_makes_no_sense():
