@@ -47,8 +47,9 @@ coarser, as each costs a pass over the labelled inputs."""
 EXACT_LTT = "Learn-then-Test, fixed-sequence, exact binomial p-values"
 HB_LTT = "Learn-then-Test, fixed-sequence, Hoeffding-Bentkus p-values"
 BOTH_ENDS = "Learn-then-Test, fixed-sequence from both ends"
-PPI_LTT = ("Learn-then-Test, fixed-sequence from both ends, prediction-powered (the model's predicted losses on {n} "
-           "unlabelled inputs, empirical-Bernstein bound, corrected on the labelled ones by a betting test)")
+PPI_LTT = ("Learn-then-Test, fixed-sequence from both ends, prediction-powered (each labelled input paired with "
+           "{b} of the {n} unlabelled inputs, the model's predicted losses weighted as PPI++ by the labelled inputs "
+           "before it; a betting test)")
 
 TOP_DOWN_SHARE = 0.02
 """The error target is tested by two fixed sequences over the lattice, their levels adding up to the test's (a
@@ -78,11 +79,6 @@ the oracle's deferral (1: 14.5 %, 1.10 times; 2: 0 %, 1.79 times; no cap: 2.5 %,
 
 CRC_BOUND = 1.0
 """``B`` of conformal risk control: the largest loss a new input can have (losses lie in [0, 1])."""
-
-UNLABELED_SHARE = 0.2
-"""Of a prediction-powered test's level, the share spent on the bound on the unlabelled inputs' mean predicted loss
-(the rest goes to the labelled correction, whose bound is the wider one: far fewer inputs)."""
-
 
 def _hoeffding_bentkus() -> Any:
     """MAPIE's Hoeffding-Bentkus p-value (an extra: `pip install hf-defer[guarantees]`)."""
@@ -237,23 +233,12 @@ def _smallest_target(reaches: Any) -> float:
     return smallest
 
 
-def _bernstein_upper(total: np.ndarray, squares: np.ndarray, count: int, level: float) -> np.ndarray:
-    """An upper confidence bound at ``level`` on the mean of i.i.d. values in [0, 1] from their sum and sum of squares
-    over ``count`` of them: the empirical Bernstein bound of Maurer & Pontil (2009, Theorem 4), capped at 1."""
-    if count < 2:
-        return np.ones(total.shape)
-    mean = total / count
-    variance = np.maximum(squares - count * mean ** 2, 0.0) / (count - 1)
-    log = math.log(2.0 / level)
-    return np.minimum(1.0, mean + np.sqrt(2.0 * variance * log / count) + 7.0 * log / (3.0 * (count - 1)))
-
-
 def _betting_rejects(z: np.ndarray, null: np.ndarray, level: float) -> np.ndarray:
-    """Per row of ``z`` (``[R, n]``: values in [-1, 1] in the inputs' own order), whether the betting test rejects
+    """Per row of ``z`` (``[R, n]``: values in [-1, 2] in the inputs' own order), whether the betting test rejects
     ``mean(z) >= null`` (the row's entry) at ``level``: the capital ``prod_i (1 + l_i (null - z_i))`` reaches
     ``1 / level`` (Ville's inequality: under the null it is a non-negative supermartingale). The bets ``l_i`` are
     predictable (from ``z_1 .. z_{i-1}``: ``sqrt(2 log(1 / level) / (n s^2))`` with the running variance ``s^2``, the
-    plug-in bets of Waudby-Smith & Ramdas, 2024) and at most 1/2, so no factor is negative (``null >= -1``) and the
+    plug-in bets of Waudby-Smith & Ramdas, 2024) and at most 1/2, so no factor is negative (``null >= 0``) and the
     capital only grows with ``null``."""
     n = z.shape[1]
     steps = np.arange(1, n + 1)
@@ -267,34 +252,56 @@ def _betting_rejects(z: np.ndarray, null: np.ndarray, level: float) -> np.ndarra
 
 def _ppi_test(margins: np.ndarray, kept_loss: np.ndarray, deferred_loss: np.ndarray, predicted: tuple,
               unlabeled: tuple, lattice: np.ndarray, selective: bool) -> Any:
-    """``test(alpha, level)`` for prediction-powered Learn-then-Test (Angelopoulos et al. 2023, inside Learn-then-Test
-    as in Einbinder et al. 2024). At a threshold ``t`` the loss is ``L_t`` (the expert's where deferred, the
-    classifier's elsewhere; for the selective risk the deferred inputs count ``alpha``:
-    ``E[loss_if_kept; kept] <= alpha P(kept)`` iff ``E[L_t] <= alpha``) and the model predicts it, ``f_t``, in
-    [0, 1]. ``E[L_t] = E[f_t] + E[L_t - f_t]``: the first mean is bounded on the unlabelled inputs
-    ([`_bernstein_upper`], at ``UNLABELED_SHARE`` of the level), the second on the labelled ones by a betting test
-    ([`_betting_rejects`], the rest of the level). The two samples are independent, so the union bound makes the test
-    valid at ``level`` whatever the predictions are worth: poor ones widen the correction, never bias it."""
+    """``test(alpha, level)`` for prediction-powered Learn-then-Test (Angelopoulos et al. 2023, with the power-tuned
+    weight of PPI++, inside Learn-then-Test as in Einbinder et al. 2024). At a threshold ``t`` the loss is ``L_t``
+    (the expert's where deferred, the classifier's elsewhere; for the selective risk the deferred inputs count
+    ``alpha``: ``E[loss_if_kept; kept] <= alpha P(kept)`` iff ``E[L_t] <= alpha``) and the model predicts it,
+    ``f_t``, in [0, 1]. The ``U`` unlabelled inputs are dealt, in their order, into ``n`` blocks of ``B = U // n``
+    (the rest unused), one per labelled input, and each labelled input ``i`` gives
+    ``w_i = L_i - lambda_i f_i + lambda_i mean(f_t over block i)``: whatever ``lambda_i``, its mean is ``E[L_t]``
+    when ``lambda_i`` depends only on the inputs before ``i``. ``lambda_i`` is the running ``Cov(L, f) / Var(f)``
+    of the labelled inputs before ``i`` (PPI++'s weight; 1 for the first), clipped into [0, 1]: about 1 where the
+    estimates are calibrated, about 0 where they carry nothing (the test is then the betting test on the labelled
+    losses alone). One betting test ([`_betting_rejects`]) on the ``w_i`` (in [-1, 2]) at the whole level: the
+    unlabelled mean's noise enters as ``lambda^2 Var(f) / B`` added to ``Var(L - lambda f)``, not as a second bound.
+    Valid whatever the predictions are worth: poor ones widen the test, never bias it."""
     predicted_kept, predicted_deferred = predicted
     u_margins, u_kept, u_deferred = unlabeled
-    count = u_margins.size
-    z_kept = kept_loss - predicted_kept
-    z_deferred = np.zeros(margins.size) if selective else deferred_loss - predicted_deferred
-    rows = max(1, 2_000_000 // max(margins.size, 1))  # lattice points per block: [rows, n] at most 2e6 values
+    n = margins.size
+    size = u_margins.size // n  # B: unlabelled inputs per labelled one
+    u_margins, u_kept, u_deferred = (values[: n * size] for values in (u_margins, u_kept, u_deferred))
+    rows = max(1, 2_000_000 // max(n * size, 1))  # lattice points per pass: [rows, n B] at most 2e6 values
+    blocks: list[np.ndarray] = []  # per lattice point and block: the kept sum, the deferred sum, the deferred count
+
+    def block_sums() -> np.ndarray:
+        if not blocks:
+            out = np.empty((3, lattice.size, n))
+            for start in range(0, lattice.size, rows):
+                chosen = lattice[start:start + rows]
+                deferred = (u_margins[None, :] > chosen[:, None]).reshape(chosen.size, n, size)
+                out[0, start:start + rows] = np.where(deferred, 0.0, u_kept.reshape(n, size)).sum(axis=2)
+                out[1, start:start + rows] = np.where(deferred, u_deferred.reshape(n, size), 0.0).sum(axis=2)
+                out[2, start:start + rows] = deferred.sum(axis=2)
+            blocks.append(out)
+        return blocks[0]
 
     def test(alpha: float, level: float, points: slice = slice(None)) -> np.ndarray:
-        chosen = lattice[points]
-        deferred_u = np.full(count, alpha) if selective else u_deferred
-        total, _ = _above(u_margins, deferred_u - u_kept, chosen)
-        squares, _ = _above(u_margins, deferred_u ** 2 - u_kept ** 2, chosen)
-        upper = _bernstein_upper(u_kept.sum() + total, (u_kept ** 2).sum() + squares, count, UNLABELED_SHARE * level)
-        null = alpha - upper  # reject E[L - f] >= alpha - upper: then E[L] <= alpha (unless the bound failed)
+        chosen, sums = lattice[points], block_sums()[:, points]
         rejected = np.zeros(chosen.size, dtype=bool)
+        steps = np.arange(1, n + 1)
         for start in range(0, chosen.size, rows):
-            block = chosen[start:start + rows]
-            z = np.where(margins[None, :] > block[:, None], z_deferred[None, :], z_kept[None, :])
-            rejected[start:start + rows] = _betting_rejects(z, null[start:start + rows],
-                                                            (1.0 - UNLABELED_SHARE) * level)
+            part = slice(start, start + rows)
+            deferred = margins[None, :] > chosen[part, None]
+            loss = np.where(deferred, alpha if selective else deferred_loss[None, :], kept_loss[None, :])
+            guess = np.where(deferred, alpha if selective else predicted_deferred[None, :], predicted_kept[None, :])
+            other = (sums[0, part] + (alpha * sums[2, part] if selective else sums[1, part])) / size
+            mean_l, mean_f = np.cumsum(loss, axis=1) / steps, np.cumsum(guess, axis=1) / steps
+            covariance = np.cumsum(loss * guess, axis=1) / steps - mean_l * mean_f
+            variance = np.cumsum(guess * guess, axis=1) / steps - mean_f ** 2
+            weight = np.clip(np.divide(covariance, variance, out=np.ones_like(variance), where=variance > 1e-12),
+                             0.0, 1.0)
+            weight = np.hstack([np.ones((weight.shape[0], 1)), weight[:, :-1]])  # predictable: the inputs before
+            rejected[part] = _betting_rejects(loss - weight * (guess - other), np.full(weight.shape[0], alpha), level)
         return rejected
 
     return test
@@ -611,13 +618,16 @@ def certify_threshold(
       Every rejected hypothesis is certified; the answer is the one with the fewest deferrals that also meets the
       budgets. When none does, a `ValueError` names the smallest ``alpha`` that would be certified with these
       inputs (checked: calibrating at that target succeeds).
-    * **error, prediction-powered** (``unlabeled`` given): the same hypotheses and sequences, each tested on
-      ``E[L_t] = E[f_t] + E[L_t - f_t]``, ``f_t`` the model's predicted loss (``predicted_if_kept`` where it
-      answers, ``predicted_if_deferred`` where it defers, on a lattice of step ``PPI_GRID_STEP``): the first mean
-      bounded on the unlabelled inputs (empirical Bernstein), the second on the labelled ones (a betting test, whose
-      width follows the variance of ``L - f``: small where the predictions are sharp and calibrated). Valid whatever
-      the predictions are worth; cheaper than the labelled test alone only where the predictions explain most of
-      the loss (the betting test is wider than the exact binomial one at equal variance).
+    * **error, prediction-powered** (``unlabeled`` given, at least as many as the labelled inputs): the same
+      hypotheses and sequences, each tested on ``E[L_t] = E[L_t - lambda f_t] + lambda E[f_t]``, ``f_t`` the model's
+      predicted loss (``predicted_if_kept`` where it answers, ``predicted_if_deferred`` where it defers, on a
+      lattice of step ``PPI_GRID_STEP``): each labelled input is paired with its own ``U // n`` unlabelled ones, whose
+      mean predicted loss stands for ``E[f_t]``, and ``lambda`` (PPI++'s weight) is learnt from the labelled inputs
+      before it; one betting test on the pairs, whose width follows the variance of ``L - lambda f`` (plus the
+      unlabelled mean's, divided by ``U // n``): small where the predictions are sharp and calibrated. Valid
+      whatever the predictions are worth; with predictions that carry nothing it is the betting test on the labelled
+      losses alone, which is wider than the exact binomial one: cheaper than Learn-then-Test only where the
+      predictions explain much of the loss.
     * **error, expected** (``guarantee="expected"``, ``max_error`` alone, no ``confidence``): conformal risk control
       (Angelopoulos et al., ICLR 2024). The promise: ``E[err(t_hat) 1{certified}] <= alpha``, the expectation over
       the draw of the calibration inputs and the new input, ``err(t)`` the system error on new inputs at ``t``; that
@@ -831,7 +841,7 @@ def _certify_error(margins: np.ndarray, error: tuple[float, np.ndarray, np.ndarr
         points = (_lattice(every, PPI_GRID_STEP),)
         points += (_clear(margins, points[0], MARGIN_TOLERANCE),)
         test = _ppi_test(margins, kept_loss, deferred_loss, predictions[:2], predictions[2], points[0], selective)
-        bound = PPI_LTT.format(n=predictions[2][0].size)
+        bound = PPI_LTT.format(n=predictions[2][0].size, b=predictions[2][0].size // margins.size)
     threshold = _error_threshold(margins, test, alpha, "selective error" if selective else "system error",
                                  1.0 - share, *points, low, confidence, constrained)
     claim = {"kind": "selective_error" if selective else "system_error", "target": alpha, "bound": bound,
@@ -863,6 +873,10 @@ def _check_predictions(margins: np.ndarray, predicted_if_kept: Any, predicted_if
     if max_error is None:
         raise ValueError("unlabeled= serves the error target: give max_error (budgets need no labels at all).")
     unlabeled_checked = _check_unlabeled(unlabeled, selective)
+    if unlabeled_checked[0].size < margins.size:
+        raise ValueError(f"unlabeled must hold at least as many inputs as the labelled ones ({margins.size}), got "
+                         f"{unlabeled_checked[0].size}: the prediction-powered test pairs each labelled input with "
+                         "its own unlabelled ones.")
     if predicted_if_kept is None or (predicted_if_deferred is None and not selective):
         raise ValueError("unlabeled= needs the labelled inputs' predicted losses too: predicted_if_kept and (unless "
                          "selective) predicted_if_deferred.")
