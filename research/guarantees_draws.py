@@ -395,6 +395,7 @@ def prediction_quality(pool: Pool) -> dict[str, float]:
             "residual_variance": float((loss - predicted).var()),
             # PPI++ (Angelopoulos et al. 2023b): the correction L - lambda f at its best lambda = Cov(L, f) / Var(f)
             # has variance Var(L) (1 - rho^2); lambda = 1 is plain PPI's.
+            "predicted_variance": float(predicted.var()),
             "best_lambda": float(np.cov(loss, predicted)[0, 1] / predicted.var(ddof=1)),
             "best_residual_variance": float(loss.var() * (1 - np.corrcoef(loss, predicted)[0, 1] ** 2))}
 

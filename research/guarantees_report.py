@@ -194,8 +194,10 @@ def _cheaper_rows(record: dict[str, Any], kind: str) -> list[list[str]]:
         p = pools.get(entry["name"])
         for n, rules in entry["sizes"].items():
             ltt, ppi = rules[f"{kind}_ltt"]["pool"], rules[f"{kind}_ppi"]["pool"]
+            first = rules.get(f"{kind}_ppi_two_bounds", {}).get("pool", {})
             row = [entry["name"], n, _pct(ltt["violation"]), _pct(ppi["violation"])]
-            row += [_pct(ltt["refused"]), _pct(ppi["refused"]), _pct(ltt["deferral_rate"]), _pct(ppi["deferral_rate"])]
+            row += [_pct(ltt["refused"]), _pct(ppi["refused"]), _pct(first.get("refused")),
+                    _pct(ltt["deferral_rate"]), _pct(ppi["deferral_rate"]), _pct(first.get("deferral_rate"))]
             row.append(_pct(p["oracle"][kind]["deferral_rate"]) if p else "—")
             rows.append(row)
     return rows
@@ -230,15 +232,15 @@ def cheaper_markdown(record: dict[str, Any]) -> list[str]:
     settings = record.get("cheaper_settings", {})
     draws = settings.get("draws", record["cheaper"][0]["draws"])
     error = markdown_table(
-        ["Data set", "n", "broken: LTT", "PPI", "refused: LTT", "PPI", "deferred: LTT", "PPI", "oracle"],
-        _cheaper_rows(record, "error"))
+        ["Data set", "n", "broken: LTT", "PPI", "refused: LTT", "PPI", "PPI, two bounds", "deferred: LTT", "PPI",
+         "PPI, two bounds", "oracle"], _cheaper_rows(record, "error"))
     expected = markdown_table(
         ["Data set", "n", "target", "expected: mean error (refusal = 0) ± s.e.", "where certified",
          "above the target (share of draws)", "refused", "deferred", "no cap: mean error ± s.e.", "refused",
          "deferred", "oracle"], _expected_rows(record))
     selective = markdown_table(
-        ["Data set", "n", "broken: LTT", "PPI", "refused: LTT", "PPI", "deferred: LTT", "PPI", "oracle"],
-        _cheaper_rows(record, "selective"))
+        ["Data set", "n", "broken: LTT", "PPI", "refused: LTT", "PPI", "PPI, two bounds", "deferred: LTT", "PPI",
+         "PPI, two bounds", "oracle"], _cheaper_rows(record, "selective"))
     calibration = markdown_table(
         ["Data set", "classifier error", "predicted (mean of 1 - its probability)", "expert error",
          "predicted (mean of 1 - estimated accuracy)", "variance of the loss at the oracle threshold",
@@ -276,10 +278,14 @@ def cheaper_markdown(record: dict[str, Any]) -> list[str]:
         f"Monte-Carlo standard error of a 10 % violation rate is {_pct((0.09 / draws) ** 0.5)} at {draws} draws.", "",
         "- **LTT**: Learn-then-Test on the labelled inputs alone, as `error_threshold` does now (two fixed sequences, "
         "from most deferral up with 0.98 of the level and from no deferral down with 0.02 of it, issue 42).",
-        "- **PPI**: prediction-powered Learn-then-Test (`certify_threshold(..., unlabeled=...)`): the mean of the "
-        "model's predicted loss (1 - its probability of its answer where it answers, 1 - the chosen expert's estimated "
-        "accuracy where it defers) on the unlabelled inputs, with an empirical-Bernstein bound, plus the mean of "
-        "(loss - predicted loss) on the labelled inputs, with a betting test; the level split 1:4.",
+        "- **PPI**: prediction-powered Learn-then-Test (`certify_threshold(..., unlabeled=...)`), as the library does "
+        "it now: each labelled input paired with its own U // n unlabelled ones, w = loss - lambda (predicted loss - "
+        "the block's mean predicted loss), lambda PPI++'s weight learnt from the labelled inputs before it, one "
+        "betting test on the w's at the whole level. The predicted loss: 1 - the model's probability of its answer "
+        "where it answers, 1 - the chosen expert's estimated accuracy where it defers. **PPI, two bounds**: the "
+        "first version (commit cb54f76), the mean predicted loss on the unlabelled inputs with an empirical-Bernstein "
+        "bound plus the mean of (loss - predicted loss) on the labelled inputs with a betting test, the level split "
+        "1:4.",
         "- **Expected** (`certify_threshold(..., guarantee=\"expected\")`, another kind of promise): the system "
         "error on new inputs at most the target *on average over calibration draws and inputs*, a refused calibration "
         "counting as no error; not a statement about any one calibration, so it is not scored by how often it breaks "
@@ -298,6 +304,33 @@ def cheaper_markdown(record: dict[str, Any]) -> list[str]:
         "**How well the model predicts its losses** (pool means; PPI's correction is what these estimates miss)", "",
         calibration, "",
     ]
+
+
+def _ppi_arithmetic(q: dict[str, float], n: int, unlabeled: int, delta: float) -> str:
+    """Why PPI loses here, in points of error: what the smaller variance of the correction takes off the labelled
+    bound, against what the bound on the unlabelled mean adds (sub-Gaussian widths sqrt(2 V log(1 / level) / n) at the
+    levels the test uses: 0.98 of delta on the first sequence, 0.8 of that on the labelled inputs, 0.2 on the others,
+    the empirical Bernstein bound's own terms on the unlabelled ones)."""
+    import math
+
+    from hf_defer.evaluation.guarantees import TOP_DOWN_SHARE
+
+    level = (1 - TOP_DOWN_SHARE) * delta
+    log = math.log(1 / level)
+    ltt = math.sqrt(2 * q["loss_variance"] * log / n)
+    # The first version (two bounds): the correction at 0.8 of the level, plus an empirical Bernstein bound on the
+    # unlabelled mean at 0.2 of it.
+    split = math.sqrt(2 * q["residual_variance"] * math.log(1 / (0.8 * level)) / n)
+    u_log = math.log(2 / (0.2 * level))
+    u = math.sqrt(2 * q["predicted_variance"] * u_log / unlabeled) + 7 * u_log / (3 * (unlabeled - 1))
+    # Paired (now): one test on w = L - f + mean of f over B = U // n unlabelled inputs, at the whole level.
+    paired = math.sqrt(2 * (q["residual_variance"] + q["predicted_variance"] / (unlabeled // n)) * log / n)
+    return (f"PPI's arithmetic at n = {n}, {unlabeled:,} unlabelled (sub-Gaussian widths sqrt(2 V log(1 / level) / n), "
+            f"in points of error): the loss's variance {q['loss_variance']:.4f} gives Learn-then-Test's test "
+            f"{100 * ltt:.2f}; the correction's {q['residual_variance']:.4f} gives {100 * split:.2f} at 0.8 of the level"
+            f", to which the first version's separate bound on the unlabelled mean (variance "
+            f"{q['predicted_variance']:.4f}) added {100 * u:.2f}; paired, the unlabelled noise adds to the variance "
+            f"instead: {100 * paired:.2f} in all, {100 * (ltt - paired):.2f} below the loss's own.")
 
 
 def _against_the_targets(entries: list[dict[str, Any]], pools: dict[str, Any]) -> list[str]:
@@ -332,14 +365,16 @@ def _against_the_targets(entries: list[dict[str, Any]], pools: dict[str, Any]) -
                   f" and defers {ceiling['deferral_rate'] / oracle:.2f}x the oracle's") + ".")
         if "error_betting" in rules:
             bet, union = rules["error_betting"]["pool"], rules["error_union"]["pool"]
-            cap += (f" With the estimates ignored (lambda = 0, PPI++'s fallback) the betting test alone refuses "
-                    f"{_pct(bet['refused'])} (defers {ratio(bet)}) where the exact binomial refuses "
-                    f"{_pct(ltt['refused'])}" + (
-                        f", and PPI, with the estimates, {_pct(ppi['refused'])}: the variance they remove is worth "
-                        "less than the share of the level and the unlabelled bound they cost"
-                        if bet["refused"] < ppi["refused"] else "") + ". Learn-then-Test at "
+            cap += (f" With the estimates ignored (lambda = 0, where PPI++ falls back) the betting test alone refuses "
+                    f"{_pct(bet['refused'])} (defers {ratio(bet)}), PPI with them {_pct(ppi['refused'])}, the exact "
+                    f"binomial test without them {_pct(ltt['refused'])}" + (
+                        ": the betting test's looseness on 0/1 losses costs more than the estimates save"
+                        if min(bet["refused"], ppi["refused"]) > ltt["refused"] else "") + ". Learn-then-Test at "
                     f"0.8 of the level or PPI at 0.2, whichever defers less: refused {_pct(union['refused'])}, "
                     f"{ratio(union)}.")
+        if "predicted_variance" in q:
+            cap += " " + _ppi_arithmetic(q, int(n), entry.get("unlabeled", 5000), 1 - pools[entry["name"]].get(
+                "confidence", 0.9))
         expected = ("" if exp is None else
                     f" The expected-error promise (a weaker one): refused {_pct(exp['refused'])}, deferral "
                     f"{ratio(exp)}, mean error {_pct(exp['error_counted'])}.")
