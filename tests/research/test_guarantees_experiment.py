@@ -172,9 +172,9 @@ def test_cheaper_draws_keep_the_promises_and_report():
                 predicted_if_deferred=np.full(3000, 0.1))
     entry = run_cheaper_draws(pool, sizes=(300,), draws=40, unlabeled=1000, log=lambda _: None)
     result = entry["sizes"]["300"]
-    assert set(result) == {"error_ltt", "error_ppi", "error_expected", "error_expected_nocap", "selective_ltt",
-                           "selective_ppi"}
-    for rule in ("error_ltt", "error_ppi", "selective_ltt", "selective_ppi"):
+    assert set(result) == {"error_ltt", "error_ppi", "error_expected", "error_expected_nocap", "error_betting",
+                           "error_union", "selective_ltt", "selective_ppi"}
+    for rule in ("error_ltt", "error_ppi", "error_betting", "error_union", "selective_ltt", "selective_ppi"):
         assert result[rule]["pool"]["violation"] <= 0.1 + 3 * np.sqrt(0.09 / 40)
     target = targets(Population(margins, kept, deferred))["max_error"]
     for rule in ("error_expected", "error_expected_nocap"):  # the mean error, a refusal counting as none
