@@ -252,7 +252,11 @@ def _summary(kind: str, rates: np.ndarray, errors: np.ndarray, selective: np.nda
     broken[~refused] = np.nan_to_num(measured, nan=-np.inf) > limit + 1e-12
     made = ~refused
     mean = lambda v: float(np.nanmean(v)) if v.size and not np.isnan(v).all() else None  # noqa: E731
+    counted = np.zeros(len(refused))  # the error of each draw, a refusal counting as none: E[err 1{certified}]
+    counted[made] = np.nan_to_num(errors, nan=0.0)
     return {"violation": float(broken.mean()), "refused": float(refused.mean()),
+            "error_counted": float(counted.mean()),
+            "error_counted_se": float(counted.std(ddof=1) / np.sqrt(len(counted))) if len(counted) > 1 else None,
             "violation_when_made": float(broken[made].mean()) if made.any() else None,
             "deferral_rate": mean(rates), "error": mean(errors), "selective_risk": mean(selective),
             "worst": float(np.nanmax(measured)) if made.any() and not np.isnan(measured).all() else None}
@@ -345,21 +349,34 @@ def run_draws(pool: Pool, sizes: tuple[int, ...] = SIZES, draws: int = 1000, bud
 CHEAPER_RULES = {
     "error_ltt": ("error", "Learn-then-Test (labelled inputs only, both ends)"),
     "error_ppi": ("error", "prediction-powered Learn-then-Test (+ unlabelled inputs)"),
-    "error_crc": ("error", "conformal risk control's rule (expected error; not covered by its theorem here)"),
+    "error_expected": ("error", "guarantee='expected': conformal risk control on losses made monotone above a cap "
+                                "(the unlabelled inputs' least predicted error)"),
+    "error_expected_nocap": ("error", "guarantee='expected' without unlabelled inputs (cap at threshold 0)"),
+    "error_betting": ("error", "the prediction-powered test's betting test with the estimates ignored (lambda = 0)"),
+    "error_union": ("error", "Learn-then-Test at 0.8 of the level or prediction-powered at 0.2, whichever defers less"),
     "selective_ltt": ("selective", "Learn-then-Test (labelled inputs only, both ends)"),
     "selective_ppi": ("selective", "prediction-powered Learn-then-Test (+ unlabelled inputs)"),
 }
 """The rules of issue 47 (results/guarantees.md, "Cheaper promises"), on the first draws of `run_draws`."""
 
 
-def crc_error_thresholds(margins: np.ndarray, loss_if_kept: np.ndarray, loss_if_deferred: np.ndarray,
-                         max_error: float) -> np.ndarray:
-    """Conformal risk control's rule (Angelopoulos et al., ICLR 2024) per draw: the fewest deferrals with
-    ``(n * error on the draw + 1) / (n + 1) <= max_error`` (losses bounded by 1). Its theorem bounds the *expected*
-    error at ``max_error`` when each input's loss can only fall as the threshold defers more; here it can rise (an
-    input the classifier gets right, deferred to an expert who errs), so the bound is measured, not guaranteed."""
-    n = margins.shape[1]
-    return plug_in_error_thresholds(margins, loss_if_kept, loss_if_deferred, ((n + 1) * max_error - 1) / n)
+def betting_error_threshold(margins: np.ndarray, loss_if_kept: np.ndarray, loss_if_deferred: np.ndarray,
+                            max_error: float, confidence: float) -> float:
+    """The prediction-powered test at lambda = 0 (the estimates ignored, no unlabelled bound): its betting test on the
+    labelled losses alone, at the whole level, in the same two fixed sequences over its lattice. What PPI++ would fall
+    back to where the estimates carry nothing, against Learn-then-Test's exact binomial p-values."""
+    from hf_defer.evaluation import guarantees as g
+
+    lattice = g._lattice(margins, g.PPI_GRID_STEP)
+    clear = g._clear(margins, lattice, g.MARGIN_TOLERANCE)
+
+    def test(alpha: float, level: float, points: slice = slice(None)) -> np.ndarray:
+        chosen = lattice[points]
+        z = np.where(margins[None, :] > chosen[:, None], loss_if_deferred[None, :], loss_if_kept[None, :])
+        return g._betting_rejects(z, np.full(chosen.size, alpha), level)
+
+    return g._error_threshold(margins, test, max_error, "system error", 1.0 - confidence, lattice, clear, 0.0,
+                              confidence, False)
 
 
 def prediction_quality(pool: Pool) -> dict[str, float]:
@@ -375,15 +392,48 @@ def prediction_quality(pool: Pool) -> dict[str, float]:
     return {"predicted_if_kept": float(pool.predicted_if_kept.mean()), "loss_if_kept": float(pool.loss_if_kept.mean()),
             "predicted_if_deferred": float(pool.predicted_if_deferred.mean()),
             "loss_if_deferred": float(pool.loss_if_deferred.mean()), "loss_variance": float(loss.var()),
-            "residual_variance": float((loss - predicted).var())}
+            "residual_variance": float((loss - predicted).var()),
+            # PPI++ (Angelopoulos et al. 2023b): the correction L - lambda f at its best lambda = Cov(L, f) / Var(f)
+            # has variance Var(L) (1 - rho^2); lambda = 1 is plain PPI's.
+            "predicted_variance": float(predicted.var()),
+            "best_lambda": float(np.cov(loss, predicted)[0, 1] / predicted.var(ddof=1)),
+            "best_residual_variance": float(loss.var() * (1 - np.corrcoef(loss, predicted)[0, 1] ** 2))}
+
+
+def ppi_ceiling(pool: Pool, n: int, draws: int = 200, confidence: float = 0.9, seed: int = 0) -> dict[str, Any]:
+    """What a prediction-powered test could at best do with n labelled inputs: the best correction's variance is
+    ``(1 - rho^2)`` of the loss's ([`prediction_quality`]), so its bound is at best as wide as Learn-then-Test's with
+    ``n / (1 - rho^2)`` labelled inputs and the exact binomial p-values (optimistic: the bounds that hold for a
+    corrected, non-0/1 loss are wider). Learn-then-Test at that effective n on `draws` draws of it: refusals and the
+    deferral where certified."""
+    from hf_defer.evaluation.guarantees import error_threshold
+
+    quality = prediction_quality(pool)
+    effective = int(round(n * quality["loss_variance"] / quality["best_residual_variance"]))
+    population = Population(pool.margins, pool.loss_if_kept, pool.loss_if_deferred)
+    goal = targets(population)
+    rng = np.random.default_rng([seed, effective])
+    thresholds = []
+    for _ in range(draws):
+        rows = rng.choice(population.size, min(effective, population.size), replace=False)
+        try:
+            thresholds.append(error_threshold(pool.margins[rows], pool.loss_if_kept[rows], pool.loss_if_deferred[rows],
+                                              max_error=goal["max_error"], confidence=confidence))
+        except ValueError:
+            thresholds.append(float("nan"))
+    t = np.asarray(thresholds)
+    rates = population.at(t[~np.isnan(t)])[0]
+    return {"n": n, "effective_n": effective, "draws": draws, "refused": float(np.isnan(t).mean()),
+            "deferral_rate": float(rates.mean()) if rates.size else None}
 
 
 def run_cheaper_draws(pool: Pool, sizes: tuple[int, ...] = (100, 300, 1000), draws: int = 200,
                       confidence: float = 0.9, seed: int = 0, unlabeled: int = 5000,
-                      log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Issue 47's rules ([`CHEAPER_RULES`]) on the first `draws` calibration draws of [`run_draws`] (the same
-    draws: same seed, same order), each with up to `unlabeled` inputs of the rest of the pool as its unlabelled set
-    (the model's predicted losses only). Returns the summaries per size, as `run_draws`, under the same keys."""
+                      log: Callable[[str], None] = print, rules: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Issue 47's rules ([`CHEAPER_RULES`], all or `rules`) on the first `draws` calibration draws of [`run_draws`]
+    (the same draws: same seed, same order), each with up to `unlabeled` inputs of the rest of the pool as its
+    unlabelled set (the model's predicted losses only). Returns the summaries per size, as `run_draws`, under the
+    same keys."""
     from hf_defer.evaluation.guarantees import certify_threshold, error_threshold
 
     if pool.predicted_if_kept is None:
@@ -415,9 +465,9 @@ def run_cheaper_draws(pool: Pool, sizes: tuple[int, ...] = (100, 300, 1000), dra
             others.append({"margins": pool.margins[pick], "predicted_if_kept": pool.predicted_if_kept[pick],
                            "predicted_if_deferred": pool.predicted_if_deferred[pick]})
 
-        def ppi(i: int, selective: bool) -> float:
+        def ppi(i: int, selective: bool, level: float = confidence) -> float:
             target = limits["selective" if selective else "error"]
-            return certify_threshold(m[i], confidence=confidence, max_error=target, loss_if_kept=lk[i],
+            return certify_threshold(m[i], confidence=level, max_error=target, loss_if_kept=lk[i],
                                      loss_if_deferred=None if selective else ld[i], selective=selective,
                                      predicted_if_kept=pk[i], predicted_if_deferred=None if selective else pd[i],
                                      unlabeled=others[i]).threshold
@@ -426,7 +476,17 @@ def run_cheaper_draws(pool: Pool, sizes: tuple[int, ...] = (100, 300, 1000), dra
             "error_ltt": lambda: [refusing(lambda i=i: error_threshold(m[i], lk[i], ld[i], max_error=limits["error"],
                                                                        confidence=confidence)) for i in range(draws)],
             "error_ppi": lambda: [refusing(lambda i=i: ppi(i, False)) for i in range(draws)],
-            "error_crc": lambda: crc_error_thresholds(m, lk, ld, limits["error"]),
+            "error_expected": lambda: [refusing(lambda i=i: certify_threshold(
+                m[i], max_error=limits["error"], loss_if_kept=lk[i], loss_if_deferred=ld[i], guarantee="expected",
+                unlabeled=others[i]).threshold) for i in range(draws)],
+            "error_expected_nocap": lambda: [refusing(lambda i=i: certify_threshold(
+                m[i], max_error=limits["error"], loss_if_kept=lk[i], loss_if_deferred=ld[i],
+                guarantee="expected").threshold) for i in range(draws)],
+            "error_betting": lambda: [refusing(lambda i=i: betting_error_threshold(m[i], lk[i], ld[i], limits["error"],
+                                                                            confidence)) for i in range(draws)],
+            "error_union": lambda: [np.nanmax([refusing(lambda i=i: error_threshold(
+                m[i], lk[i], ld[i], max_error=limits["error"], confidence=1 - 0.8 * (1 - confidence))),
+                refusing(lambda i=i: ppi(i, False, 1 - 0.2 * (1 - confidence))), -np.inf]) for i in range(draws)],
             "selective_ltt": lambda: [refusing(lambda i=i: error_threshold(
                 m[i], lk[i], None, max_error=limits["selective"], confidence=confidence, selective=True))
                 for i in range(draws)],
@@ -434,8 +494,11 @@ def run_cheaper_draws(pool: Pool, sizes: tuple[int, ...] = (100, 300, 1000), dra
         }
         results = {}
         for rule, call in calls.items():
+            if rules is not None and rule not in rules:
+                continue
             start = time.perf_counter()
             thresholds = np.asarray(call(), dtype=np.float64)
+            thresholds[np.isneginf(thresholds)] = np.nan  # error_union: neither certified
             kind = CHEAPER_RULES[rule][0]
             results[rule] = evaluate_thresholds(population, m, lk, ld, thresholds, kind, limits[kind]) | {
                 "seconds": round(time.perf_counter() - start, 3)}

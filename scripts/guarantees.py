@@ -150,9 +150,21 @@ def run_cheaper(args: argparse.Namespace, output: Path) -> int:
         if file.is_file():
             done[pool.name] = json.loads(file.read_text()) | {"calibration": g.prediction_quality(pool)}
             print(f"{pool.name}: issue-47 draws from {file}", flush=True)
+            missing = tuple(rule for rule in g.CHEAPER_RULES if any(
+                rule not in results for results in done[pool.name]["sizes"].values()))
+            if missing:  # rules added since: computed on the same draws, the others kept
+                again = g.run_cheaper_draws(pool, sizes, args.cheaper_draws, args.confidence, args.seed,
+                                            args.unlabeled, rules=missing)
+                for n, results in again["sizes"].items():
+                    done[pool.name]["sizes"][n].update(results)
+                write_json(file, done[pool.name])
         else:
             done[pool.name] = g.run_cheaper_draws(pool, sizes, args.cheaper_draws, args.confidence, args.seed,
                                                   args.unlabeled)
+            write_json(file, done[pool.name])
+        if "ceiling" not in done[pool.name]:  # the best a prediction-powered test could do at the largest n
+            done[pool.name]["ceiling"] = g.ppi_ceiling(pool, max(int(n) for n in done[pool.name]["sizes"]),
+                                                       args.cheaper_draws, args.confidence, args.seed)
             write_json(file, done[pool.name])
         record["cheaper"] = list(done.values())
         write_json(output / "guarantees.json", record)

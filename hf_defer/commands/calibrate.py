@@ -26,7 +26,8 @@ def calibrate_file(model: str, input_path: str, *, confidence: float | None = No
                    missing_expert: str = "error", batch_size: int = 32,
                    text_column_names: Sequence[str] | None = None, text_pair_column_name: str | None = None,
                    image_column_name: str | None = None, text_column_delimiter: str = " ",
-                   trust_remote_code: bool = False, unlabeled_path: str | None = None) -> tuple[Any, dict[str, Any]]:
+                   trust_remote_code: bool = False, unlabeled_path: str | None = None,
+                   guarantee: str = "high_probability") -> tuple[Any, dict[str, Any]]:
     """Calibrates the saved model `model` on the file `input_path` ([`calibrate_deferral`]) and returns its pipeline
     (the model's config updated) and a summary: the threshold, the guarantee and the plain-words statement. An error
     target reads the label and the experts' answer columns (matched by name, as `hf-defer evaluate` does).
@@ -45,6 +46,15 @@ def calibrate_file(model: str, input_path: str, *, confidence: float | None = No
     from ..hub.model_card import describe_guarantee
     from ..modeling.guarantee_record import DeferralGuarantee
 
+    if guarantee == "expected":  # the flags that make no sense with it, named as flags, before any model is loaded
+        wrong = [flag for flag, given in (("--confidence", confidence is not None),
+                                          ("--max_deferral_rate", max_deferral_rate is not None),
+                                          ("--max_mean_cost", max_mean_cost is not None), ("--selective", selective))
+                 if given]
+        if wrong or max_error is None:
+            raise ValueError("--guarantee expected promises --max_error alone, on average over calibration draws "
+                             "(no --confidence, no budget, not --selective)" + (f"; got {', '.join(wrong)}" if wrong
+                             else ": give --max_error") + ". Use --guarantee high_probability for those.")
     table = read_table(input_path)
     pipe = load_pipeline(model, trust_remote_code)
     config = pipe.model.config
@@ -106,7 +116,7 @@ def calibrate_file(model: str, input_path: str, *, confidence: float | None = No
                                    if isinstance(max_deferral_rate, str) else max_deferral_rate,
                                    batch_size=batch_size, expert_costs=costs, confidence=confidence,
                                    max_error=max_error, selective=selective, max_mean_cost=max_mean_cost, **targets,
-                                   **options)
+                                   **options, **({} if guarantee == "high_probability" else {"guarantee": guarantee}))
     summary = {"defer_threshold": threshold, "deferral_guarantee": config.deferral_guarantee,
                "statement": describe_guarantee(DeferralGuarantee.from_config(config), threshold)}
     return pipe, summary
@@ -159,7 +169,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         missing_expert=args.missing_expert, batch_size=args.batch_size, text_column_names=names,
         text_pair_column_name=args.text_pair_column_name, image_column_name=args.image_column_name,
         text_column_delimiter=args.text_column_delimiter, trust_remote_code=args.trust_remote_code,
-        unlabeled_path=getattr(args, "unlabeled_file", None))
+        unlabeled_path=getattr(args, "unlabeled_file", None), guarantee=getattr(args, "guarantee", "high_probability"))
     if in_place:
         pipe.model.config.save_pretrained(output)  # only config.json changes: the threshold, costs and guarantee
     else:

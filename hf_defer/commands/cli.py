@@ -138,10 +138,11 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 def _calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     _evaluate_arguments(parser)  # --output: the summary (threshold, guarantee) as JSON
     add_promise_flags(parser)  # --max_deferral_rate (0.1 when no other promise is given), --confidence, ...
+    add_promise_flags(parser, ["guarantee"])
     parser.add_argument("--unlabeled_file", default=None,
                         help="With --max_error: more inputs from the same distribution, without labels (the input "
                              "columns only): the prediction-powered test spends them and the model's own estimates "
-                             "on the target.")
+                             "on the target (--guarantee expected: they set the most deferral it may use).")
     parser.add_argument("--expert_costs", default=None,
                         help="Comma-separated cost of asking each expert, in the model's order (default: the saved "
                              "costs).")

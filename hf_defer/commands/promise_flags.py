@@ -90,11 +90,35 @@ PROMISE_FLAGS: dict[str, PromiseFlag] = {
 }
 """Each promise's flag, by name (without the dashes)."""
 
+GUARANTEE_KINDS = ("high_probability", "expected")
+"""The values of `--guarantee` (``hf_defer.evaluation.guarantees.GUARANTEES``; this module imports no numpy)."""
+
+
+def parse_guarantee(value: str) -> str:
+    """`--guarantee`: one of `GUARANTEE_KINDS`, else an error that lists them."""
+    if value not in GUARANTEE_KINDS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(GUARANTEE_KINDS)}, got {value!r}")
+    return value
+
+
+CALIBRATE_FLAGS: dict[str, PromiseFlag] = {
+    "guarantee": PromiseFlag(parse_guarantee, "The kind of promise: high_probability (default: it holds with "
+                                              "probability --confidence over the draw of the calibration inputs) or "
+                                              "expected (--max_error alone, no --confidence: the error on new inputs "
+                                              "at most the target on average over calibration draws, a refused "
+                                              "calibration counting as no error; not a statement about this one "
+                                              "calibration). With --unlabeled_file, expected takes from it the most "
+                                              "deferral it may use.", "high_probability"),
+}
+"""The flags of `calibrate` alone (`train` and `serve` make high-probability promises only)."""
+
 
 def add_promise_flags(parser: argparse.ArgumentParser | Any, names: Sequence[str] = tuple(PROMISE_FLAGS)) -> None:
-    """Declares the promises' flags ``names`` (all by default) on ``parser``, as `PROMISE_FLAGS` says."""
+    """Declares the promises' flags ``names`` (all of `PROMISE_FLAGS` by default; `CALIBRATE_FLAGS` by name) on
+    ``parser``."""
     for name in names:
-        PROMISE_FLAGS[name].add_to(parser, name)
+        (PROMISE_FLAGS | CALIBRATE_FLAGS)[name].add_to(parser, name)
 
 
-__all__ = ["PROMISE_FLAGS", "PromiseFlag", "add_promise_flags", "parse_rates"]
+__all__ = ["CALIBRATE_FLAGS", "GUARANTEE_KINDS", "PROMISE_FLAGS", "PromiseFlag", "add_promise_flags",
+           "parse_guarantee", "parse_rates"]

@@ -13,7 +13,7 @@ import numpy as np
 from huggingface_hub.utils import are_progress_bars_disabled
 from tqdm.auto import tqdm
 
-from .guarantees import MARGIN_TOLERANCE, certify_threshold, empirical_budget_threshold  # noqa: F401
+from .guarantees import MARGIN_TOLERANCE, certify_threshold, check_guarantee, empirical_budget_threshold  # noqa: F401
 from ..modeling.availability import InputWithAvailability, parse_available_experts
 from ..modeling.guarantee_record import PER_INPUT
 from ..modeling.pipeline_deferral import DeferralPipeline
@@ -74,7 +74,7 @@ def calibrate_deferral(
     batch_size: int = 64, expert_costs: Any = None, tokenizer: Any = None, image_processor: Any = None,
     available_experts: Any = None, *, confidence: float | None = None, max_error: float | None = None,
     selective: bool = False, max_mean_cost: float | None = None, labels: Any = None, expert_labels: Any = None,
-    expert_correct: Any = None, unlabeled: Any = None, **processor_kwargs: Any,
+    expert_correct: Any = None, unlabeled: Any = None, guarantee: str = "high_probability", **processor_kwargs: Any,
 ) -> float:
     """Sets the deferral threshold so that at most ``max_deferral_rate`` of held-out inputs go to an expert, or, with
     a ``confidence``, so that promises on new inputs hold with that probability.
@@ -96,6 +96,11 @@ def calibrate_deferral(
       expert's estimated accuracy where it defers) on the target, the labelled inputs correcting the estimates' bias;
       valid whatever the estimates are worth, and cheaper than the labelled inputs alone only where they are sharp.
     * ``max_mean_cost=P``: the mean price per input (``expert_costs``) at most ``P``.
+
+    **An expected error** (``guarantee="expected"``, ``max_error`` alone and no ``confidence``): the system error on
+    new inputs is at most ``max_error`` *averaged over calibration draws and inputs*, a refused calibration counting
+    as no error (conformal risk control, [`certify_threshold`]); it is not a statement about any one calibration.
+    It costs less than the high-probability promise. ``unlabeled`` (if given) only sets the most deferral it may use.
 
     What was certified is recorded in ``model.config.deferral_guarantee`` (claims, ``n``, date, costs, experts and
     availability; the model card states it, the pipeline warns when a call changes what it holds for). Without a
@@ -147,6 +152,8 @@ def calibrate_deferral(
         unlabeled (`datasets.Dataset` or `list`, *optional*): for ``max_error``, inputs from the same distribution
             without labels (as ``dataset`` takes them), for the prediction-powered test; every expert must have
             answered every labelled row, and ``available_experts`` (if given) must hold for the whole call.
+        guarantee (`str`, *optional*, defaults to ``"high_probability"``): ``"expected"`` for the expected-error
+            promise above.
 
     Returns:
         `float`: the threshold, also in ``model.config.defer_threshold``.
@@ -165,13 +172,13 @@ def calibrate_deferral(
     ```
     """
     certified, max_deferral_rate, batch_size = _check_call(confidence, max_deferral_rate, max_error, max_mean_cost,
-                                                           batch_size)
+                                                           batch_size, guarantee, selective)
     pipe = _deferral_pipeline(model_or_pipeline, tokenizer, image_processor)
     inputs, count = _held_out_inputs(dataset, pipe.input_kind)
     batch_size = min(batch_size, count)  # torch's batch sampler lists `batch_size` indices up front: no more than N
     # Validates expert_costs the way the pipeline does, before any forward pass; a pipeline built with costs keeps them.
     costs, config, names = pipe.resolve_costs(expert_costs), pipe.model.config, list(pipe.model.config.expert_names)
-    targets = _error_targets(config, dataset, max_error, unlabeled, available_experts, count, names,
+    targets = _error_targets(config, dataset, max_error, unlabeled, available_experts, count, names, guarantee,
                              labels=labels, expert_labels=expert_labels, expert_correct=expert_correct)
     inputs, processor_kwargs = _with_experts(inputs, count, available_experts, names, processor_kwargs)
     margins, deferred, chosen, predicted, estimated = _run(pipe, inputs, count, batch_size, costs, certified, names,
@@ -185,15 +192,20 @@ def calibrate_deferral(
         threshold = _certify(margins, chosen, predicted, targets, names, costs, config=config,
                              available_experts=available_experts, estimated=None if others is None else estimated,
                              unlabeled=others, confidence=confidence, max_deferral_rate=max_deferral_rate,
-                             max_error=max_error, selective=selective, max_mean_cost=max_mean_cost)
+                             max_error=max_error, selective=selective, max_mean_cost=max_mean_cost,
+                             guarantee=guarantee)
     _record_calibration(pipe, threshold, costs, names)
     return threshold
 
 
 def _check_call(confidence: Any, max_deferral_rate: Any, max_error: Any, max_mean_cost: Any,
-                batch_size: Any) -> tuple[bool, Any, int]:
+                batch_size: Any, guarantee: Any = "high_probability",
+                selective: bool = False) -> tuple[bool, Any, int]:
     """The promises asked and the batch size, checked: ``(certified, max_deferral_rate, batch_size)`` (certified:
     a promise on new inputs; a budget of 0.1 when nothing is asked)."""
+    if guarantee != "high_probability":  # the expected-error promise: max_error alone, no confidence
+        check_guarantee(guarantee, confidence, max_error, selective, max_deferral_rate, max_mean_cost)
+        return True, None, _check_batch_size(batch_size)
     certified = confidence is not None or max_error is not None or max_mean_cost is not None or isinstance(
         max_deferral_rate, Mapping)
     if max_deferral_rate is None and max_error is None and max_mean_cost is None:
@@ -203,9 +215,13 @@ def _check_call(confidence: Any, max_deferral_rate: Any, max_error: Any, max_mea
                          "confidence= (in (0, 1), e.g. 0.9).")
     if not certified:
         max_deferral_rate = check_share(max_deferral_rate, "max_deferral_rate")
+    return certified, max_deferral_rate, _check_batch_size(batch_size)
+
+
+def _check_batch_size(batch_size: Any) -> int:
     if not is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-    return certified, max_deferral_rate, int(batch_size)
+    return int(batch_size)
 
 
 def _held_out_inputs(dataset: Any, input_kind: str) -> tuple[Iterator[Any], int]:
@@ -235,7 +251,7 @@ def _deferral_pipeline(model_or_pipeline: Any, tokenizer: Any, image_processor: 
 
 
 def _error_targets(config: Any, dataset: Any, max_error: Any, unlabeled: Any, available_experts: Any, count: int,
-                   names: list[str], **given: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+                   names: list[str], guarantee: str, **given: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """For an error target, the labels, the experts' correctness and who answered ([`_targets`]); `None` without
     one. Refuses what the target cannot use (a route-only model; unlabelled inputs without a target, or where who
     would answer them is not known)."""
@@ -249,8 +265,10 @@ def _error_targets(config: Any, dataset: Any, max_error: Any, unlabeled: Any, av
     if unlabeled is not None:
         if max_error is None:
             raise ValueError("unlabeled= serves the error target: give max_error (budgets need no labels at all).")
-        if not targets[2].all() or (available_experts is not None and
-                                     parse_available_experts(available_experts, names)[0]):
+        # The prediction-powered test corrects the predictions on the labelled rows (every answer needed); the
+        # expected promise only takes its cap from the unlabelled inputs.
+        if (guarantee == "high_probability" and not targets[2].all()) or (
+                available_experts is not None and parse_available_experts(available_experts, names)[0]):
             raise ValueError("unlabeled= needs every expert to have answered every labelled row and availability "
                              "given for the whole call (not per input): who would answer an unlabelled input is "
                              "not known.")
@@ -392,7 +410,9 @@ def _certify(margins: np.ndarray, chosen: np.ndarray, predicted: np.ndarray, tar
             raise ValueError("max_mean_cost needs expert_costs (the price of each expert), some above 0.")
         losses["cost_if_deferred"] = np.where(chosen >= 0, np.asarray(costs)[np.maximum(chosen, 0)], np.nan)[keep]
         losses["cost_bound"] = float(max(costs))
-    if unlabeled is not None:
+    if unlabeled is not None and promises.get("guarantee") == "expected":  # the cap only
+        losses.update(unlabeled=unlabeled)
+    elif unlabeled is not None:
         losses.update(predicted_if_kept=estimated[0][keep], predicted_if_deferred=estimated[1][keep],
                       unlabeled=unlabeled)
     guarantee = certify_threshold(margins[keep], experts=experts[keep], **promises, **losses)

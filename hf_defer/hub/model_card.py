@@ -530,6 +530,15 @@ def describe_guarantee(guarantee: DeferralGuarantee | dict[str, Any] | None,
     said = promises[0] if len(promises) == 1 else ", ".join(promises[:-1]) + " and " + promises[-1]
     costs = guarantee.expert_costs
     bounds = sorted({claim["bound"] for claim in guarantee.claims})
+    if guarantee.expected:
+        return (f"**In expectation only.** On new inputs, {said} *on average over calibration draws and inputs*: "
+                f"averaged over every draw of {guarantee.n} calibration inputs that could have been made, with a "
+                f"refused calibration counting as no promise (calibrated on {guarantee.date or 'an unrecorded date'};"
+                f" method: {'; '.join(bounds)}). This is not a statement about this one calibration: its threshold "
+                f"may well make more errors than that; a promise that holds with a stated probability needs "
+                f"`confidence=`.\n\n**Assumption:** {guarantee.assumption}. The promise does not survive a change of "
+                f"experts{f', of their costs ({costs})' if costs else ', of their costs'}, of the threshold, or a "
+                "drift of the inputs: calibrate again then.")
     return (f"On new inputs, {said}, with probability at least {100 * guarantee.confidence:.4g} % over the draw of "
             f"the {guarantee.n} calibration inputs (calibrated on {guarantee.date or 'an unrecorded date'}).\n\n"
             f"**Assumption:** {guarantee.assumption}. The promise does not survive a change of experts"

@@ -33,11 +33,14 @@ class DeferralGuarantee:
 
     Each claim holds with probability at least its own ``confidence`` over the draw of the calibration inputs; the
     shares add up (Bonferroni) so that all hold together with probability at least ``confidence``. ``observed`` is
-    the value on the calibration inputs at the threshold.
+    the value on the calibration inputs at the threshold. An *expected-error* guarantee (``guarantee="expected"``,
+    [`DeferralGuarantee.expected`]) has no confidence (`None`): its one claim (``"guarantee": "expected"``) bounds
+    the error averaged over calibration draws and new inputs, a refused calibration counting as no error, and says
+    nothing about this one calibration.
 
     Args:
         threshold (`float`): the certified deferral threshold.
-        confidence (`float`): of all the claims together.
+        confidence (`float` or `None`): of all the claims together; `None` for an expected-error guarantee.
         n (`int`): the number of calibration inputs.
         claims (`list[dict]`): one per promise: ``kind``, ``target``, ``bound``, ``confidence``, ``observed`` (and
             ``expert``, ``method``, ``cost_bound`` where they apply).
@@ -70,7 +73,7 @@ class DeferralGuarantee:
     """
 
     threshold: float
-    confidence: float
+    confidence: float | None
     n: int
     claims: list[dict[str, Any]] = field(default_factory=list)
     assumption: str = DEFAULT_ASSUMPTION
@@ -154,9 +157,19 @@ class DeferralGuarantee:
         """Whether ``threshold`` is the certified one (within ``SAME_THRESHOLD``)."""
         return abs(float(threshold) - float(self.threshold)) <= SAME_THRESHOLD
 
+    @property
+    def expected(self) -> bool:
+        """Whether this is an expected-error guarantee (``guarantee="expected"``: no confidence, the error bounded on
+        average over calibration draws) rather than a promise that holds with probability ``confidence``."""
+        return self.confidence is None
+
     def claims_text(self) -> str:
         """The claims in short (``"deferral_rate <= 0.1, system_error <= 0.05"``), as warnings name them."""
         return ", ".join(f"{claim.get('kind')} <= {claim.get('target')}" for claim in self.claims)
+
+    def strength_text(self) -> str:
+        """How the claims hold, in short: ``"with confidence 0.9"``, or ``"in expectation over calibration draws"``."""
+        return "in expectation over calibration draws" if self.expected else f"with confidence {self.confidence}"
 
 
 __all__ = ["DeferralGuarantee", "PER_INPUT", "SAME_THRESHOLD"]

@@ -32,8 +32,8 @@ def warn_outside_guarantee(config: Any, expert_costs: Any, defer_threshold: Any,
         expert_costs=list(costs or [0.0] * len(names)), expert_names=names,
         available=None if available is None else np.asarray(available, dtype=bool))
     if reasons:
-        warnings.warn(f"this call is not covered by the model's deferral guarantee ({guarantee.claims_text()} with "
-                      f"confidence {guarantee.confidence}): it decides with {'; '.join(reasons)}. Calibrate again "
+        warnings.warn(f"this call is not covered by the model's deferral guarantee ({guarantee.claims_text()} "
+                      f"{guarantee.strength_text()}): it decides with {'; '.join(reasons)}. Calibrate again "
                       "(hf_defer.calibrate_deferral) for these settings.", UserWarning, stacklevel=4)
 
 

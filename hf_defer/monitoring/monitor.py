@@ -256,6 +256,9 @@ class DeferralMonitor:
             raise ValueError("the model has no deferral guarantee (config.deferral_guarantee): calibrate it with a "
                              "confidence (calibrate_deferral(..., confidence=0.9) or hf-defer calibrate --confidence), "
                              "or build DeferralMonitor(expert_names, max_deferral_rate=...) with the targets.")
+        if guarantee.expected and confidence is None:  # guarantee="expected": no confidence of its own to reuse
+            raise ValueError("the model's guarantee bounds the expected error (guarantee='expected'), with no "
+                             "confidence: give the alarm's, confidence= (e.g. 0.9).")
         rates: dict[str, float] = {}
         total = max_error = max_cost = cost_bound = None
         skipped = []

@@ -179,3 +179,35 @@ def test_calibrate_with_unlabeled_file_is_prediction_powered(saved, tmp_path, ca
     argv[argv.index(str(tmp_path / "cal.csv"))] = str(table)  # bob did not answer some rows: who would, unlabelled?
     assert hf_defer_main([*argv[:-1], str(tmp_path / "out2"), "--missing_expert", "mask"]) == 2
     assert "every expert to have answered every labelled row" in capsys.readouterr().err
+
+
+def test_calibrate_expected_error(saved, tmp_path, capsys):
+    """Issue 47: --guarantee expected promises the error on average over calibration draws: the library's threshold,
+    recorded with no confidence, the statement and the card say so; flags that make no sense with it are refused."""
+    model, table = saved
+    argv = ["calibrate", "--model", str(model), "--input", str(table), "--text_column_name", "review",
+            "--max_error", "0.4", "--guarantee", "expected", "--missing_expert", "mask",
+            "--output_dir", str(tmp_path / "out")]
+    assert hf_defer_main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    claim = summary["deferral_guarantee"]["claims"][0]
+    assert summary["deferral_guarantee"]["confidence"] is None and claim["method"] == "conformal_risk_control"
+    assert summary["statement"].startswith("**In expectation only.**")
+    assert "In expectation only" in (tmp_path / "out" / "README.md").read_text()
+    labelled = pd.read_csv(table)
+    threshold = calibrate_deferral(EncoderForDeferral.from_pretrained(model), labelled["review"].tolist(),
+                                   max_error=0.4, guarantee="expected",
+                                   labels=labelled["label"].map(CLASSES.index).to_numpy(),
+                                   expert_labels=np.stack([labelled[name].map({c: k for k, c in enumerate(CLASSES)}).fillna(-100).astype(int)
+                                                           for name in ("alice", "bob")], axis=1),
+                                   tokenizer=BertTokenizer.from_pretrained(model), truncation=True, max_length=32)
+    assert summary["defer_threshold"] == pytest.approx(threshold, abs=1e-6)
+    for extra, flag in ((["--confidence", "0.9"], "--confidence"), (["--max_deferral_rate", "0.1"],
+                                                                     "--max_deferral_rate"), (["--selective"],
+                                                                                              "--selective")):
+        assert hf_defer_main([*argv[:-1], str(tmp_path / "out2"), *extra]) == 2
+        error = capsys.readouterr().err
+        assert "--guarantee expected promises --max_error alone" in error and flag in error
+        assert len(error.strip().splitlines()) == 1
+    assert hf_defer_main([*argv[:-1], str(tmp_path / "out3"), "--guarantee", "sometimes"]) == 2
+    assert "must be one of high_probability, expected, got 'sometimes'" in capsys.readouterr().err

@@ -336,7 +336,7 @@ def _ppi_violations(bias, target, refused_at_most, selective=False, draws=PPI_DR
     return broken / draws
 
 
-@pytest.mark.slow  # about 10 s each on a free core: 300 draws, a pass over the labelled inputs per threshold
+@pytest.mark.slow  # about 30 s each on a free core: 300 draws, a pass over the labelled inputs per threshold
 @pytest.mark.parametrize("bias", [0.0, -0.08, 0.1])
 def test_prediction_powered_system_error_holds(bias):
     # Calibrated, optimistic (every loss predicted 0.08 too low: the unlabelled mean alone would break the target
@@ -354,3 +354,54 @@ def test_prediction_powered_selective_error_holds(bias):
 def test_prediction_powered_optimistic_predictions_quick():
     # The quick run of the optimistic case (100 draws): the unlabelled mean alone would break 0.15 in most draws.
     assert _ppi_violations(-0.08, 0.15, refused_at_most=0.45, draws=100) <= 1 - CONFIDENCE + 3 * math.sqrt(0.09 / 100)
+
+
+def test_prediction_powered_pairs_are_as_defined():
+    """The prediction-powered test, recomputed from its definition with loops: each labelled input i is paired with
+    the unlabelled inputs i B .. i B + B - 1 (B = U // n, the rest unused); w_i = L_i - lambda_i (f_i - mean of the
+    block's f), lambda_i the clipped running Cov(L, f) / Var(f) of the inputs before i (1 for the first two: no
+    spread yet); the betting test on the w's."""
+    from hf_defer.evaluation.guarantees import _betting_rejects, _ppi_test
+
+    rng = np.random.default_rng(3)
+    n, unlabeled = 6, 20  # B = 3, two unlabelled inputs unused
+    margins, kept, deferred = rng.uniform(-1, 1, n), (rng.uniform(size=n) < 0.4) * 1.0, (rng.uniform(size=n) < 0.2) * 1.0
+    p_kept, p_deferred = rng.uniform(0, 1, n), rng.uniform(0, 1, n)
+    u = (rng.uniform(-1, 1, unlabeled), rng.uniform(0, 1, unlabeled), rng.uniform(0, 1, unlabeled))
+    lattice = np.array([-0.5, 0.0, 0.4, 2.0])
+    for selective in (False, True):
+        test = _ppi_test(margins, kept, deferred, (p_kept, p_deferred), u, lattice, selective)
+        for alpha in (0.2, 0.6):
+            rows = []
+            for t in lattice:
+                w = []
+                for i in range(n):
+                    losses = [alpha if selective and margins[j] > t else (deferred[j] if margins[j] > t else kept[j])
+                              for j in range(i + 1)]
+                    guesses = [alpha if selective and margins[j] > t else
+                               (p_deferred[j] if margins[j] > t else p_kept[j]) for j in range(i + 1)]
+                    block = [(alpha if selective else u[2][k]) if u[0][k] > t else u[1][k]
+                             for k in range(3 * i, 3 * i + 3)]
+                    weight = 1.0
+                    if i >= 1:
+                        past_l, past_f = np.array(losses[:-1]), np.array(guesses[:-1])
+                        spread = np.mean(past_f ** 2) - np.mean(past_f) ** 2
+                        if spread > 1e-12:
+                            weight = min(1.0, max(0.0, (np.mean(past_l * past_f) - past_l.mean() * past_f.mean())
+                                                  / spread))
+                    w.append(losses[-1] - weight * (guesses[-1] - np.mean(block)))
+                rows.append(w)
+            expected = _betting_rejects(np.array(rows), np.full(lattice.size, alpha), 0.1)
+            np.testing.assert_array_equal(test(alpha, 0.1), expected)
+            np.testing.assert_array_equal(test(alpha, 0.1, slice(1, 3)), expected[1:3])
+
+
+def test_prediction_powered_needs_as_many_unlabelled_inputs():
+    margins = np.linspace(-1, 1, 50)
+    with pytest.raises(ValueError, match=r"unlabeled must hold at least as many inputs as the labelled ones \(50\), "
+                                         r"got 10"):
+        certify_threshold(margins, confidence=0.9, max_error=0.3, loss_if_kept=np.zeros(50),
+                          loss_if_deferred=np.zeros(50), predicted_if_kept=np.zeros(50),
+                          predicted_if_deferred=np.zeros(50),
+                          unlabeled={"margins": np.zeros(10), "predicted_if_kept": np.zeros(10),
+                                     "predicted_if_deferred": np.zeros(10)})

@@ -138,3 +138,54 @@ def test_pipeline_warns_outside_the_guarantee():
     for changed in ({"expert_costs": [0.0, 0.0]}, {"defer_threshold": 0.5}, {"available_experts": ["alice"]}):
         with pytest.warns(UserWarning, match=f"not covered by the model's deferral guarantee.*{next(iter(changed))}"):
             defer(list(features[:4]), **changed)
+
+
+def test_expected_error_is_conformal_risk_control_on_the_pipeline_losses():
+    """guarantee="expected" (issue 47): the threshold is certify_threshold's on the losses worked out here from the
+    model's own outputs (a missing answer of the chosen expert counts as an error), the record has no confidence and
+    names the method, and the card says it is an average over calibration draws."""
+    from hf_defer.evaluation.guarantees import certify_threshold
+    from hf_defer.hub.model_card import describe_guarantee
+
+    model, features, labels, answers = model_and_data(6)
+    margins, expert, logits = margins_by_hand(model, features)
+    kept = (logits[:, :3].argmax(dim=1).numpy() != labels).astype(float)
+    chosen = answers[np.arange(N), expert]
+    deferred = ((chosen == -100) | (chosen != labels)).astype(float)
+    data = Dataset.from_dict({"features": features, "labels": labels, "expert_labels": answers})
+    threshold = calibrate_deferral(model, data, max_error=0.5, guarantee="expected")
+    by_hand = certify_threshold(margins, max_error=0.5, loss_if_kept=kept, loss_if_deferred=deferred,
+                                guarantee="expected")
+    assert threshold == pytest.approx(by_hand.threshold, abs=1e-6)
+    guarantee = model.config.deferral_guarantee
+    assert guarantee["confidence"] is None and guarantee["n"] == N
+    claim = guarantee["claims"][0]
+    assert claim["method"] == "conformal_risk_control" and claim["guarantee"] == "expected" and claim["cap"] == 0
+    assert claim["observed"] == pytest.approx(np.where(margins > threshold, deferred, kept).mean(), abs=1e-9)
+    text = describe_guarantee(guarantee, threshold)
+    assert text.startswith("**In expectation only.**") and "not a statement about this one calibration" in text
+    assert "conformal risk control" in text
+    # Unlabelled inputs set the cap (answers of every expert are not needed for it); the threshold never defers more.
+    more = list(np.random.default_rng(7).normal(size=(400, D)).astype("float32"))
+    capped = calibrate_deferral(model, data, max_error=0.5, guarantee="expected", unlabeled=more)
+    claim = model.config.deferral_guarantee["claims"][0]
+    assert claim["unlabeled"] == 400 and capped >= claim["cap"] >= 0
+    # The monitor has no confidence of the guarantee's to reuse: it asks for its own.
+    from hf_defer import DeferralMonitor
+
+    with pytest.raises(ValueError, match=r"bounds the expected error .* give the alarm's, confidence="):
+        DeferralMonitor.from_model(model)
+    assert DeferralMonitor.from_model(model, confidence=0.9).state()["confidence"] == 0.9
+
+
+def test_expected_error_refuses_what_makes_no_sense():
+    model, features, labels, answers = model_and_data(6)
+    data = Dataset.from_dict({"features": features, "labels": labels, "expert_labels": answers})
+    for call, message in [(dict(confidence=0.9), "has no confidence"),
+                          (dict(max_deferral_rate=0.1), "takes max_error alone: a deferral budget"),
+                          (dict(selective=True), "selective error"),
+                          (dict(guarantee="often"), "guarantee must be one of")]:
+        with pytest.raises(ValueError, match=message):
+            calibrate_deferral(model, data, **({"max_error": 0.5, "guarantee": "expected"} | call))
+    with pytest.raises(ValueError, match="promises a system error: give max_error"):
+        calibrate_deferral(model, data, guarantee="expected")

@@ -158,16 +158,6 @@ def test_report_states_the_numbers_of_the_record(tmp_path):
     assert (tmp_path / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_crc_rule_is_the_plug_in_rule_at_the_adjusted_target():
-    from research.guarantees_draws import crc_error_thresholds
-
-    # n = 3: (3 error + 1) / 4 <= 0.5 iff error <= 1/3: of the margins 0.3, 0.2, 0.1 deferring 0.3 leaves one error
-    # in three (the classifier errs at 0.2 and 0.3, the expert nowhere).
-    m, kept, deferred = np.array([[0.3, 0.2, 0.1]]), np.array([[1.0, 1.0, 0.0]]), np.zeros((1, 3))
-    assert crc_error_thresholds(m, kept, deferred, 0.5).tolist() == [0.25]
-    assert crc_error_thresholds(m, kept, deferred, 0.4).tolist() == pytest.approx([0.15])  # error <= 0.2: both
-
-
 @pytest.mark.slow  # about 20 s: 40 draws of the prediction-powered test, twice
 def test_cheaper_draws_keep_the_promises_and_report():
     from research.guarantees_draws import run_cheaper_draws
@@ -182,9 +172,14 @@ def test_cheaper_draws_keep_the_promises_and_report():
                 predicted_if_deferred=np.full(3000, 0.1))
     entry = run_cheaper_draws(pool, sizes=(300,), draws=40, unlabeled=1000, log=lambda _: None)
     result = entry["sizes"]["300"]
-    assert set(result) == {"error_ltt", "error_ppi", "error_crc", "selective_ltt", "selective_ppi"}
-    for rule in ("error_ltt", "error_ppi", "selective_ltt", "selective_ppi"):
+    assert set(result) == {"error_ltt", "error_ppi", "error_expected", "error_expected_nocap", "error_betting",
+                           "error_union", "selective_ltt", "selective_ppi"}
+    for rule in ("error_ltt", "error_ppi", "error_betting", "error_union", "selective_ltt", "selective_ppi"):
         assert result[rule]["pool"]["violation"] <= 0.1 + 3 * np.sqrt(0.09 / 40)
+    target = targets(Population(margins, kept, deferred))["max_error"]
+    for rule in ("error_expected", "error_expected_nocap"):  # the mean error, a refusal counting as none
+        summary = result[rule]["pool"]
+        assert summary["error_counted"] <= target + 3 * summary["error_counted_se"]
     population = Population(margins, kept, deferred)
     record = {"pools": [{"name": "synthetic", "targets": targets(population), "oracle": {
         kind: {"deferral_rate": 0.1} for kind in ("error", "selective")}}], "cheaper": [entry],
