@@ -228,58 +228,82 @@ class _SSMLoss(torch.autograd.Function):
         return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None, None
 
 
-def _ova_class_rest(u: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``sum_{k<=K, k != y} xi(-u_k)`` (one softplus pass, the true class zeroed, not subtracted) and ``u_y``."""
-    softplus = F.softplus(u[:, :num_classes]).scatter_(1, labels[:, None], 0.0)
-    return softplus.sum(dim=1), u.gather(1, labels[:, None])[:, 0]
+def _gradient_buffer(ctx, buffer: torch.Tensor) -> torch.Tensor:
+    """``buffer``, a tensor the forward allocated (and is done reading), to write the gradient into: the first backward
+    takes it, which spares a fresh ``[B, K + M]`` allocation (on a CPU, a new large tensor costs as much as a pass or
+    two: its pages are faulted in). A second backward through the same graph (``retain_graph=True``, ``gradcheck``)
+    gets a new tensor, since the first handed ``buffer`` out as a gradient; so does a compiled graph (no in-place
+    write into a saved tensor)."""
+    if getattr(ctx, "buffer_taken", False) or torch.compiler.is_compiling():
+        return torch.empty_like(buffer)
+    ctx.buffer_taken = True
+    return buffer
+
+
+def _softplus_rest(u: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, ...]:
+    """One softplus pass over every output: ``buffer = xi(-u)`` ``[B, K + M]`` (the true class's entry then set to 0),
+    ``rest = sum_{k<=K, k != y} xi(-u_k)`` (the true class zeroed, not subtracted: no cancellation), ``xi(-u_y)``
+    and ``u_y``. ``buffer`` is the backward's gradient buffer (`_gradient_buffer`); its expert columns are ``xi(-u_{K+j})``."""
+    y = labels[:, None]
+    buffer = F.softplus(u)
+    classes = buffer[:, :num_classes]
+    plus_true = classes.gather(1, y)[:, 0]
+    return buffer, classes.scatter_(1, y, 0.0).sum(dim=1), plus_true, u.gather(1, y)[:, 0]
 
 
 class _SOvALoss(torch.autograd.Function):
     """S-OvA: ``sum_z [w_z xi(u_z) + (T - w_z) xi(-u_z)]``, ``w = (onehot(y), c)``, ``T = 1 + sum_j c_j``, every term
     non-negative; gradient ``T sigmoid(u) - w``. ``c_j = 0`` on a missing answer (``observed`` is not read) removes
-    expert ``j``'s ``c_j l(u, K+j)``."""
+    expert ``j``'s ``c_j l(u, K+j)``.
+
+    Forward: one softplus pass over ``u`` (``xi(-u)`` for every output: ``softplus(u)``), a row sum over the classes
+    (the true one zeroed first); the true class and the experts (``B (1 + M)`` entries) on the side. Backward: one
+    sigmoid pass written into the forward's softplus buffer, one row scaling, and the targets subtracted at
+    ``B (1 + M)`` entries."""
 
     @staticmethod
     def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, observed: torch.Tensor,
                 weight: torch.Tensor, num_classes: int, reduce: bool = False) -> torch.Tensor:
-        rest, true = _ova_class_rest(u, labels, num_classes)
+        buffer, rest, plus_true, true = _softplus_rest(u, labels, num_classes)
         experts = u[:, num_classes:]
         total = correct.sum(dim=1)
-        loss = (total + 1.0).mul_(rest).add_(F.softplus(-true)).add_(total * F.softplus(true))
-        experts = correct * F.softplus(-experts) + (total[:, None] + 1.0 - correct) * F.softplus(experts)
-        ctx.save_for_backward(u, labels, correct, weight)
+        loss = (total + 1.0).mul_(rest).add_(F.softplus(-true)).add_(total * plus_true)
+        experts = correct * F.softplus(-experts) + (total[:, None] + 1.0 - correct) * buffer[:, num_classes:]
+        ctx.save_for_backward(u, labels, correct, weight, buffer)
         ctx.num_classes = num_classes
         loss = loss.add_(experts.sum(dim=1))
         return loss.dot(weight) if reduce else loss.mul_(weight)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        u, labels, correct, weight = ctx.saved_tensors
+        u, labels, correct, weight, buffer = ctx.saved_tensors
         scale = (weight * grad)[:, None]
-        out = torch.sigmoid(u).mul_(correct.sum(dim=1, keepdim=True).add_(1.0).mul_(scale))
+        out = torch.sigmoid(u, out=_gradient_buffer(ctx, buffer))
+        out.mul_(correct.sum(dim=1, keepdim=True).add_(1.0).mul_(scale))
         return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None, None
 
 
 class _AOvALoss(torch.autograd.Function):
     """A-OvA: a binary logistic loss per output with targets ``w = (onehot(y), c)``, expert ``j``'s weighted by
     ``o_j``; gradient ``sigmoid(u) - w`` on the classes, ``o_j sigmoid(u_{K+j}) - c_j`` on the experts (``c_j = 0``
-    where ``o_j = 0``)."""
+    where ``o_j = 0``). Passes as for S-OvA: one softplus and a row sum forward, one sigmoid into the same buffer and
+    one scaling backward."""
 
     @staticmethod
     def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, observed: torch.Tensor,
                 weight: torch.Tensor, num_classes: int, reduce: bool = False) -> torch.Tensor:
-        rest, true = _ova_class_rest(u, labels, num_classes)
+        buffer, rest, _, true = _softplus_rest(u, labels, num_classes)
         experts = F.binary_cross_entropy_with_logits(u[:, num_classes:], correct, observed, reduction="none")
-        ctx.save_for_backward(u, labels, correct, observed, weight)
+        ctx.save_for_backward(u, labels, correct, observed, weight, buffer)
         ctx.num_classes = num_classes
         loss = rest.add_(F.softplus(-true)).add_(experts.sum(dim=1))
         return loss.dot(weight) if reduce else loss.mul_(weight)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        u, labels, correct, observed, weight = ctx.saved_tensors
+        u, labels, correct, observed, weight, buffer = ctx.saved_tensors
         scale = (weight * grad)[:, None]
-        out = torch.sigmoid(u).mul_(scale)
+        out = torch.sigmoid(u, out=_gradient_buffer(ctx, buffer)).mul_(scale)
         if observed is not None:
             out[:, ctx.num_classes:].mul_(observed)
         return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None, None
