@@ -74,19 +74,52 @@ __all__ = [
 # gradient are bit for bit those without a mask.
 
 
-def _asm_rest(u: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, ...]:
-    """One log-sum-exp over every class but the top one ``y*``, shifted by the largest of them.
+_LOG2E = 1.4426950408889634
+"""``log2(e)``: ``exp(x) = exp2(x log2 e)``. PyTorch's CPU ``exp2`` is a vectorised pass several times faster than its
+``exp``; the extra rounding of the product costs a relative error of ``|x| 6e-8`` (2e-7 at ``x = -4``, where the term
+is already 2 % of the largest), on terms ``exp(x) <= 1`` added to a sum ``>= 1``."""
 
-    Returns ``top [B, 1]`` (``max_{y<=K} u_y``), ``top_index [B, 1]`` (``y*``), ``second [B, 1]`` (the largest
-    class logit but ``y*``), ``e [B, K]`` (``exp(u_k - second)`` on the classes but ``y*``, 0 on ``y*``) and
-    ``s [B, 1] = sum e >= 1``, so that ``LSE(u_{[K] minus y*}) = second + log s``. The asymmetric softmax denominator
-    ``sum_{y<=K+1} e^{u_y} - max_{y<=K} e^{u_y}`` is thus summed without forming the difference, and ``s >= 1``
-    cannot underflow, whatever the gap between the top class and the others (``K >= 2``).
+
+_TINY_REST = 1e-25
+"""Below this ``sum_{k != y*} exp(u_k - top)`` (a gap past about 57 between the top class and the next), A-SM's rest
+is summed shifted by the next class instead of the top one (`_asm_rest`): above it every term that matters is a
+normal float32, so both shifts give the same sum to rounding."""
+
+
+def _asm_rest(classes: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """One log-sum-exp over every class but the top one ``y*`` (the first class at the top, ``max``'s index).
+
+    Returns ``top [B, 1]`` (``max_{y<=K} u_y``), ``top_index [B, 1]`` (``y*``), a shift ``c [B, 1]``, ``e [B, K]``
+    (``exp(u_k - c)`` on the classes but ``y*``, 0 on ``y*``; written into ``out`` when given) and ``s = sum e``
+    ``[B, 1]``, so that ``LSE(u_{[K] minus y*}) = c + log s``. The asymmetric softmax denominator ``sum_{y<=K+1}
+    e^{u_y} - max_{y<=K} e^{u_y}`` is thus summed without forming the difference (``y*``'s term is zeroed, not
+    subtracted), and ``s`` does not underflow, whatever the gap between the top class and the others (``K >= 2``).
+
+    On a CPU (eager) the shift is ``top`` and ``y*`` comes from the 0/1 mask of the classes at the top times ``K + k``:
+    ``K + y*`` where one class is at the top (an exact integer in float), ``>= 2K`` where several tie and ``0`` for a
+    NaN row; that is seven passes over ``[B, K]``, all in ``out``: ``amax``, the comparison, that product, the shift,
+    its scaling, ``exp2`` and the sum (``max``'s index alone is a slow, unvectorised pass there, eight times
+    ``amax``). A batch with a tie or a NaN row, or with a row whose rest lies so far below the top that its sum gets
+    near float32's underflow (`_TINY_REST`), and every batch on other devices or in a compiled graph, takes the
+    general way: ``y*`` from ``max`` and the shift ``c`` the largest class but ``y*`` (its term is 1, so ``s >= 1``).
     """
-    top, top_index = u[:, :num_classes].max(dim=1, keepdim=True)
-    rest = u[:, :num_classes].scatter(1, top_index, float("-inf"))
-    second = rest.detach().amax(dim=1, keepdim=True)  # a shift: the log-sum-exp's gradient does not depend on it
-    e = rest.sub_(second).exp_()
+    B, K = classes.shape
+    top = classes.amax(dim=1, keepdim=True)
+    e = torch.empty_like(classes) if out is None else out
+    if classes.device.type == "cpu" and not torch.compiler.is_compiling() and B > 0:
+        at_top = torch.eq(classes, top, out=e)
+        code = at_top @ torch.arange(K, 2 * K, dtype=classes.dtype)  # K + y*; >= 2K on a tie, 0 on a NaN row
+        low, high = torch.aminmax(code)
+        if float(low) >= K and float(high) < 2 * K:
+            top_index = code.sub_(K).long()[:, None]
+            torch.sub(classes, top, out=e).mul_(_LOG2E).exp2_()  # 1 at y*, zeroed next: no cancellation
+            s = e.scatter_(1, top_index, 0.0).sum(dim=1, keepdim=True)
+            if float(s.amin()) >= _TINY_REST:
+                return top, top_index, top, e, s
+    top_index = classes.max(dim=1, keepdim=True)[1]
+    e = e.copy_(classes).scatter_(1, top_index, float("-inf"))
+    second = e.amax(dim=1, keepdim=True)  # a shift: the log-sum-exp's gradient does not depend on it
+    e.sub_(second).mul_(_LOG2E).exp2_()  # 0 at y* (exp2(-inf)); 1 at the second
     return top, top_index, second, e, e.sum(dim=1, keepdim=True)
 
 
@@ -113,6 +146,18 @@ def _transposed(x: torch.Tensor) -> torch.Tensor:
         return x.t().contiguous()
     rows, cols = x.shape
     return x.as_strided((cols, rows, 1), (1, cols, 1)).contiguous().view(cols, rows)
+
+
+def _gradient_buffer(ctx, buffer: torch.Tensor) -> torch.Tensor:
+    """``buffer``, a tensor the forward allocated (and is done reading), to write the gradient into: the first backward
+    takes it, which spares a fresh ``[B, K + M]`` allocation (on a CPU, a new large tensor costs as much as a pass or
+    two: its pages are faulted in). A second backward through the same graph (``retain_graph=True``, ``gradcheck``)
+    gets a new tensor, since the first handed ``buffer`` out as a gradient; so does a compiled graph (no in-place
+    write into a saved tensor)."""
+    if getattr(ctx, "buffer_taken", False) or torch.compiler.is_compiling():
+        return torch.empty_like(buffer)
+    ctx.buffer_taken = True
+    return buffer
 
 
 class _ASMLoss(torch.autograd.Function):
@@ -151,16 +196,18 @@ class _ASMLoss(torch.autograd.Function):
                 before = top_index.cumsum(dim=0).sub_(top_index)  # how many classes before k are at the top
                 top_index = torch.gt(top_index, before, out=before)
             rest = classes.add(top_index, alpha=-_FAR)
-        else:  # a compiled graph picks its own layout
+            second = rest.amax(dim=0, keepdim=True)  # a shift: the log-sum-exp's gradient does not depend on it
+            # exp(-80) ~ 2e-35 in place of exp(-inf) = 0 at y* (and under any smaller term): exp's vectorised path does
+            # not take inputs that far out, and s >= 1 absorbs them (1 + 2e-35 == 1 in float32): the loss is unchanged
+            e = rest.sub_(second).clamp_(min=-80.0).exp_()
+            s = e.sum(dim=0, keepdim=True)  # >= 1: cannot underflow, whatever the gap to the top class
+            buffer = None
+        else:  # one example per row; a compiled graph picks its own layout
             d, labels, weight = 1, labels[:, None], weight[:, None]
             classes, experts = u[:, :K], u[:, K:]
-            top, top_index = classes.max(dim=1, keepdim=True)
-            rest = classes.scatter(1, top_index, float("-inf"))
-        second = rest.amax(dim=d, keepdim=True)  # a shift: the log-sum-exp's gradient does not depend on it
-        # exp(-80) ~ 2e-35 in place of exp(-inf) = 0 at y* (and under any smaller term): exp's vectorised path does not
-        # take inputs that far out, and s >= 1 absorbs them (1 + 2e-35 == 1 in float32), so the loss is unchanged
-        e = rest.sub_(second).clamp_(min=-80.0).exp_()
-        s = e.sum(dim=d, keepdim=True)  # >= 1: cannot underflow, whatever the gap to the top class
+            # e is written into the class columns of the buffer the backward takes as its whole gradient
+            buffer = u.new_empty(B, W)
+            top, top_index, second, e, s = _asm_rest(classes, buffer[:, :K])  # second: the shift
         r = s.log().add_(second)
         a, minus_a_top = experts - r, r - top
         bce = F.softplus(a).addcmul_(correct, a, value=-1.0)
@@ -168,13 +215,13 @@ class _ASMLoss(torch.autograd.Function):
             bce.mul_(observed)
         loss = (top - classes.gather(d, labels)).add_(F.softplus(minus_a_top))
         loss = loss.add_(bce if W - K == 1 else bce.sum(dim=d, keepdim=True)).view(B)
-        ctx.save_for_backward(a, minus_a_top, correct, observed, e, s, weight, top_index, labels)
+        ctx.save_for_backward(a, minus_a_top, correct, observed, e, s, weight, top_index, labels, buffer, u)
         ctx.d = d
         return loss.dot(row_weight) if reduce else loss.mul_(row_weight)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        a, minus_a_top, correct, observed, e, s, weight, top_index, labels = ctx.saved_tensors
+        a, minus_a_top, correct, observed, e, s, weight, top_index, labels, buffer, u = ctx.saved_tensors
         d = ctx.d
         scale = weight * (grad if d == 0 or grad.dim() == 0 else grad[:, None])
         g = torch.sigmoid(a).sub_(correct).mul_(scale)
@@ -187,14 +234,17 @@ class _ASMLoss(torch.autograd.Function):
             out = e * factor
             out.addcmul_(top_index, top_term).scatter_add_(0, labels, scale.neg())
             return _transposed(torch.cat([out, g])), None, None, None, None, None, None
-        if torch.compiler.is_compiling():  # dynamo takes no strided out=; the compiled graph fuses the cat anyway
+        if torch.compiler.is_compiling():  # no in-place write into a saved tensor; the compiled graph fuses the cat
             out = (e * factor).scatter_add_(1, top_index, top_term).scatter_add_(1, labels, scale.neg())
             return torch.cat([out, g], dim=1), None, None, None, None, None, None
-        # the classes' gradient written into its place in the whole one: no cat, a pass over [B, K + M] fewer
-        whole = e.new_empty(e.shape[0], e.shape[1] + g.shape[1])
-        whole[:, e.shape[1]:] = g
-        out = torch.mul(e, factor, out=whole[:, :e.shape[1]])
-        out.scatter_add_(1, top_index, top_term).scatter_add_(1, labels, scale.neg())
+        # the gradient written over e, in the buffer that holds it: no new [B, K + M] tensor, no cat. A second backward
+        # through the graph (retain_graph) finds e overwritten and computes it again, into a new buffer
+        whole = _gradient_buffer(ctx, buffer)
+        K = e.shape[1]
+        if whole is not buffer:
+            e = _asm_rest(u[:, :K], whole[:, :K])[3]
+        out = e.mul_(factor).scatter_add_(1, top_index, top_term).scatter_add_(1, labels, scale.neg())
+        whole[:, K:] = g
         return whole, None, None, None, None, None, None
 
 
@@ -209,35 +259,27 @@ def _minus_targets(out: torch.Tensor, labels: torch.Tensor, correct: torch.Tenso
 class _SSMLoss(torch.autograd.Function):
     """S-SM: ``-sum_z w_z log softmax(u)_z`` with targets ``w = (onehot(y), c)``; gradient ``(1 + sum_j c_j) p - w``.
     ``c_j = 0`` on a missing answer (``observed`` is not read): the expert's term is gone, its logit stays in the
-    softmax's denominator."""
+    softmax's denominator. Forward: one ``log_softmax`` pass; backward: ``p = exp(log p)`` written over ``log p`` (the
+    gradient buffer, `_gradient_buffer`) and one row scaling."""
 
     @staticmethod
     def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, observed: torch.Tensor,
                 weight: torch.Tensor, num_classes: int, reduce: bool = False) -> torch.Tensor:
         log_p = F.log_softmax(u, dim=1)
-        ctx.save_for_backward(log_p, labels, correct, weight)
+        ctx.save_for_backward(log_p, labels, correct, weight, u)
         ctx.num_classes = num_classes
         loss = log_p.gather(1, labels[:, None])[:, 0].add_((correct * log_p[:, num_classes:]).sum(dim=1))
         return (loss.dot(weight) if reduce else loss.mul_(weight)).neg_()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        log_p, labels, correct, weight = ctx.saved_tensors
+        log_p, labels, correct, weight, u = ctx.saved_tensors
         scale = (weight * grad)[:, None]
-        out = log_p.exp().mul_(correct.sum(dim=1, keepdim=True).add_(1.0).mul_(scale))
+        out = _gradient_buffer(ctx, log_p)
+        if out is not log_p and not torch.compiler.is_compiling():  # a second backward: log p was overwritten
+            log_p = F.log_softmax(u, dim=1)
+        out = torch.exp(log_p, out=out).mul_(correct.sum(dim=1, keepdim=True).add_(1.0).mul_(scale))
         return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None, None
-
-
-def _gradient_buffer(ctx, buffer: torch.Tensor) -> torch.Tensor:
-    """``buffer``, a tensor the forward allocated (and is done reading), to write the gradient into: the first backward
-    takes it, which spares a fresh ``[B, K + M]`` allocation (on a CPU, a new large tensor costs as much as a pass or
-    two: its pages are faulted in). A second backward through the same graph (``retain_graph=True``, ``gradcheck``)
-    gets a new tensor, since the first handed ``buffer`` out as a gradient; so does a compiled graph (no in-place
-    write into a saved tensor)."""
-    if getattr(ctx, "buffer_taken", False) or torch.compiler.is_compiling():
-        return torch.empty_like(buffer)
-    ctx.buffer_taken = True
-    return buffer
 
 
 def _softplus_rest(u: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, ...]:
@@ -351,7 +393,7 @@ class ASMSurrogate(DeferralSurrogate):
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         K = self.num_classes
-        _, _, second, _, s = _asm_rest(u, K)
+        _, _, second, _, s = _asm_rest(u[:, :K])
         return F.log_softmax(u[:, :K], dim=1), F.logsigmoid(u[:, K:] - (second + s.log()))
 
 
