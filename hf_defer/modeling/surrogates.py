@@ -148,15 +148,19 @@ def _transposed(x: torch.Tensor) -> torch.Tensor:
     return x.as_strided((cols, rows, 1), (1, cols, 1)).contiguous().view(cols, rows)
 
 
-def _gradient_buffer(ctx, buffer: torch.Tensor) -> torch.Tensor:
-    """``buffer``, a tensor the forward allocated (and is done reading), to write the gradient into: the first backward
-    takes it, which spares a fresh ``[B, K + M]`` allocation (on a CPU, a new large tensor costs as much as a pass or
-    two: its pages are faulted in). A second backward through the same graph (``retain_graph=True``, ``gradcheck``)
-    gets a new tensor, since the first handed ``buffer`` out as a gradient; so does a compiled graph (no in-place
-    write into a saved tensor)."""
-    if getattr(ctx, "buffer_taken", False) or torch.compiler.is_compiling():
-        return torch.empty_like(buffer)
-    ctx.buffer_taken = True
+def _keep_buffer(ctx, buffer: torch.Tensor | None) -> None:
+    """Keeps ``buffer``, a ``[B, K + M]`` tensor the forward allocated, for the backward to write the gradient into
+    (`_take_buffer`): a fresh large tensor costs, on a CPU, as much as a pass or two over it (its pages are faulted in).
+    Held on ``ctx`` rather than saved: the backward overwrites it, which a saved tensor's version check would refuse on
+    a second backward. A compiled graph keeps nothing (no in-place write into a saved tensor there)."""
+    ctx.buffer = None if torch.compiler.is_compiling() else buffer
+
+
+def _take_buffer(ctx) -> torch.Tensor | None:
+    """The buffer `_keep_buffer` kept, handed over once and released from ``ctx`` (so that autograd can make it the
+    ``.grad`` without a copy); `None` for a second backward through the same graph (``retain_graph=True``,
+    ``gradcheck``), which must not write again into the gradient the first one returned, and in a compiled graph."""
+    buffer, ctx.buffer = ctx.buffer, None
     return buffer
 
 
@@ -215,13 +219,15 @@ class _ASMLoss(torch.autograd.Function):
             bce.mul_(observed)
         loss = (top - classes.gather(d, labels)).add_(F.softplus(minus_a_top))
         loss = loss.add_(bce if W - K == 1 else bce.sum(dim=d, keepdim=True)).view(B)
-        ctx.save_for_backward(a, minus_a_top, correct, observed, e, s, weight, top_index, labels, buffer, u)
+        _keep_buffer(ctx, buffer)
+        kept = d == 1 and ctx.buffer is not None  # e lives in the kept buffer, which the backward overwrites
+        ctx.save_for_backward(a, minus_a_top, correct, observed, None if kept else e, s, weight, top_index, labels, u)
         ctx.d = d
         return loss.dot(row_weight) if reduce else loss.mul_(row_weight)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        a, minus_a_top, correct, observed, e, s, weight, top_index, labels, buffer, u = ctx.saved_tensors
+        a, minus_a_top, correct, observed, e, s, weight, top_index, labels, u = ctx.saved_tensors
         d = ctx.d
         scale = weight * (grad if d == 0 or grad.dim() == 0 else grad[:, None])
         g = torch.sigmoid(a).sub_(correct).mul_(scale)
@@ -234,16 +240,17 @@ class _ASMLoss(torch.autograd.Function):
             out = e * factor
             out.addcmul_(top_index, top_term).scatter_add_(0, labels, scale.neg())
             return _transposed(torch.cat([out, g])), None, None, None, None, None, None
-        if torch.compiler.is_compiling():  # no in-place write into a saved tensor; the compiled graph fuses the cat
+        whole = _take_buffer(ctx)
+        if e is not None:  # a compiled graph (e saved, nothing kept): out of place; the graph fuses the cat
             out = (e * factor).scatter_add_(1, top_index, top_term).scatter_add_(1, labels, scale.neg())
             return torch.cat([out, g], dim=1), None, None, None, None, None, None
         # the gradient written over e, in the buffer that holds it: no new [B, K + M] tensor, no cat. A second backward
-        # through the graph (retain_graph) finds e overwritten and computes it again, into a new buffer
-        whole = _gradient_buffer(ctx, buffer)
-        K = e.shape[1]
-        if whole is not buffer:
-            e = _asm_rest(u[:, :K], whole[:, :K])[3]
-        out = e.mul_(factor).scatter_add_(1, top_index, top_term).scatter_add_(1, labels, scale.neg())
+        # through the graph (retain_graph) finds the buffer handed out and computes e again, into a new one
+        K = u.shape[1] - g.shape[1]
+        if whole is None:
+            whole = u.new_empty(u.shape)
+            _asm_rest(u[:, :K], whole[:, :K])
+        whole[:, :K].mul_(factor).scatter_add_(1, top_index, top_term).scatter_add_(1, labels, scale.neg())
         whole[:, K:] = g
         return whole, None, None, None, None, None, None
 
@@ -260,13 +267,14 @@ class _SSMLoss(torch.autograd.Function):
     """S-SM: ``-sum_z w_z log softmax(u)_z`` with targets ``w = (onehot(y), c)``; gradient ``(1 + sum_j c_j) p - w``.
     ``c_j = 0`` on a missing answer (``observed`` is not read): the expert's term is gone, its logit stays in the
     softmax's denominator. Forward: one ``log_softmax`` pass; backward: ``p = exp(log p)`` written over ``log p`` (the
-    gradient buffer, `_gradient_buffer`) and one row scaling."""
+    gradient buffer, `_keep_buffer`) and one row scaling."""
 
     @staticmethod
     def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, observed: torch.Tensor,
                 weight: torch.Tensor, num_classes: int, reduce: bool = False) -> torch.Tensor:
         log_p = F.log_softmax(u, dim=1)
-        ctx.save_for_backward(log_p, labels, correct, weight, u)
+        _keep_buffer(ctx, log_p)
+        ctx.save_for_backward(None if ctx.buffer is not None else log_p, labels, correct, weight, u)
         ctx.num_classes = num_classes
         loss = log_p.gather(1, labels[:, None])[:, 0].add_((correct * log_p[:, num_classes:]).sum(dim=1))
         return (loss.dot(weight) if reduce else loss.mul_(weight)).neg_()
@@ -275,22 +283,30 @@ class _SSMLoss(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         log_p, labels, correct, weight, u = ctx.saved_tensors
         scale = (weight * grad)[:, None]
-        out = _gradient_buffer(ctx, log_p)
-        if out is not log_p and not torch.compiler.is_compiling():  # a second backward: log p was overwritten
-            log_p = F.log_softmax(u, dim=1)
-        out = torch.exp(log_p, out=out).mul_(correct.sum(dim=1, keepdim=True).add_(1.0).mul_(scale))
+        kept = _take_buffer(ctx)
+        if kept is not None:  # log p, overwritten by p
+            out = kept.exp_()
+        else:  # a compiled graph (log p saved), or a second backward (log p overwritten by the first: computed again)
+            out = F.log_softmax(u, dim=1).exp_() if log_p is None else log_p.exp()
+        out.mul_(correct.sum(dim=1, keepdim=True).add_(1.0).mul_(scale))
         return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None, None
 
 
 def _softplus_rest(u: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, ...]:
     """One softplus pass over every output: ``buffer = xi(-u)`` ``[B, K + M]`` (the true class's entry then set to 0),
     ``rest = sum_{k<=K, k != y} xi(-u_k)`` (the true class zeroed, not subtracted: no cancellation), ``xi(-u_y)``
-    and ``u_y``. ``buffer`` is the backward's gradient buffer (`_gradient_buffer`); its expert columns are ``xi(-u_{K+j})``."""
+    and ``u_y``. ``buffer`` is the backward's gradient buffer (`_keep_buffer`); its expert columns are ``xi(-u_{K+j})``."""
     y = labels[:, None]
     buffer = F.softplus(u)
     classes = buffer[:, :num_classes]
     plus_true = classes.gather(1, y)[:, 0]
     return buffer, classes.scatter_(1, y, 0.0).sum(dim=1), plus_true, u.gather(1, y)[:, 0]
+
+
+def _sigmoid_into_buffer(ctx, u: torch.Tensor) -> torch.Tensor:
+    """``sigmoid(u)``, written into the kept buffer when there is one (`_take_buffer`)."""
+    buffer = _take_buffer(ctx)
+    return torch.sigmoid(u) if buffer is None else torch.sigmoid(u, out=buffer)
 
 
 class _SOvALoss(torch.autograd.Function):
@@ -311,16 +327,17 @@ class _SOvALoss(torch.autograd.Function):
         total = correct.sum(dim=1)
         loss = (total + 1.0).mul_(rest).add_(F.softplus(-true)).add_(total * plus_true)
         experts = correct * F.softplus(-experts) + (total[:, None] + 1.0 - correct) * buffer[:, num_classes:]
-        ctx.save_for_backward(u, labels, correct, weight, buffer)
+        _keep_buffer(ctx, buffer)
+        ctx.save_for_backward(u, labels, correct, weight)
         ctx.num_classes = num_classes
         loss = loss.add_(experts.sum(dim=1))
         return loss.dot(weight) if reduce else loss.mul_(weight)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        u, labels, correct, weight, buffer = ctx.saved_tensors
+        u, labels, correct, weight = ctx.saved_tensors
         scale = (weight * grad)[:, None]
-        out = torch.sigmoid(u, out=_gradient_buffer(ctx, buffer))
+        out = _sigmoid_into_buffer(ctx, u)
         out.mul_(correct.sum(dim=1, keepdim=True).add_(1.0).mul_(scale))
         return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None, None
 
@@ -336,16 +353,17 @@ class _AOvALoss(torch.autograd.Function):
                 weight: torch.Tensor, num_classes: int, reduce: bool = False) -> torch.Tensor:
         buffer, rest, _, true = _softplus_rest(u, labels, num_classes)
         experts = F.binary_cross_entropy_with_logits(u[:, num_classes:], correct, observed, reduction="none")
-        ctx.save_for_backward(u, labels, correct, observed, weight, buffer)
+        _keep_buffer(ctx, buffer)
+        ctx.save_for_backward(u, labels, correct, observed, weight)
         ctx.num_classes = num_classes
         loss = rest.add_(F.softplus(-true)).add_(experts.sum(dim=1))
         return loss.dot(weight) if reduce else loss.mul_(weight)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        u, labels, correct, observed, weight, buffer = ctx.saved_tensors
+        u, labels, correct, observed, weight = ctx.saved_tensors
         scale = (weight * grad)[:, None]
-        out = torch.sigmoid(u, out=_gradient_buffer(ctx, buffer)).mul_(scale)
+        out = _sigmoid_into_buffer(ctx, u).mul_(scale)
         if observed is not None:
             out[:, ctx.num_classes:].mul_(observed)
         return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None, None
