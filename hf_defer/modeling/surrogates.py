@@ -58,7 +58,9 @@ __all__ = [
 #
 # Each loss is a `torch.autograd.Function` with its gradient written out: one log-sum-exp (or softplus) pass over
 # the logits in forward and one elementwise pass in backward, where autograd would record half a dozen passes each
-# way for the composed formulas. Inputs: ``u`` float32 [B, K + M], ``labels`` long [B] in range (ignored rows set
+# way for the composed formulas. Each allocates one [B, K + M] tensor: the forward computes into it and the backward
+# writes the gradient over it and returns it (`_keep_buffer`), where cross-entropy allocates three; on a CPU a fresh
+# large tensor costs about a pass (its pages are faulted in), so at B = 4,096 that is a third of the time. Inputs: ``u`` float32 [B, K + M], ``labels`` long [B] in range (ignored rows set
 # to 0 by `check_targets`), ``correct`` float [B, M] (expert ``j``'s target ``c_j`` in [0, 1]: ``[[m_j = y]]``, a
 # correctness or a score; 0 where the expert did not answer), ``observed`` float [B, M] (``o_j``: 1 where expert ``j``
 # answered, 0 where not; None when every expert answered in every row: no mask to apply), ``weight`` float [B] (0 on ignored rows, ``1 / n`` for a mean), ``reduce``
@@ -180,7 +182,10 @@ class _ASMLoss(torch.autograd.Function):
     `_NARROW_WIDTH`, `_NARROW_MIN_BATCH`; not under ``torch.compile``), ``x = u.T`` made contiguous (``d = 0``), where
     ``y*`` (``top_index``) is a one-hot row instead of ``max``'s index, set to ``-_FAR`` by an addition instead of to
     ``-inf`` by ``scatter``; both give the same values. Per call the cost is mostly the number of PyTorch calls (a few
-    microseconds each on a CPU), hence no ``cat`` or slice more than needed.
+    microseconds each on a CPU), hence no ``cat`` or slice more than needed. In the row layout `_asm_rest` computes
+    ``e = exp(u - shift)`` (``y*`` zeroed) into the class columns of a ``[B, K + M]`` buffer, which the backward
+    scales by ``(p_0 - sum_j g_j) / s`` in place (``q = e / s``), completes at ``y*``, ``y`` and the expert columns,
+    and returns as the whole gradient: one allocation for forward and backward.
     """
 
     @staticmethod
