@@ -1050,7 +1050,7 @@ def _kernel_inputs(K, M, B, seed, scale=4.0):
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("K,M", [(2, 1), (3, 2), (100, 1), (100, 3), (1000, 2)])
 @pytest.mark.parametrize("gap", [None, 40.0, 70.0])
-def test_kernels_match_float64_autograd_with_missing_answers_and_wide_gaps(name, K, M, gap):
+def test_kernels_match_float64_autograd_with_missing_answers_and_wide_gaps(name, K, M, gap, monkeypatch):
     """Each kernel's per-example loss and gradient (row weights, scores, missing answers, a row with none) match float64
     autograd of the textbook formula. Without a tie A-SM takes its fast CPU path (the rest shifted by the top class);
     ``gap`` puts one row's other classes that far below its top: at 40 the rest (``e^-40``) still sums in the fast path,
@@ -1058,6 +1058,7 @@ def test_kernels_match_float64_autograd_with_missing_answers_and_wide_gaps(name,
     and the top class a few ulp above the next: not ties, same values."""
     from hf_defer.modeling import surrogates as kernels
 
+    monkeypatch.setattr(kernels, "_FAST_REST_MIN_SIZE", 0)  # 48 rows: the fast path only from B K = 16,384 on
     logits, labels, correct, observed, weight = _kernel_inputs(K, M, 48, seed=K + 10 * M)
     logits = logits.float().double()  # float32 values: the kernel's input, exactly
     logits[2, 1] = float(np.nextafter(np.float32(logits[2, 0]), np.float32(-np.inf)))
@@ -1112,16 +1113,20 @@ def test_a_second_backward_gets_the_same_gradient_and_leaves_the_first_alone(nam
     torch.testing.assert_close(second, 2.0 * kept)
 
 
-def test_asm_nan_row_and_tie_take_the_general_way_with_the_same_values_elsewhere():
+def test_asm_nan_row_and_tie_take_the_general_way_with_the_same_values_elsewhere(monkeypatch):
     """check=False lets a NaN through: its row's loss is NaN and the others keep their values (the batch leaves the
     fast path, which reads y* from a product that a NaN row would spoil); a tie for the top class does the same, and
     its y* is the first class at the top, as for ``max``."""
+    from hf_defer.modeling import surrogates as kernels
+
+    monkeypatch.setattr(kernels, "_FAST_REST_MIN_SIZE", 0)
     K, M = 50, 1
     logits, labels, correct, observed, weight = _kernel_inputs(K, M, 16, seed=4)
     s = get_surrogate("asm", num_classes=K, num_experts=M)
     experts = torch.where(correct > 0.5, labels[:, None], (labels[:, None] + 1) % K)
     u = logits.float()
     clean = s.loss(u, labels, experts, reduction="none", check=False)
+    assert torch.equal(kernels._asm_rest(u[:, :K])[2], u[:, :K].amax(dim=1, keepdim=True))  # clean: the fast path
     for row, value in ((3, float("nan")), (3, float(u[3, :K].max()))):
         v = u.clone()
         v[row, 7] = value  # NaN, or class 7 tied with the top class
