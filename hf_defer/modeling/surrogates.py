@@ -425,8 +425,9 @@ class ASMSurrogate(DeferralSurrogate):
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         K = self.num_classes
-        _, _, second, _, s = _asm_rest(u[:, :K])
-        return F.log_softmax(u[:, :K], dim=1), F.logsigmoid(u[:, K:] - (second + s.log()))
+        classes = u[:, :K]  # the rest without y*: logsumexp shifts by its largest term (differentiable, unlike the kernel's)
+        rest = torch.logsumexp(classes.scatter(1, classes.argmax(dim=1, keepdim=True), float("-inf")), 1, keepdim=True)
+        return F.log_softmax(classes, dim=1), F.logsigmoid(u[:, K:] - rest)
 
 
 class SSMSurrogate(DeferralSurrogate):
