@@ -1048,14 +1048,16 @@ def _kernel_inputs(K, M, B, seed, scale=4.0):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("K,M", [(2, 1), (3, 2), (100, 1), (100, 3), (1000, 2)])
+@pytest.mark.parametrize("K,M", [(2, 1), (3, 2), (100, 1), (100, 3), (240, 1), (1000, 2)])
 @pytest.mark.parametrize("gap", [None, 40.0, 70.0])
 def test_kernels_match_float64_autograd_with_missing_answers_and_wide_gaps(name, K, M, gap, monkeypatch):
     """Each kernel's per-example loss and gradient (row weights, scores, missing answers, a row with none) match float64
     autograd of the textbook formula. Without a tie A-SM takes its fast CPU path (the rest shifted by the top class);
     ``gap`` puts one row's other classes that far below its top: at 40 the rest (``e^-40``) still sums in the fast path,
     at 70 it would near float32's underflow and the batch goes the general way. Rows 2 and 3 hold a near tie (one ulp)
-    and the top class a few ulp above the next: not ties, same values."""
+    and the top class a few ulp above the next: not ties, same values. From 64 classes on, the OvA losses sum the
+    classes' softplus as logs of products of sigmoids, 120 at a time (K = 240: two whole products, K = 1,000: eight
+    and a remainder)."""
     from hf_defer.modeling import surrogates as kernels
 
     monkeypatch.setattr(kernels, "_FAST_REST_MIN_SIZE", 0)  # 48 rows: the fast path only from B K = 16,384 on
@@ -1139,3 +1141,32 @@ def test_asm_nan_row_and_tie_take_the_general_way_with_the_same_values_elsewhere
             ref = _masked_reference("asm", v.double(), labels, (experts == labels[:, None]).double(),
                                     torch.ones(16, M, dtype=torch.float64), K)
             assert float(per[row]) == pytest.approx(float(ref[row]), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sova", "aova"])
+def test_ova_class_sum_by_products_keeps_its_absolute_precision(name):
+    """From 64 classes on the OvA losses sum the classes' softplus as logs of products of sigmoids: no underflow on a
+    row of zeros (0.5^120 is a normal float32), none on rows far out (+-1e4, +50 on wrong classes); a confident row's
+    tiny terms count to an absolute precision (a few 1e-6 for 1,000 classes, documented in `_softplus_rest`), every
+    other row to float32's relative one."""
+    K, M, B = 1000, 1, 6
+    generator = torch.Generator().manual_seed(0)
+    u = torch.zeros(B, K + M, dtype=torch.float64)
+    labels = torch.arange(B)
+    u[1] = -12 - 8 * torch.rand(K + M, generator=generator, dtype=torch.float64)
+    u[1, 1] = 15.0  # confident: every other class 12 to 20 below 0
+    u[2] = torch.randn(K + M, generator=generator, dtype=torch.float64) * 3
+    u[2, :50] = 50.0
+    u[3] = -1e4
+    u[3, 3] = 1e4
+    u[4] = -30.0
+    u[4, 4] = 30.0  # every term e^-30: below the absolute precision, the row's loss ~1e-10
+    u[5] = torch.randn(K + M, generator=generator, dtype=torch.float64) * 0.01
+    u = u.float().double()
+    correct = torch.tensor([[1.0], [1.0], [0.0], [1.0], [0.0], [1.0]], dtype=torch.float64)
+    kernel = get_surrogate(name, K, M).kernel
+    got = kernel.apply(u.float(), labels, correct.float(), None, torch.ones(B), K, False).double()
+    ref = _masked_reference(name, u, labels, correct, torch.ones(B, M, dtype=torch.float64), K)
+    assert torch.isfinite(got).all()
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=2e-6, atol=3e-5)
+    assert abs(float(got[4] - ref[4])) < 1e-9
