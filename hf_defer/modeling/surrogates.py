@@ -280,8 +280,8 @@ def _minus_targets(out: torch.Tensor, labels: torch.Tensor, correct: torch.Tenso
 class _SSMLoss(torch.autograd.Function):
     """S-SM: ``-sum_z w_z log softmax(u)_z`` with targets ``w = (onehot(y), c)``; gradient ``(1 + sum_j c_j) p - w``.
     ``c_j = 0`` on a missing answer (``observed`` is not read): the expert's term is gone, its logit stays in the
-    softmax's denominator. Forward: one ``log_softmax`` pass; backward: ``p = exp(log p)`` written over ``log p`` (the
-    gradient buffer, `_keep_buffer`) and one row scaling."""
+    softmax's denominator. Forward: one ``log_softmax`` pass; backward: ``p = exp2(log p log2 e)`` written over
+    ``log p`` (the gradient buffer, `_keep_buffer`; see `_LOG2E` for the rounding) and one row scaling."""
 
     @staticmethod
     def forward(ctx, u: torch.Tensor, labels: torch.Tensor, correct: torch.Tensor, observed: torch.Tensor,
@@ -298,10 +298,10 @@ class _SSMLoss(torch.autograd.Function):
         log_p, labels, correct, weight, u = ctx.saved_tensors
         scale = (weight * grad)[:, None]
         kept = _take_buffer(ctx)
-        if kept is not None:  # log p, overwritten by p
-            out = kept.exp_()
+        if kept is not None:  # log p, overwritten by p = exp2(log p log2 e): two passes, a quarter of exp's time on a CPU
+            out = kept.mul_(_LOG2E).exp2_()
         else:  # a compiled graph (log p saved), or a second backward (log p overwritten by the first: computed again)
-            out = F.log_softmax(u, dim=1).exp_() if log_p is None else log_p.exp()
+            out = F.log_softmax(u, dim=1).mul_(_LOG2E).exp2_() if log_p is None else log_p.mul(_LOG2E).exp2_()
         out.mul_(correct.sum(dim=1, keepdim=True).add_(1.0).mul_(scale))
         return _minus_targets(out, labels, correct, scale, ctx.num_classes), None, None, None, None, None, None
 
