@@ -76,6 +76,12 @@ __all__ = [
 # gradient are bit for bit those without a mask.
 
 
+def _fill_at(x: torch.Tensor, index: torch.Tensor, value: float) -> torch.Tensor:
+    """``x.scatter_(1, index, value)`` (one entry per row, ``index`` ``[B, 1]``), with the value as an expanded tensor:
+    PyTorch's CPU scatter of a scalar takes a path three times slower (20 against 6 µs at B = 4,096)."""
+    return x.scatter_(1, index, torch.full((1, 1), value, dtype=x.dtype, device=x.device).expand(index.shape[0], 1))
+
+
 _LOG2E = 1.4426950408889634
 """``log2(e)``: ``exp(x) = exp2(x log2 e)``. PyTorch's CPU ``exp2`` is a vectorised pass several times faster than its
 ``exp``; the extra rounding of the product costs a relative error of ``|x| 6e-8`` (2e-7 at ``x = -4``, where the term
@@ -124,11 +130,11 @@ def _asm_rest(classes: torch.Tensor, out: torch.Tensor | None = None) -> tuple[t
         if float(low) >= K and float(high) < 2 * K:
             top_index = code.sub_(K).long()[:, None]
             torch.sub(classes, top, out=e).mul_(_LOG2E).exp2_()  # 1 at y*, zeroed next: no cancellation
-            s = e.scatter_(1, top_index, 0.0).sum(dim=1, keepdim=True)
+            s = _fill_at(e, top_index, 0.0).sum(dim=1, keepdim=True)
             if float(s.amin()) >= _TINY_REST:
                 return top, top_index, top, e, s
         top_index = classes.max(dim=1, keepdim=True)[1]
-    e = e.copy_(classes).scatter_(1, top_index, float("-inf"))
+    e = _fill_at(e.copy_(classes), top_index, float("-inf"))
     second = e.amax(dim=1, keepdim=True)  # a shift: the log-sum-exp's gradient does not depend on it
     e.sub_(second).mul_(_LOG2E).exp2_()  # 0 at y* (exp2(-inf)); 1 at the second
     return top, top_index, second, e, e.sum(dim=1, keepdim=True)
@@ -338,12 +344,12 @@ def _softplus_rest(u: torch.Tensor, labels: torch.Tensor, num_classes: int) -> t
         buffer = F.softplus(u)
         classes = buffer[:, :K]
         plus_true = classes.gather(1, y)[:, 0]
-        return buffer, classes.scatter_(1, y, 0.0).sum(dim=1), plus_true, true, buffer[:, K:]
+        return buffer, _fill_at(classes, y, 0.0).sum(dim=1), plus_true, true, buffer[:, K:]
     buffer = torch.clamp(u, min=0.0)
     classes = buffer[:, :K]
-    rest = classes.scatter_(1, y, 0.0).sum(dim=1)
+    rest = _fill_at(classes, y, 0.0).sum(dim=1)
     torch.abs(u, out=buffer).sigmoid_()
-    classes.scatter_(1, y, 1.0)
+    _fill_at(classes, y, 1.0)
     n = K // _PRODUCT_CHUNK
     rest.sub_(classes[:, n * _PRODUCT_CHUNK:].prod(dim=1).log_())  # the last K mod 120 classes
     if n:
