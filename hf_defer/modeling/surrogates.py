@@ -60,14 +60,16 @@ __all__ = [
 # the logits in forward and one elementwise pass in backward, where autograd would record half a dozen passes each
 # way for the composed formulas. Each allocates one [B, K + M] tensor: the forward computes into it and the backward
 # writes the gradient over it and returns it (`_keep_buffer`), where cross-entropy allocates three; on a CPU a fresh
-# large tensor costs about a pass (its pages are faulted in), so at B = 4,096 that is a third of the time. Inputs: ``u`` float32 [B, K + M], ``labels`` long [B] in range (ignored rows set
-# to 0 by `check_targets`), ``correct`` float [B, M] (expert ``j``'s target ``c_j`` in [0, 1]: ``[[m_j = y]]``, a
-# correctness or a score; 0 where the expert did not answer), ``observed`` float [B, M] (``o_j``: 1 where expert ``j``
-# answered, 0 where not; None when every expert answered in every row: no mask to apply), ``weight`` float [B] (0 on ignored rows, ``1 / n`` for a mean), ``reduce``
-# bool; output: the weighted per-example loss ``weight * loss`` [B], or with ``reduce`` its sum (a dot product with
-# ``weight``), the reduced loss. Weighting and summing inside the kernel spare the masking, the division and the sum
-# their own autograd nodes: at small batches the cost of a loss is the number of PyTorch calls, not the passes over
-# the logits.
+# large tensor costs about a pass (its pages are faulted in).
+#
+# Inputs: ``u`` float32 [B, K + M], ``labels`` long [B] in range (ignored rows set to 0 by `check_targets`),
+# ``correct`` float [B, M] (expert ``j``'s target ``c_j`` in [0, 1]: ``[[m_j = y]]``, a correctness or a score; 0
+# where the expert did not answer), ``observed`` float [B, M] (``o_j``: 1 where expert ``j`` answered, 0 where not;
+# None when every expert answered in every row: no mask to apply), ``weight`` float [B] (0 on ignored rows, ``1 / n``
+# for a mean), ``reduce`` bool; output: the weighted per-example loss ``weight * loss`` [B], or with ``reduce`` its
+# sum (a dot product with ``weight``), the reduced loss. Weighting and summing inside the kernel spare the masking,
+# the division and the sum their own autograd nodes: at small batches the cost of a loss is the number of PyTorch
+# calls, not the passes over the logits.
 #
 # A missing answer removes that expert's terms from the row and nothing else: every expert term carries the factor
 # ``o_j``. In the symmetric losses (S-SM, S-OvA) expert ``j`` enters only through ``c_j`` (a weight of the target
@@ -109,13 +111,14 @@ def _asm_rest(classes: torch.Tensor, out: torch.Tensor | None = None) -> tuple[t
     e^{u_y} - max_{y<=K} e^{u_y}`` is thus summed without forming the difference (``y*``'s term is zeroed, not
     subtracted), and ``s`` does not underflow, whatever the gap between the top class and the others (``K >= 2``).
 
-    On a CPU (eager) the shift is ``top`` and ``y*`` comes from the 0/1 mask of the classes at the top times ``K + k``:
-    ``K + y*`` where one class is at the top (an exact integer in float), ``>= 2K`` where several tie and ``0`` for a
-    NaN row (from `_FAST_REST_MIN_SIZE` logits on); that is seven passes over ``[B, K]``, all in ``out``: ``amax``, the comparison, that product, the shift,
-    its scaling, ``exp2`` and the sum (``max``'s index alone is a slow, unvectorised pass there, eight times
-    ``amax``). A batch with a tie or a NaN row, or with a row whose rest lies so far below the top that its sum gets
-    near float32's underflow (`_TINY_REST`), and every batch on other devices or in a compiled graph, takes the
-    general way: ``y*`` from ``max`` and the shift ``c`` the largest class but ``y*`` (its term is 1, so ``s >= 1``).
+    On a CPU (eager, from `_FAST_REST_MIN_SIZE` logits on) the shift is ``top`` and ``y*`` comes from the 0/1 mask of
+    the classes at the top times ``K + k``: ``K + y*`` where one class is at the top (an exact integer in float),
+    ``>= 2K`` where several tie and ``0`` for a NaN row. That is seven passes over ``[B, K]``, all in ``out``:
+    ``amax``, the comparison, that product, the shift, its scaling, ``exp2`` and the sum (``max``'s index alone is a
+    slow, unvectorised pass there, eight times ``amax``). A batch with a tie or a NaN row, or with a row whose rest lies
+    so far below the top that its sum nears float32's underflow (`_TINY_REST`), and every batch on other devices or in
+    a compiled graph, takes the general way: ``y*`` from ``max`` and the shift ``c`` the largest class but ``y*`` (its
+    term is 1, so ``s >= 1``).
     """
     B, K = classes.shape
     e = torch.empty_like(classes) if out is None else out
@@ -304,7 +307,7 @@ class _SSMLoss(torch.autograd.Function):
         log_p, labels, correct, weight, u = ctx.saved_tensors
         scale = (weight * grad)[:, None]
         kept = _take_buffer(ctx)
-        if kept is not None:  # log p, overwritten by p = exp2(log p log2 e): two passes, a quarter of exp's time on a CPU
+        if kept is not None:  # log p, overwritten by p = exp2(log p log2 e): a quarter of exp's time on a CPU
             out = kept.mul_(_LOG2E).exp2_()
         else:  # a compiled graph (log p saved), or a second backward (log p overwritten by the first: computed again)
             out = F.log_softmax(u, dim=1).mul_(_LOG2E).exp2_() if log_p is None else log_p.mul(_LOG2E).exp2_()
@@ -464,7 +467,7 @@ class ASMSurrogate(DeferralSurrogate):
 
     def _log_estimates(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         K = self.num_classes
-        classes = u[:, :K]  # the rest without y*: logsumexp shifts by its largest term (differentiable, unlike the kernel's)
+        classes = u[:, :K]  # the rest without y*, by logsumexp (differentiable, unlike the kernel's in-place helper)
         rest = torch.logsumexp(classes.scatter(1, classes.argmax(dim=1, keepdim=True), float("-inf")), 1, keepdim=True)
         return F.log_softmax(classes, dim=1), F.logsigmoid(u[:, K:] - rest)
 
