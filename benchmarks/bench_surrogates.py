@@ -8,6 +8,12 @@ each). Each timed sample repeats the call enough times to last a few millisecond
 taken within each round and the median over the rounds is printed, so that load from other processes cancels out.
 The times of the code before the kernels were rewritten are recorded in benchmarks/README.md ("before" column).
 
+At B = 4,096 the ratios depend on the allocator: by default glibc returns large freed blocks to the system, and a new
+`[B, K + 1]` tensor's first touch costs page faults (system time, which `--clock cpu` counts), so cross-entropy's
+three allocations per step weigh on the anchor; with `MALLOC_MMAP_THRESHOLD_=4000000000
+MALLOC_TRIM_THRESHOLD_=4000000000 MALLOC_TOP_PAD_=268435456` in the environment the memory stays with the process and
+the ratios are those of the passes alone. benchmarks/README.md records both.
+
 Example:
 
 ```

@@ -1008,3 +1008,165 @@ def test_unchecked_plain_scores_take_the_short_target_path_with_the_same_values(
     holed[3, 0] = float("nan")
     per = s.loss(logits, y, reduction="none", check=False, expert_correct=holed)
     assert torch.isnan(per[3]) and torch.isfinite(per[torch.arange(B) != 3]).all()  # unchecked: NaN goes through
+
+
+# issue 46.3: the kernels with fewer allocations (A-SM's y* by a product, the rest shifted by the top class; the
+# gradient written into a forward buffer) against float64 autograd of the textbook formulas
+# --------------------------------------------------------------------------------------------
+
+
+def _masked_reference(name, u, labels, correct, observed, K):
+    """Per-example loss by float64 autograd from targets ``c`` (floats) and the answered mask ``o``: the asymmetric
+    losses weight expert ``j``'s binary term by ``o_j``; the symmetric ones see ``c_j = 0`` where ``o_j = 0``."""
+    c = correct * observed
+    sp = torch.nn.functional.softplus
+    w = torch.cat([torch.nn.functional.one_hot(labels, K).double(), c], dim=1)
+    if name == "asm":
+        classes = u[:, :K]
+        top = torch.nn.functional.one_hot(classes.argmax(dim=1), K).bool()
+        z = u[:, K:] - torch.logsumexp(classes.masked_fill(top, float("-inf")), dim=1, keepdim=True)
+        binary = observed * (c * sp(-z) + (1 - c) * sp(z))
+        return -torch.log_softmax(classes, 1).gather(1, labels[:, None])[:, 0] + binary.sum(1)
+    if name == "ssm":
+        return -(w * torch.log_softmax(u, 1)).sum(1)
+    if name == "sova":
+        return (w * sp(-u) + (1 + c.sum(1, keepdim=True) - w) * sp(u)).sum(1)
+    mask = torch.cat([torch.ones(u.shape[0], K, dtype=u.dtype), observed], dim=1)
+    return (mask * (w * sp(-u) + (1 - w) * sp(u))).sum(1)
+
+
+def _kernel_inputs(K, M, B, seed, scale=4.0):
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, K + M, generator=generator, dtype=torch.float64) * scale
+    labels = torch.randint(0, K, (B,), generator=generator)
+    correct = torch.rand(B, M, generator=generator, dtype=torch.float64).round()
+    correct[::3, 0] = torch.rand(len(correct[::3]), generator=generator, dtype=torch.float64)  # scores too
+    observed = (torch.rand(B, M, generator=generator) > 0.2).double()
+    observed[1] = 0.0  # a row with no answer at all
+    weight = torch.rand(B, generator=generator, dtype=torch.float64) + 0.1
+    return logits, labels, correct * observed, observed, weight  # the kernels' contract: c_j = 0 where o_j = 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("K,M", [(2, 1), (3, 2), (100, 1), (100, 3), (240, 1), (1000, 2)])
+@pytest.mark.parametrize("gap", [None, 40.0, 70.0])
+def test_kernels_match_float64_autograd_with_missing_answers_and_wide_gaps(name, K, M, gap, monkeypatch):
+    """Each kernel's per-example loss and gradient (row weights, scores, missing answers, a row with none) match float64
+    autograd of the textbook formula. Without a tie A-SM takes its fast CPU path (the rest shifted by the top class);
+    ``gap`` puts one row's other classes that far below its top: at 40 the rest (``e^-40``) still sums in the fast path,
+    at 70 it would near float32's underflow and the batch goes the general way. Rows 2 and 3 hold a near tie (one ulp)
+    and the top class a few ulp above the next: not ties, same values. From 64 classes on, the OvA losses sum the
+    classes' softplus as logs of products of sigmoids, 120 at a time (K = 240: two whole products, K = 1,000: eight
+    and a remainder)."""
+    from hf_defer.modeling import surrogates as kernels
+
+    monkeypatch.setattr(kernels, "_FAST_REST_MIN_SIZE", 0)  # 48 rows: the fast path only from B K = 16,384 on
+    logits, labels, correct, observed, weight = _kernel_inputs(K, M, 48, seed=K + 10 * M)
+    logits = logits.float().double()  # float32 values: the kernel's input, exactly
+    logits[2, 1] = float(np.nextafter(np.float32(logits[2, 0]), np.float32(-np.inf)))
+    logits[3, 0] = float(np.nextafter(np.float32(logits[3, :K].max()), np.float32(np.inf)) * np.float32(1.0))
+    if gap is not None:
+        logits[5, :K] = logits[5, :K].clamp(-1.0, 1.0) - gap
+        logits[5, 0] = 1.0
+    s = get_surrogate(name, num_classes=K, num_experts=M)
+    u = logits.float().requires_grad_()
+    per = s.kernel.apply(u, labels, correct.float(), observed.float(), torch.ones(48), K, False)
+    (per.double() * weight).sum().backward()
+    ref_u = logits.clone().requires_grad_()
+    ref = _masked_reference(name, ref_u, labels, correct, observed, K)
+    (ref * weight).sum().backward()
+    np.testing.assert_allclose(per.detach().double().numpy(), ref.detach().numpy(), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(u.grad.double().numpy(), ref_u.grad.numpy(), rtol=1e-4, atol=1e-6)
+    if name == "asm":  # which way A-SM summed the rest: shifted by the top class (fast) unless near underflow
+        top, top_index, shift, _, _ = kernels._asm_rest(u.detach()[:, :K])
+        assert torch.equal(top_index[:, 0], u.detach()[:, :K].argmax(dim=1))
+        assert torch.equal(shift, top) == (gap != 70.0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("reduce", [False, True])
+def test_kernels_pass_gradcheck_in_float64(name, reduce):
+    """torch.autograd.gradcheck (finite differences in float64) of each kernel called directly on float64 logits, with
+    a missing answer, scores and a row whose other classes lie 100 below the top (A-SM's general path). gradcheck
+    backpropagates through the same graph once per output: every backward after the first finds the forward's buffer
+    handed out and writes a new one."""
+    K, M = 4, 2
+    logits, labels, correct, observed, weight = _kernel_inputs(K, M, 6, seed=3)
+    logits[4, :K] = torch.tensor([2.0, -98.0, -99.0, -100.5])
+    kernel = get_surrogate(name, num_classes=K, num_experts=M).kernel
+    assert torch.autograd.gradcheck(lambda v: kernel.apply(v, labels, correct, observed, weight, K, reduce),
+                                    (logits.requires_grad_(),))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("K", [3, 100])
+def test_a_second_backward_gets_the_same_gradient_and_leaves_the_first_alone(name, K):
+    """The first backward returns the forward's buffer as the gradient; a second one through the same graph
+    (retain_graph) must not write into it again: both gradients equal, the first unchanged after the second."""
+    s = get_surrogate(name, num_classes=K, num_experts=2)
+    logits, labels, correct, observed, _ = _kernel_inputs(K, 2, 32, seed=9)
+    experts = torch.where(correct > 0.5, labels[:, None], (labels[:, None] + 1) % K)
+    u = logits.float().requires_grad_()
+    loss = s(u, labels, experts, check=False)
+    (first,) = torch.autograd.grad(loss, u, retain_graph=True)
+    kept = first.clone()
+    (second,) = torch.autograd.grad(loss * 2.0, u)
+    assert torch.equal(first, kept) and first.data_ptr() != second.data_ptr()
+    torch.testing.assert_close(second, 2.0 * kept)
+
+
+def test_asm_nan_row_and_tie_take_the_general_way_with_the_same_values_elsewhere(monkeypatch):
+    """check=False lets a NaN through: its row's loss is NaN and the others keep their values (the batch leaves the
+    fast path, which reads y* from a product that a NaN row would spoil); a tie for the top class does the same, and
+    its y* is the first class at the top, as for ``max``."""
+    from hf_defer.modeling import surrogates as kernels
+
+    monkeypatch.setattr(kernels, "_FAST_REST_MIN_SIZE", 0)
+    K, M = 50, 1
+    logits, labels, correct, observed, weight = _kernel_inputs(K, M, 16, seed=4)
+    s = get_surrogate("asm", num_classes=K, num_experts=M)
+    experts = torch.where(correct > 0.5, labels[:, None], (labels[:, None] + 1) % K)
+    u = logits.float()
+    clean = s.loss(u, labels, experts, reduction="none", check=False)
+    assert torch.equal(kernels._asm_rest(u[:, :K])[2], u[:, :K].amax(dim=1, keepdim=True))  # clean: the fast path
+    for row, value in ((3, float("nan")), (3, float(u[3, :K].max()))):
+        v = u.clone()
+        v[row, 7] = value  # NaN, or class 7 tied with the top class
+        per = s.loss(v, labels, experts, reduction="none", check=False)
+        others = torch.arange(16) != row
+        torch.testing.assert_close(per[others], clean[others], rtol=1e-6, atol=1e-6)
+        if value != value:
+            assert torch.isnan(per[row])
+        else:
+            ref = _masked_reference("asm", v.double(), labels, (experts == labels[:, None]).double(),
+                                    torch.ones(16, M, dtype=torch.float64), K)
+            assert float(per[row]) == pytest.approx(float(ref[row]), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sova", "aova"])
+def test_ova_class_sum_by_products_keeps_its_absolute_precision(name):
+    """From 64 classes on the OvA losses sum the classes' softplus as logs of products of sigmoids: no underflow on a
+    row of zeros (0.5^120 is a normal float32), none on rows far out (+-1e4, +50 on wrong classes); a confident row's
+    tiny terms count to an absolute precision (a few 1e-6 for 1,000 classes, documented in `_softplus_rest`), every
+    other row to float32's relative one."""
+    K, M, B = 1000, 1, 6
+    generator = torch.Generator().manual_seed(0)
+    u = torch.zeros(B, K + M, dtype=torch.float64)
+    labels = torch.arange(B)
+    u[1] = -12 - 8 * torch.rand(K + M, generator=generator, dtype=torch.float64)
+    u[1, 1] = 15.0  # confident: every other class 12 to 20 below 0
+    u[2] = torch.randn(K + M, generator=generator, dtype=torch.float64) * 3
+    u[2, :50] = 50.0
+    u[3] = -1e4
+    u[3, 3] = 1e4
+    u[4] = -30.0
+    u[4, 4] = 30.0  # every term e^-30: below the absolute precision, the row's loss ~1e-10
+    u[5] = torch.randn(K + M, generator=generator, dtype=torch.float64) * 0.01
+    u = u.float().double()
+    correct = torch.tensor([[1.0], [1.0], [0.0], [1.0], [0.0], [1.0]], dtype=torch.float64)
+    kernel = get_surrogate(name, K, M).kernel
+    got = kernel.apply(u.float(), labels, correct.float(), None, torch.ones(B), K, False).double()
+    ref = _masked_reference(name, u, labels, correct, torch.ones(B, M, dtype=torch.float64), K)
+    assert torch.isfinite(got).all()
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=2e-6, atol=3e-5)
+    assert abs(float(got[4] - ref[4])) < 1e-9
