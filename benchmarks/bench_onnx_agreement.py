@@ -57,32 +57,41 @@ def trained_models(train_rows: int = 2000, steps: int = 300, mmlu_test_rows: int
                    hatespeech_test_rows: int | None = None, held_out_rows: int = 1000) -> dict[str, dict[str, Any]]:
     """The two benchmark models, heads trained head-only (`torch.manual_seed(0)`), and their texts: `"hatespeech"`
     (3 classes, one expert: the HateSpeech annotator) and `"mmlu"` (route-only, Mixtral by default, GPT-4 when worth
-    it). Each: `head` (the head-only model), `test` and `held_out` (texts), `max_length`."""
+    it). Each: `head` (the head-only model), `test` and `held_out` (texts), `max_length`. The router is drawn after
+    the deferral model is trained, from the same seeded stream: the speed benchmarks build both to get the same ones."""
     encoder = minilm_encoder()
     torch.manual_seed(0)
+    hatespeech = _hatespeech(encoder, train_rows, steps, hatespeech_test_rows, held_out_rows)
+    return {"hatespeech": hatespeech, "mmlu": _mmlu(encoder, train_rows, steps, mmlu_test_rows, held_out_rows)}
+
+
+def _hatespeech(encoder: str, train_rows: int, steps: int, test_rows: int | None, held_out_rows: int
+                ) -> dict[str, Any]:
     hatespeech = load_hatespeech(seed=0)
     train = hatespeech["train"].select(range(train_rows))
     test = hatespeech["test"]
-    if hatespeech_test_rows:
-        test = test.select(range(hatespeech_test_rows))
+    if test_rows:
+        test = test.select(range(test_rows))
     deferral = EncoderForDeferral(DeferralConfig(feature_size=384, num_labels=3, num_experts=1,
                                                  id2label=dict(enumerate(train.features["labels"].names))))
     train_head(deferral, embed_texts(train["text"], encoder, show_progress_bar=False), steps,
                labels=torch.tensor(train["labels"]), expert_labels=torch.tensor(train["expert_labels"]))
-    models = {"hatespeech": {"head": deferral, "test": list(test["text"]), "max_length": 128,
-                             "held_out": list(hatespeech["validation"]["text"][:held_out_rows])}}
+    return {"head": deferral, "test": list(test["text"]), "max_length": 128,
+            "held_out": list(hatespeech["validation"]["text"][:held_out_rows])}
+
+
+def _mmlu(encoder: str, train_rows: int, steps: int, test_rows: int, held_out_rows: int) -> dict[str, Any]:
     mmlu = load_routellm_mmlu().shuffle(seed=0)
     train = mmlu.select(range(train_rows))
-    end = train_rows + mmlu_test_rows
+    end = train_rows + test_rows
     config = DeferralConfig(feature_size=384, route_only=True, num_experts=2, expert_names=["mixtral", "gpt4"],
                             default_expert="mixtral")
     router = EncoderForDeferral.class_for_config(config)(config)
     correct = torch.tensor(np.stack([train[ROUTELLM_MMLU_WEAK], train[ROUTELLM_MMLU_STRONG]], axis=1),
                            dtype=torch.float32)
     train_head(router, embed_texts(train["prompt"], encoder, show_progress_bar=False), steps, expert_correct=correct)
-    models["mmlu"] = {"head": router, "test": list(mmlu.select(range(train_rows, end))["prompt"]), "max_length": 256,
-                      "held_out": list(mmlu.select(range(end, min(end + held_out_rows, len(mmlu))))["prompt"])}
-    return models
+    return {"head": router, "test": list(mmlu.select(range(train_rows, end))["prompt"]), "max_length": 256,
+            "held_out": list(mmlu.select(range(end, min(end + held_out_rows, len(mmlu))))["prompt"])}
 
 
 def save_text_model(head: EncoderForDeferral, folder: Path) -> Path:
