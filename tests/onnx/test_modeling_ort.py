@@ -212,3 +212,26 @@ def test_int8_rows_near_the_boundary_are_rescored_in_float32_and_get_the_torch_d
     # the model's own output says the same, for its config's threshold
     output = model(**dict(BertTokenizer.from_pretrained(tmp_path / "int8")(texts, padding=True, return_tensors="pt")))
     assert output.rescored.tolist() == (decision_gap(model.surrogate, logits) < tolerance).tolist()
+
+
+def test_hf_defer_serve_routes_with_the_int8_router_and_its_fallback_as_pytorch(tmp_path):
+    pytest.importorskip("fastapi")
+    from hf_defer.commands.serve import build_app
+
+    router = save_tiny_router(tmp_path)
+    export_onnx(router, tmp_path / "router-int8", quantize="int8")  # fallback below a decision gap of 0.05
+    urls = ["--model", "weak=http://127.0.0.1:9/v1", "--model", "strong=http://127.0.0.1:9/v1"]
+    app, _ = build_app(["--router", str(tmp_path / "router-int8"), "--backend", "onnx", *urls])
+    model = app.state.router.pipeline.model
+    assert model.quantized and model.fallback_tolerance == 0.05
+    decisions = app.state.router.decide(PROMPTS)
+    threshold = app.state.router.defer_threshold
+    margins = margins_by_forward(router, PROMPTS)  # PyTorch's
+    assert [out["expert"] for out in decisions] == ["strong" if m > threshold else "weak" for m in margins]
+    distance = [abs(m - threshold) for m in margins]
+    assert min(distance) < 0.04 and max(distance) > 0.06  # both paths taken
+    for out, margin, far in zip(decisions, margins, distance):
+        if far < 0.04:  # near the boundary: float32, PyTorch's margin
+            assert out["scored_by"] == "float32" and out["margin"] == pytest.approx(margin, abs=1e-5)
+        elif far > 0.06:
+            assert out["scored_by"] == "int8"
