@@ -109,7 +109,15 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", metavar="OUT", help="Folder to write (model.onnx, config.json, the tokenizer).")
     parser.add_argument("--onnx", action="store_true", help="Export to ONNX (needs pip install 'hf-defer[onnx]').")
     parser.add_argument("--quantize", default=None, choices=["int8"],
-                        help="int8: dynamic quantization (int8 weights; faster on CPUs, decisions may differ slightly).")
+                        help="int8: dynamic quantization (int8 weights) for CPU throughput. The float32 graph is kept "
+                             "and scores again the inputs whose int8 decision lies near the boundary "
+                             "(--fallback_tolerance); the pipeline's outputs say which graph scored each input "
+                             "(scored_by). Worth it where few inputs lie near the boundary (a router); without "
+                             "--quantize, float32 decides as PyTorch.")
+    parser.add_argument("--fallback_tolerance", type=float, default=None,
+                        help="With --quantize int8: the decision gap (probability) below which an input is scored "
+                             "again in float32 (default 0.05, measured on HateSpeech and MMLU: an empirical "
+                             "tolerance, not a guarantee); 0: int8 alone, faster, a few %% of decisions differ.")
     parser.add_argument("--encoder", default=None,
                         help="For a head-only model trained on sentence embeddings: the sentence encoder to put it on, "
                              "so that the exported model reads text.")

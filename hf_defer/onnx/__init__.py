@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 _EXPORTS = {
+    "ORTDeferralOutput": "modeling_ort",
     "ORTModelForDeferral": "modeling_ort",
+    "decision_gap": "modeling_ort",
     "export_onnx": "export",
     "onnx_pipeline": "modeling_ort",
     "require_onnx": "export",
@@ -23,4 +25,4 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from .export import export_onnx, require_onnx
-    from .modeling_ort import ORTModelForDeferral, onnx_pipeline
+    from .modeling_ort import ORTDeferralOutput, ORTModelForDeferral, decision_gap, onnx_pipeline

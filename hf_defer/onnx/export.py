@@ -1,5 +1,6 @@
-"""`export_onnx`: a saved deferral or route-only model as an ONNX folder (`model.onnx` or `model_quantized.onnx`, the
-model's `config.json` and its tokenizer), the layout `optimum` exports and [`ORTModelForDeferral`] loads.
+"""`export_onnx`: a saved deferral or route-only model as an ONNX folder (`model.onnx`; with int8, also
+`model_quantized.onnx` and `ort_config.json`), the model's `config.json` and its tokenizer: the layout `optimum`
+exports and [`ORTModelForDeferral`] loads.
 
 The graph computes the head's logits `[batch, num_labels + num_experts]` from the model's inputs (`input_ids`,
 `attention_mask`, `token_type_ids` when the encoder takes them, or `features`; `side_categorical` / `side_numeric` for
@@ -9,8 +10,10 @@ model's own surrogate at run time, so the ONNX model decides with the same rule 
 `optimum`'s exporter (`optimum-onnx`) is not used: its newest release (0.1.0) requires `transformers<4.58`, and
 hf_defer needs transformers 5. The export is `torch.onnx.export` with the TorchScript-based exporter
 (`dynamo=False`: the dynamo exporter needs `onnxscript`), checked against PyTorch on two input shapes before the
-folder is written. `quantize="int8"` applies ONNX Runtime's dynamic quantization (int8 weights of the linear layers, per output
-channel; activations quantized on the fly), what `optimum-cli onnxruntime quantize --avx512_vnni` does for CPUs.
+folder is written. `quantize="int8"` applies ONNX Runtime's dynamic quantization (int8 weights of the linear layers,
+per output channel; activations quantized on the fly), what `optimum-cli onnxruntime quantize --avx512_vnni` does for
+CPUs, except for the feed-forward output projections and the head, kept in float32; and keeps the float32 graph for the
+*fallback*: the rows whose int8 decision lies within `fallback_tolerance` of changing are scored again in float32.
 """
 
 from __future__ import annotations
@@ -31,11 +34,16 @@ from torch import nn
 
 from ..modeling.modeling_deferral import DeferralPreTrainedModel
 
-__all__ = ["ONNX_FILE", "QUANTIZED_FILE", "export_onnx", "require_onnx"]
+__all__ = ["DEFAULT_FALLBACK_TOLERANCE", "ONNX_FILE", "ORT_CONFIG_FILE", "QUANTIZED_FILE", "export_onnx",
+           "require_onnx"]
 
 ONNX_FILE = "model.onnx"
 QUANTIZED_FILE = "model_quantized.onnx"
+ORT_CONFIG_FILE = "ort_config.json"  # how the folder's graphs were made and are run (optimum's name for it)
 QUANTIZATIONS = ("int8",)
+# The int8 decisions re-scored in float32: those whose decision gap (`decision_gap`, in units of probability) is below
+# this. Measured, not derived: benchmarks/bench_onnx_agreement.py (see benchmarks/README.md, issue 46).
+DEFAULT_FALLBACK_TOLERANCE = 0.05
 OPSET = 17
 TOLERANCE = 1e-4  # float32 logits, ONNX Runtime against PyTorch (the issue's bar)
 
@@ -175,6 +183,49 @@ def _check_against_torch(model: DeferralPreTrainedModel, path: Path) -> float:
     return worst
 
 
+def _is_ffn_output(name: str) -> bool:
+    """Whether a MatMul node is an encoder's feed-forward output projection (after the GELU): `output.dense` of
+    BERT-style encoders (BERT, MiniLM, RoBERTa, ELECTRA), `ffn.lin2` of DistilBERT."""
+    return ("/output/dense/" in name and "/attention/" not in name) or "/ffn/lin2/" in name
+
+
+def _quantize_int8(source: Path, target: Path) -> dict[str, Any]:
+    """ONNX Runtime's dynamic int8 quantization of `source` into `target`; returns its settings (for
+    `ort_config.json`). int8 weights per output channel on the encoder's matrix products with a weight, except the
+    feed-forward output projections (whose inputs, after the GELU, have the widest range: quantized per tensor they
+    moved the most decisions; kept in float32 they cost a quarter of int8's speed, and int8 alone changes 30-45 % fewer
+    decisions, so the fallback re-scores in float32 fewer that it must); the attention scores, the embeddings, the
+    head and the side features stay float32."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    graph = onnx.load(str(source)).graph
+    weights = {tensor.name for tensor in graph.initializer}
+    # the quantizer turns each Gemm (a linear layer on [batch, features]: the head's) into a MatMul named so
+    matmuls = [node.name + ("_MatMul" if node.op_type == "Gemm" else "") for node in graph.node
+               if node.op_type in ("MatMul", "Gemm") and node.input[1] in weights]
+    excluded = [name for name in matmuls if "/encoder/" not in name or _is_ffn_output(name)]
+    with _quiet_root_logger():  # its advice to pre-process the graph is for static quantization
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True,
+                         op_types_to_quantize=["MatMul"], nodes_to_exclude=excluded)
+    return {"method": "onnxruntime.quantization.quantize_dynamic", "weight_type": "QInt8", "per_channel": True,
+            "op_types_to_quantize": ["MatMul"], "nodes_to_exclude": excluded,
+            "quantized": len(matmuls) - len(excluded)}
+
+
+def _check_tolerance(fallback_tolerance: Any, quantize: str | None) -> float:
+    if fallback_tolerance is None:
+        return DEFAULT_FALLBACK_TOLERANCE if quantize else 0.0
+    if quantize is None:
+        raise ValueError("--fallback_tolerance is for an int8 export (--quantize int8): a float32 export decides as "
+                         "PyTorch already.")
+    if isinstance(fallback_tolerance, bool) or not isinstance(fallback_tolerance, (int, float)) \
+            or not 0 <= fallback_tolerance < float("inf"):
+        raise ValueError(f"--fallback_tolerance must be a finite number >= 0 (0: no float32 fallback), got "
+                         f"{fallback_tolerance!r}.")
+    return float(fallback_tolerance)
+
+
 def _save_config(config: Any, output: Path) -> None:
     """`config.json` alone: not the remote code that `save_pretrained` copies for a PyTorch folder (an exported folder
     loads in library mode, `import hf_defer`), nor the `auto_map` that would point at it."""
@@ -198,13 +249,26 @@ def _save_processor(source: Any, output: Path) -> None:
 
 
 def export_onnx(model: str | os.PathLike | DeferralPreTrainedModel, output_dir: str | os.PathLike,
-                quantize: str | None = None, encoder: str | None = None, overwrite: bool = False) -> Path:
+                quantize: str | None = None, encoder: str | None = None, overwrite: bool = False,
+                fallback_tolerance: float | None = None) -> Path:
     """Exports a saved deferral or route-only model to an ONNX folder that [`ORTModelForDeferral.from_pretrained`],
     `hf-defer predict --backend onnx` and `hf-defer serve --backend onnx` load.
 
-    The folder holds `model.onnx` (float32; with `quantize="int8"`, `model_quantized.onnx` instead), the model's
-    `config.json` and its tokenizer. The export is checked: ONNX Runtime's logits must match PyTorch's within 1e-4 on
-    input shapes other than the traced one, or nothing is written.
+    The folder holds `model.onnx` (float32), the model's `config.json` and its tokenizer. The export is checked: ONNX
+    Runtime's logits must match PyTorch's within 1e-4 on input shapes other than the traced one, or nothing is
+    written. The float32 export decides as PyTorch does.
+
+    With `quantize="int8"` it holds `model_quantized.onnx` too (dynamic int8 quantization), which the folder's users
+    run, and `ort_config.json` (the quantization's settings and the fallback's tolerance). int8 alone changed 2.9 % of
+    the HateSpeech decisions and 1.7 % of the MMLU routes of a MiniLM model (those near the deferral threshold or
+    between two close classes), so by default the rows whose int8 *decision gap* ([`decision_gap`]: the distance, in
+    probability, from the threshold and between the two best classes or experts) is below `fallback_tolerance` are
+    scored again with the float32 graph; the output says which rows were (`rescored`, the pipeline's `scored_by`).
+    With the default tolerance no decision of the 4,957 HateSpeech test tweets and 1,000 MMLU prompts changed, while
+    52 % and 27 % of them were re-scored (benchmarks/README.md): a tolerance measured on those data, **not a
+    guarantee** for other models or inputs. The fallback costs what the share of inputs near the boundary costs in
+    float32: use int8 where few lie there (a router), float32 where decisions must not move and many do, and
+    `fallback_tolerance=0` (int8 alone) where throughput matters more than a few % of the decisions.
 
     Args:
         model (`str`, `os.PathLike` or [`DeferralPreTrainedModel`]): a saved model's folder, or the model.
@@ -214,9 +278,12 @@ def export_onnx(model: str | os.PathLike | DeferralPreTrainedModel, output_dir: 
         encoder (`str`, *optional*): for a head-only model trained on sentence embeddings, the sentence encoder to
             put it on first ([`head_on_sentence_encoder`]), so that the exported model reads text.
         overwrite (`bool`, *optional*, defaults to `False`): replace the files of an existing `output_dir`.
+        fallback_tolerance (`float`, *optional*): with `quantize="int8"`, the decision gap below which a row is
+            scored again in float32; defaults to `DEFAULT_FALLBACK_TOLERANCE` (0.05), and `0` keeps the int8 graph
+            alone (every decision from int8; no `model.onnx`).
 
     Returns:
-        `Path`: the ONNX file written.
+        `Path`: the ONNX file the folder's users run (`model_quantized.onnx` with int8).
 
     Example:
 
@@ -238,6 +305,7 @@ def export_onnx(model: str | os.PathLike | DeferralPreTrainedModel, output_dir: 
     require_onnx()
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"--quantize must be one of {list(QUANTIZATIONS)}, got {quantize!r}.")
+    tolerance = _check_tolerance(fallback_tolerance, quantize)
     output = Path(output_dir)
     if output.exists() and (not output.is_dir() or (any(output.iterdir()) and not overwrite)):
         raise FileExistsError(f"OUT {str(output)!r} exists{' and is not empty' if output.is_dir() else ''}; choose "
@@ -247,21 +315,21 @@ def export_onnx(model: str | os.PathLike | DeferralPreTrainedModel, output_dir: 
         exported = Path(scratch) / ONNX_FILE
         _export(loaded, exported)
         _check_against_torch(loaded, exported)
+        settings = None
         if quantize == "int8":
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-
-            quantized = Path(scratch) / QUANTIZED_FILE
-            # int8 weights per output channel, on the matrix products with a weight (the attention scores and the
-            # embeddings stay float32: quantizing them moved 3-8 % of HateSpeech decisions, against 2-3 %)
-            with _quiet_root_logger():  # its advice to pre-process the graph is for static quantization
-                quantize_dynamic(str(exported), str(quantized), weight_type=QuantType.QInt8, per_channel=True,
-                                 op_types_to_quantize=["MatMul"])
-            exported = quantized
+            settings = _quantize_int8(exported, Path(scratch) / QUANTIZED_FILE)
         output.mkdir(parents=True, exist_ok=True)
-        for name in (ONNX_FILE, QUANTIZED_FILE):  # a re-export replaces the other kind too: one graph per folder
+        for name in (ONNX_FILE, QUANTIZED_FILE, ORT_CONFIG_FILE):  # a re-export replaces the other kind's files too
             (output / name).unlink(missing_ok=True)
-        target = output / exported.name
-        shutil.move(str(exported), target)
+        target = output / ONNX_FILE
+        if settings is not None:
+            target = output / QUANTIZED_FILE
+            shutil.move(str(Path(scratch) / QUANTIZED_FILE), target)
+            ort_config = {"quantization": {"format": quantize, **settings},
+                          "fallback": {"file": ONNX_FILE, "tolerance": tolerance} if tolerance > 0 else None}
+            (output / ORT_CONFIG_FILE).write_text(json.dumps(ort_config, indent=2) + "\n")
+        if settings is None or tolerance > 0:
+            shutil.move(str(exported), output / ONNX_FILE)
     _save_config(loaded.config, output)
     source = encoder or (getattr(model, "name_or_path", None) if isinstance(model, DeferralPreTrainedModel) else model)
     if loaded.config.encoder is not None:

@@ -5,7 +5,9 @@ classes; [`onnx_pipeline`]: the deferral pipeline over it.
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +18,108 @@ from transformers import AutoConfig
 from ..modeling.configuration_deferral import DeferralConfig
 from ..modeling.modeling_deferral import DeferralOutput
 from ..modeling.pipeline_deferral import DeferralPipeline
+from ..modeling.surrogate_base import check_defer_threshold
+from ..modeling.surrogate_routing import is_route_only
 from ..modeling.surrogates import surrogate_for_config
-from .export import ONNX_FILE, QUANTIZED_FILE, require_onnx
+from .export import ONNX_FILE, ORT_CONFIG_FILE, QUANTIZED_FILE, require_onnx
 
-__all__ = ["ORTModelForDeferral", "onnx_pipeline"]
+__all__ = ["ORTDeferralOutput", "ORTModelForDeferral", "decision_gap", "onnx_pipeline"]
 
 _TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def _onnx_file(folder: Path, file_name: str | None) -> Path:
+def _top_two_gap(values: torch.Tensor) -> torch.Tensor:
+    """The best value minus the second best, per row (`inf` where fewer than two are finite)."""
+    if values.shape[1] < 2:
+        return torch.full(values.shape[:1], float("inf"), dtype=values.dtype)
+    top = values.topk(2, dim=1).values
+    gap = top[:, 0] - top[:, 1]
+    return torch.where(torch.isfinite(top[:, 1]), gap, torch.full_like(gap, float("inf")))
+
+
+def decision_gap(surrogate: Any, logits: torch.Tensor, expert_costs: Any = None, defer_threshold: float = 0.0,
+                 available: Any = None, route_only: bool = False) -> torch.Tensor:
+    """How far each row's decision lies from changing, in units of the estimates (probabilities): the distance of the
+    deferral margin from the threshold, and, for the part of the decision the row shows, the gap between the best
+    and the second-best class (an answered row) or expert (a deferred row, among its candidates).
+
+    A row's decision can change under a perturbation of the estimates only where this is at most about twice the
+    perturbation; it is what the int8 export's float32 fallback compares with its tolerance.
+
+    Args:
+        surrogate ([`DeferralSurrogate`]): the model's surrogate.
+        logits (`torch.Tensor` of shape `[B, K + M]`): the model's logits.
+        expert_costs (sequence of `float`, *optional*): the costs the decision uses.
+        defer_threshold (`float`, *optional*, defaults to 0.0): the threshold the decision uses.
+        available (bool `[B, M]` or `[M]`, *optional*): who can answer each input.
+        route_only (`bool`, *optional*, defaults to `False`): a route-only model's surrogate (no class head).
+
+    Returns:
+        `torch.Tensor`: float64 `[B]`, non-negative (`inf` for a decision no estimate can change).
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_defer.modeling import get_surrogate
+    >>> from hf_defer.onnx.modeling_ort import decision_gap
+    >>> aova = get_surrogate("aova", num_classes=2, num_experts=1)
+    >>> logits = torch.tensor([[0.0, -9.0, 0.0]])  # class 0 and the expert both at 0.5: on the boundary
+    >>> float(decision_gap(aova, logits))
+    0.0
+
+    ```
+    """
+    u = logits.double()
+    paid = surrogate.check_costs(expert_costs)
+    threshold = check_defer_threshold(defer_threshold)
+    mask = surrogate.check_available(available, u.shape[0])
+    margin, _ = surrogate._margin(u, paid, mask)
+    gap = (margin - threshold).abs().nan_to_num(nan=float("inf"))
+    defer = margin > threshold
+    log_classes, log_experts = surrogate._log_estimates(u)
+    gains = log_experts.clamp(max=700.0).exp()
+    if paid is not None:
+        gains = gains - paid.to(gains)
+    if mask is not None:
+        gains = gains.masked_fill(~mask, float("-inf"))
+    if route_only:
+        gains[:, surrogate.default_expert] = float("-inf")  # the default answers unless the margin says otherwise
+    else:
+        class_gap = _top_two_gap(log_classes.clamp(max=700.0).exp())
+        gap = torch.where(defer, gap, torch.minimum(gap, class_gap))
+    return torch.where(defer, torch.minimum(gap, _top_two_gap(gains)), gap)
+
+
+@dataclass
+class ORTDeferralOutput(DeferralOutput):
+    """[`DeferralOutput`], and which rows an int8 export scored again in float32.
+
+    Args:
+        rescored (`torch.BoolTensor` of shape `(batch_size,)`, *optional*): `True` where the row's logits come from
+            the float32 graph (its int8 decision lay within the fallback's tolerance of changing), `False` where
+            from int8; `None` for a model without a fallback (every row from its one graph).
+    """
+
+    rescored: torch.BoolTensor | None = None
+
+
+def _read_ort_config(folder: Path) -> dict[str, Any]:
+    path = folder / ORT_CONFIG_FILE
+    if not path.is_file():
+        return {}
+    try:
+        values = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{str(path)!r} is not valid JSON ({error}); re-export the model.") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{str(path)!r} must hold a JSON object, got {type(values).__name__}; re-export the model.")
+    return values
+
+
+def _onnx_file(folder: Path, file_name: str | None, quantized: bool = False) -> Path:
+    if file_name is None and quantized:
+        file_name = QUANTIZED_FILE
     if file_name is not None:
         path = folder / file_name
         if not path.is_file():
@@ -52,11 +147,19 @@ class ORTModelForDeferral:
     (`CPUExecutionProvider`); as many intra-op threads as PyTorch uses (`torch.get_num_threads()`, which follows
     `OMP_NUM_THREADS`) unless `session_options` say otherwise.
 
+    An int8 export runs its int8 graph and, with a fallback (the default of `export_onnx(quantize="int8")`), scores
+    again with its float32 graph the rows whose int8 [`decision_gap`] is below `fallback_tolerance`; the output's
+    `rescored` says which (an empirical tolerance: see [`export_onnx`]).
+
     Args:
         session (`onnxruntime.InferenceSession`): the exported graph.
         config ([`DeferralConfig`]): the model's config (saved next to the graph).
         name_or_path (`str`, *optional*): where it was loaded from.
         model_path (`str`, *optional*): the ONNX file (for [`state_dict`]).
+        fallback_session (`onnxruntime.InferenceSession`, *optional*): the float32 graph of an int8 export.
+        fallback_tolerance (`float`, *optional*, defaults to 0.0): the decision gap below which a row is scored again
+            by `fallback_session`.
+        quantized (`bool`, *optional*, defaults to `False`): whether `session` is an int8 graph.
 
     Example:
 
@@ -79,8 +182,13 @@ class ORTModelForDeferral:
     training = False
 
     def __init__(self, session: Any, config: DeferralConfig, name_or_path: str | os.PathLike | None = None,
-                 model_path: str | os.PathLike | None = None) -> None:
+                 model_path: str | os.PathLike | None = None, fallback_session: Any = None,
+                 fallback_tolerance: float = 0.0, quantized: bool = False) -> None:
         self.session = session
+        self.fallback_session = fallback_session
+        self.fallback_tolerance = float(fallback_tolerance) if fallback_session is not None else 0.0
+        self.quantized = quantized
+        self.route_only = is_route_only(config)
         self.model_path = None if model_path is None else Path(model_path)
         self.config = config
         self.surrogate = surrogate_for_config(config)
@@ -95,8 +203,9 @@ class ORTModelForDeferral:
     @classmethod
     def from_pretrained(cls, model_id: str | os.PathLike, file_name: str | None = None, export: bool = False,
                         provider: str = "CPUExecutionProvider", session_options: Any = None,
-                        **export_kwargs: Any) -> ORTModelForDeferral:
-        """Loads an exported folder (`model.onnx` or `model_quantized.onnx`, and `config.json`).
+                        fallback_tolerance: float | None = None, **export_kwargs: Any) -> ORTModelForDeferral:
+        """Loads an exported folder (`model.onnx`, or `model_quantized.onnx` as `ort_config.json` says, and
+        `config.json`).
 
         Args:
             model_id (`str` or `os.PathLike`): the folder [`export_onnx`] wrote; with `export=True`, a saved PyTorch
@@ -106,6 +215,9 @@ class ORTModelForDeferral:
                 `export_kwargs` (`quantize`, `encoder`) go to [`export_onnx`].
             provider (`str`, *optional*, defaults to `"CPUExecutionProvider"`): the ONNX Runtime execution provider.
             session_options (`onnxruntime.SessionOptions`, *optional*): the session's options.
+            fallback_tolerance (`float`, *optional*): for an int8 export kept with its float32 graph, the decision gap
+                below which a row is scored again in float32; defaults to the one saved in `ort_config.json`, and
+                `0` runs int8 alone.
         """
         require_onnx()
         import onnxruntime
@@ -123,7 +235,21 @@ class ORTModelForDeferral:
             export_onnx(source, folder, overwrite=True, **export_kwargs)
         elif export_kwargs:
             raise TypeError(f"{sorted(export_kwargs)} are options of the export: pass export=True with them.")
-        path = _onnx_file(folder, file_name)
+        ort_config = _read_ort_config(folder)
+        quantized = bool(ort_config.get("quantization")) and file_name in (None, QUANTIZED_FILE)
+        path = _onnx_file(folder, file_name, quantized)
+        saved = ort_config.get("fallback") or {}
+        tolerance = saved.get("tolerance", 0.0) if quantized else 0.0
+        if fallback_tolerance is not None:
+            if isinstance(fallback_tolerance, bool) or not isinstance(fallback_tolerance, (int, float)) \
+                    or not 0 <= fallback_tolerance < float("inf"):
+                raise ValueError(f"fallback_tolerance must be a finite number >= 0 (0: int8 alone), got "
+                                 f"{fallback_tolerance!r}.")
+            if fallback_tolerance > 0 and not (quantized and saved):
+                raise ValueError(f"fallback_tolerance={fallback_tolerance}: {str(folder)!r} has no int8 graph kept with "
+                                 "its float32 one; export it with hf-defer export --onnx --quantize int8 (and no "
+                                 "--fallback_tolerance 0).")
+            tolerance = fallback_tolerance
         config = AutoConfig.from_pretrained(folder)
         if getattr(config, "model_type", None) != DeferralConfig.model_type:
             raise ValueError(f"{str(folder)!r}: config.json is not a deferral model's (model_type "
@@ -133,7 +259,14 @@ class ORTModelForDeferral:
             session_options.intra_op_num_threads = torch.get_num_threads()
             session_options.inter_op_num_threads = 1
         session = onnxruntime.InferenceSession(str(path), session_options, providers=[provider])
-        return cls(session, config, folder, path)
+        fallback = None
+        if tolerance > 0:
+            fallback_path = folder / saved.get("file", ONNX_FILE)
+            if not fallback_path.is_file():
+                raise OSError(f"{str(folder)!r}: {ORT_CONFIG_FILE} names the float32 graph {fallback_path.name!r} for "
+                              "the fallback, and it is missing; re-export the model.")
+            fallback = onnxruntime.InferenceSession(str(fallback_path), session_options, providers=[provider])
+        return cls(session, config, folder, path, fallback, tolerance, quantized)
 
     # what the pipeline asks of a model
     def to(self, device: Any) -> ORTModelForDeferral:
@@ -160,7 +293,9 @@ class ORTModelForDeferral:
         return {tensor.name: torch.from_numpy(numpy_helper.to_array(tensor).copy()) for tensor in graph.initializer}
 
     def __repr__(self) -> str:
-        return f"ORTModelForDeferral({self.name_or_path!r}, inputs={self.input_names})"
+        fallback = f", float32 fallback below a gap of {self.fallback_tolerance:g}" if self.fallback_session else ""
+        kind = "int8" if self.quantized else "float32"
+        return f"ORTModelForDeferral({self.name_or_path!r}, {kind}, inputs={self.input_names}{fallback})"
 
     def _feeds(self, tensors: dict[str, Any]) -> dict[str, np.ndarray]:
         """The graph's inputs as numpy arrays, checked (a `ValueError` names the input and what was expected)."""
@@ -217,14 +352,27 @@ class ORTModelForDeferral:
         return_dict: bool | None = None,
         output_estimates: bool | None = None,
         check_inputs: bool = True,
-    ) -> DeferralOutput | tuple[torch.Tensor, ...]:
+        expert_costs: Any = None,
+        defer_threshold: float | None = None,
+        available_experts: Any = None,
+    ) -> ORTDeferralOutput | tuple[torch.Tensor, ...]:
         """The [`DeferralOutput`] of the PyTorch model's forward for the same inputs (see
         [`EncoderForDeferral.forward`]): logits from ONNX Runtime; the estimates, the decision and, with `labels`
-        (or `expert_correct`), the loss from the surrogate."""
+        (or `expert_correct`), the loss from the surrogate. With a float32 fallback, `rescored` says which rows it
+        scored; `expert_costs`, `defer_threshold` and `available_experts` are the decision whose boundary the
+        fallback watches (the pipeline passes its call's; the config's by default), `defer` keeps the config's."""
         feeds = self._feeds({"input_ids": input_ids, "attention_mask": attention_mask,
                              "token_type_ids": token_type_ids, "features": features,
                              "side_categorical": side_categorical, "side_numeric": side_numeric})
         logits = torch.from_numpy(self.session.run(["logits"], feeds)[0])
+        rescored = None
+        if self.fallback_session is not None:
+            costs = self.config.expert_costs if expert_costs is None else expert_costs
+            threshold = self.config.defer_threshold if defer_threshold is None else defer_threshold
+            rescored = decision_gap(self.surrogate, logits, costs, threshold, available_experts,
+                                    self.route_only) < self.fallback_tolerance
+            if bool(rescored.any()):
+                logits[rescored] = torch.from_numpy(self._rescore(feeds, rescored.numpy()))
         loss = None
         if labels is not None or expert_correct is not None:
             loss = self.surrogate(logits, labels, expert_labels, check=check_inputs, expert_correct=expert_correct)
@@ -232,16 +380,63 @@ class ORTModelForDeferral:
         if output_estimates is not False:
             class_probs, expert_accuracy = self.surrogate.probabilities(logits)
             defer = self.surrogate.decide(logits, self.config.expert_costs, self.config.defer_threshold)[0]
-        output = DeferralOutput(loss=loss, logits=logits, class_probs=class_probs, expert_accuracy=expert_accuracy,
-                                defer=defer)
+        output = ORTDeferralOutput(loss=loss, logits=logits, class_probs=class_probs, expert_accuracy=expert_accuracy,
+                                   defer=defer, rescored=rescored)
         return output if return_dict is not False else output.to_tuple()
+
+    def _rescore(self, feeds: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+        """The float32 graph's logits for `rows` of the batch, the padding none of them uses cut off."""
+        subset = {name: value[rows] for name, value in feeds.items()}
+        mask = subset.get("attention_mask")
+        if mask is not None and mask.shape[1] > 1:
+            used = np.flatnonzero(mask.any(axis=0))
+            length = int(used[-1]) + 1 if used.size else 1
+            subset = {name: value[:, :length] if name in _TEXT_INPUTS else value for name, value in subset.items()}
+        return self.fallback_session.run(["logits"], subset)[0]
 
     __call__ = forward
 
 
+class _ORTDeferralPipeline(DeferralPipeline):
+    """The deferral pipeline over an [`ORTModelForDeferral`]: the call's costs, threshold and available experts
+    reach the model (the boundary its float32 fallback watches), and each output says which graph scored it
+    (`scored_by`: `"int8"` or `"float32"`)."""
+
+    def _sanitize_parameters(self, top_k: int | None | str = "", expert_costs: Any = None,
+                             defer_threshold: float | None = None, return_margin: bool | None = None,
+                             available_experts: Any = None, **processor_kwargs: Any) -> tuple[dict, dict, dict]:
+        preprocess, forward, postprocess = super()._sanitize_parameters(
+            top_k, expert_costs, defer_threshold, return_margin, available_experts, **processor_kwargs)
+        decision = ("expert_costs", "defer_threshold", "available")
+        return preprocess, {**forward, **{key: postprocess[key] for key in decision if key in postprocess}}, postprocess
+
+    def _forward(self, model_inputs: dict[str, torch.Tensor], expert_costs: Any = None,
+                 defer_threshold: float | None = None, available: Any = None) -> dict[str, torch.Tensor]:
+        per_input = model_inputs.pop("available_experts", None)
+        mask = per_input
+        if available is not None:
+            shared = torch.as_tensor(available)[None]
+            mask = shared if per_input is None else per_input & shared
+        outputs = self.model(**model_inputs, return_dict=True, expert_costs=expert_costs,
+                             defer_threshold=defer_threshold, available_experts=mask)
+        out = {"logits": outputs.logits, "class_probs": outputs.class_probs, "expert_accuracy": outputs.expert_accuracy}
+        if outputs.rescored is not None:
+            out["rescored"] = outputs.rescored
+        return out if per_input is None else {**out, "available_experts": per_input.cpu()}
+
+    def postprocess(self, model_outputs: dict[str, torch.Tensor], **kwargs: Any) -> dict[str, Any]:
+        rescored = model_outputs.pop("rescored", None)
+        output = super().postprocess(model_outputs, **kwargs)
+        quantized = self.model.quantized and not (rescored is not None and bool(rescored[0]))
+        output["scored_by"] = "int8" if quantized else "float32"
+        return output
+
+
 def onnx_pipeline(model: str | os.PathLike, **kwargs: Any) -> DeferralPipeline:
     """The deferral pipeline ([`DeferralPipeline`], what `pipeline("deferral", ...)` builds) over the ONNX export in
-    the folder `model`, with the tokenizer saved there; `kwargs` go to [`ORTModelForDeferral.from_pretrained`].
+    the folder `model`, with the tokenizer saved there; `kwargs` go to [`ORTModelForDeferral.from_pretrained`]. Each
+    output says which graph scored it: **scored_by** (`"int8"` or `"float32"`; an int8 export's fallback scores the
+    rows near the decision boundary in float32).
 
     Example:
 
@@ -262,4 +457,4 @@ def onnx_pipeline(model: str | os.PathLike, **kwargs: Any) -> DeferralPipeline:
         except (OSError, ValueError) as error:
             raise OSError(f"{str(model)!r}: the exported text model has no tokenizer there ({error}); export it "
                           "with hf-defer export, which saves the model's tokenizer.") from None
-    return DeferralPipeline(model=loaded, tokenizer=tokenizer, task="deferral", device=torch.device("cpu"))
+    return _ORTDeferralPipeline(model=loaded, tokenizer=tokenizer, task="deferral", device=torch.device("cpu"))
