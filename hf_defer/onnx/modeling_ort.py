@@ -99,6 +99,17 @@ class ORTDeferralOutput(DeferralOutput):
         rescored (`torch.BoolTensor` of shape `(batch_size,)`, *optional*): `True` where the row's logits come from
             the float32 graph (its int8 decision lay within the fallback's tolerance of changing), `False` where
             from int8; `None` for a model without a fallback (every row from its one graph).
+
+    Example (what [`ORTModelForDeferral`] returns; built by hand here):
+
+    ```python
+    >>> import torch
+    >>> from hf_defer.onnx import ORTDeferralOutput
+    >>> out = ORTDeferralOutput(logits=torch.zeros(2, 4), rescored=torch.tensor([True, False]))
+    >>> out.rescored.tolist()  # the first row was scored again by the float32 graph
+    [True, False]
+
+    ```
     """
 
     rescored: torch.BoolTensor | None = None
