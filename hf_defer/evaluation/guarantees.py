@@ -99,14 +99,18 @@ def _binom() -> Any:
 
 
 def _lattice(margins: np.ndarray, step: float = LTT_GRID_STEP) -> np.ndarray:
-    """``0, step, 2 step, ...`` up to the first point above every finite margin (beyond it every point decides alike
-    on these inputs)."""
+    """``0, step, 2 step, ...`` up to the first point clear above every finite margin (at least ``MARGIN_TOLERANCE``,
+    scaled as in [`_clear`], above the largest; beyond it every point decides alike on these inputs), and at least
+    ``0, step``."""
     finite = margins[np.isfinite(margins)]
     top = float(finite.max()) if finite.size else 0.0
-    count = max(0, math.floor(top / step)) + 2
-    while (count - 1) * step <= top:
-        count += 1
-    return np.arange(count) * step
+    top += MARGIN_TOLERANCE * max(1.0, top)
+    last = max(1, math.ceil(top / step))
+    while last * step < top:  # the division rounds either way
+        last += 1
+    while last > 1 and (last - 1) * step >= top:
+        last -= 1
+    return np.arange(last + 1) * step
 
 
 def _clear(margins: np.ndarray, points: np.ndarray, unit: float) -> np.ndarray:

@@ -22,18 +22,19 @@ DRAWS = 1_000
 
 def brute_force(margins, kept, deferred, alpha, cap):
     """The rule as the docstring states it, computed the long way: every point of {cap} U {k step > cap} up to the
-    first above every margin (and 0), the true loss of every input at every point, the running max from the cap upwards
-    (L^u), the first n + 1 conformal condition, the least deferring clear point; None when none."""
+    first one clear above every margin (and 0, step at least), the true loss of every input at every point, the running
+    max from the cap upwards (L^u), the first n + 1 conformal condition, the least deferring clear point; None when
+    none."""
     finite = margins[np.isfinite(margins)]
+    tolerance = MARGIN_TOLERANCE * max(1.0, float(finite.max()) if finite.size else 0.0)
     top = max(float(finite.max()) if finite.size else 0.0, 0.0)
     grid = np.arange(int(top / LTT_GRID_STEP) + 3) * LTT_GRID_STEP
-    grid = grid[: np.flatnonzero(grid > top)[0] + 1]  # the first point above every margin is the last
+    grid = grid[: max(np.flatnonzero(grid - top >= tolerance)[0], 1) + 1]  # the first point clear above every margin
     points = np.concatenate([[cap], grid[grid > cap]])
     true_loss = np.where(margins[None, :] > points[:, None], deferred[None, :], kept[None, :])
     monotone = np.maximum.accumulate(true_loss, axis=0)
     assert (monotone >= true_loss).all() and (np.diff(monotone, axis=0) >= 0).all()
     n = margins.size
-    tolerance = MARGIN_TOLERANCE * max(1.0, float(finite.max()) if finite.size else 0.0)
     best = None
     for point, losses in zip(points, monotone):
         clear = finite.size == 0 or np.abs(finite - point).min() >= tolerance
@@ -43,13 +44,15 @@ def brute_force(margins, kept, deferred, alpha, cap):
 
 
 def brute_force_cap(u_margins, u_kept, u_deferred, alpha, factor=1.5):
-    """On 0, step, ... (up to the first point above every unlabelled margin): the model's predicted error and share
+    """On 0, step, ... (up to the first point clear above every unlabelled margin): the model's predicted error and share
     deferred at each point; the least deferring point predicted within alpha is its answer, the cap the most deferring
     point deferring at most `factor` times the answer's share; with no point within alpha, the least predicted error
     (the first of ties)."""
-    top = max(float(u_margins[np.isfinite(u_margins)].max(initial=0.0)), 0.0)
+    finite = u_margins[np.isfinite(u_margins)]
+    tolerance = MARGIN_TOLERANCE * max(1.0, float(finite.max()) if finite.size else 0.0)
+    top = max(float(finite.max()) if finite.size else 0.0, 0.0)
     grid = np.arange(int(top / LTT_GRID_STEP) + 3) * LTT_GRID_STEP
-    grid = grid[: np.flatnonzero(grid > top)[0] + 1]
+    grid = grid[: max(np.flatnonzero(grid - top >= tolerance)[0], 1) + 1]
     predicted = np.array([np.where(u_margins > t, u_deferred, u_kept).mean() for t in grid])
     share = np.array([(u_margins > t).mean() for t in grid])
     within = [i for i in range(grid.size) if predicted[i] <= alpha]
