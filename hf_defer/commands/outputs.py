@@ -55,26 +55,28 @@ def spreadsheet_safe(value: Any) -> Any:
 
 
 def prediction_header(expert_names: Sequence[str], id_column: str = "row", columns: Sequence[str] = (),
-                      route_only: bool = False, margin: bool = False) -> list[str]:
+                      route_only: bool = False, margin: bool = False, scored_by: bool = False) -> list[str]:
     """The columns of a predictions file: the id column, the copied input `columns`, then `label, defer, expert,
     class_label, class_score` (with `route_only`: `estimated_accuracy, cost`), with `margin` the deferral margin,
-    and one `expert_accuracy_<name>` per expert. Every writer ([`write_predictions`], `hf-defer predict`) takes its
+    one `expert_accuracy_<name>` per expert, and with `scored_by` which graph of an int8 ONNX export scored the row
+    (`int8`, or `float32` where its fallback scored it again). Every writer ([`write_predictions`], `hf-defer predict`) takes its
     columns from here and each row's values from [`prediction_values`]."""
     decision = ("estimated_accuracy", "cost") if route_only else ("class_label", "class_score")
     header = [id_column, *columns, "label", "defer", "expert", *decision, *(["margin"] if margin else [])]
-    header += [f"expert_accuracy_{name}" for name in expert_names]
+    header += [f"expert_accuracy_{name}" for name in expert_names] + (["scored_by"] if scored_by else [])
     if len(set(header)) != len(header):
         raise ValueError(f"the predictions' columns must differ, got {header}: rename the copied input columns.")
     return header
 
 
-def prediction_values(out: Mapping[str, Any], route_only: bool = False, margin: bool = False) -> list[Any]:
+def prediction_values(out: Mapping[str, Any], route_only: bool = False, margin: bool = False,
+                      scored_by: bool = False) -> list[Any]:
     """One pipeline output as the decision cells of [`prediction_header`] (after the id and copied columns): Python
     strings, booleans, floats and None (no expert)."""
     chosen = ([float(out["estimated_accuracy"]), float(out["cost"])] if route_only
               else [out["class_label"], float(out["class_score"])])
     return [out["label"], bool(out["defer"]), out["expert"], *chosen, *([float(out["margin"])] if margin else []),
-            *(float(value) for value in out["expert_accuracy"])]
+            *(float(value) for value in out["expert_accuracy"]), *([out["scored_by"]] if scored_by else [])]
 
 
 def write_predictions(outputs: Iterable[dict[str, Any]], path: str | os.PathLike, expert_names: Sequence[str],

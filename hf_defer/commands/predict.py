@@ -269,7 +269,8 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
     config = pipe.model.config
     route_only = is_route_only(config)
     pipeline_kwargs.setdefault("return_margin", True)  # the output shows why an input was (not) deferred
-    header = prediction_header(config.expert_names, id_column, copied, route_only, margin=True)
+    scored_by = bool(getattr(pipe.model, "quantized", False))  # an int8 export: which graph scored each row
+    header = prediction_header(config.expert_names, id_column, copied, route_only, margin=True, scored_by=scored_by)
     side = _side_feature_kinds(config, stream, flag_input)
     record = _provenance_record(config, input_path, header, pipeline_kwargs, {
         "text_column_names": list(text_column_names or []) or None, "text_pair_column_name": text_pair_column_name,
@@ -305,7 +306,8 @@ def predict_file(model: str, input_path: str, output: str = "predictions.csv", b
                                        "features" if pipe.input_kind == "features" else "text", start)
             outputs = _decide(pipe, inputs, batch_size, state, **pipeline_kwargs)[skip:]
             if writer is not None:
-                _write_decisions(writer, [ids, *(chunk[name] for name in copied)], skip, outputs, route_only)
+                _write_decisions(writer, [ids, *(chunk[name] for name in copied)], skip, outputs, route_only,
+                                 scored_by)
             written += len(outputs)
             progress.update(len(outputs))
             start += size
@@ -431,9 +433,9 @@ def _check_resumed_ids(writer: PredictionWriter, ids: Sequence[Any], digest: Any
 
 
 def _write_decisions(writer: PredictionWriter, columns: list[Sequence[Any]], skip: int, outputs: list[dict[str, Any]],
-                     route_only: bool) -> None:
+                     route_only: bool, scored_by: bool = False) -> None:
     """Writes a chunk's decisions from row `skip` on, each after its id and copied columns."""
-    writer.write_rows([[column[row] for column in columns] + prediction_values(out, route_only, margin=True)
+    writer.write_rows([[column[row] for column in columns] + prediction_values(out, route_only, True, scored_by)
                        for row, out in enumerate(outputs, start=skip)])
 
 

@@ -235,3 +235,18 @@ def test_hf_defer_serve_routes_with_the_int8_router_and_its_fallback_as_pytorch(
             assert out["scored_by"] == "float32" and out["margin"] == pytest.approx(margin, abs=1e-5)
         elif far > 0.06:
             assert out["scored_by"] == "int8"
+
+
+def test_hf_defer_predict_with_an_int8_export_says_which_graph_scored_each_row(folders, tmp_path):
+    torch_folder, _ = folders
+    export_onnx(torch_folder, tmp_path / "int8", quantize="int8", fallback_tolerance=0.2)  # some rows near, some not
+    pd.DataFrame({"text": TEXTS}).to_csv(tmp_path / "in.csv", index=False)
+    assert hf_defer_main(["predict", "--model", str(tmp_path / "int8"), "--input", str(tmp_path / "in.csv"),
+                          "--backend", "onnx", "--output", str(tmp_path / "out.csv"),
+                          "--batch_size", str(len(TEXTS))]) == 0
+    got = pd.read_csv(tmp_path / "out.csv")
+    assert got.columns[-1] == "scored_by"  # after the columns of a float32 or PyTorch file, which have none
+    expected = onnx_pipeline(tmp_path / "int8")(TEXTS, batch_size=len(TEXTS))
+    assert got["scored_by"].tolist() == [out["scored_by"] for out in expected]
+    assert got["label"].tolist() == [out["label"] for out in expected]
+    assert set(got["scored_by"]) == {"int8", "float32"}  # both paths taken on these six texts
