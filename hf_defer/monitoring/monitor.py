@@ -258,7 +258,7 @@ class DeferralMonitor:
                              "or build DeferralMonitor(expert_names, max_deferral_rate=...) with the targets.")
         if guarantee.expected and confidence is None:  # guarantee="expected": no confidence of its own to reuse
             raise ValueError("the model's guarantee bounds the expected error (guarantee='expected'), with no "
-                             "confidence: give the alarm's, confidence= (e.g. 0.9).")
+                             "confidence: give the alarm's own, e.g. confidence=0.9.")
         rates: dict[str, float] = {}
         total = max_error = max_cost = cost_bound = None
         skipped = []

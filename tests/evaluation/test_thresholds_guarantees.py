@@ -173,7 +173,7 @@ def test_expected_error_is_conformal_risk_control_on_the_pipeline_losses():
     # The monitor has no confidence of the guarantee's to reuse: it asks for its own.
     from hf_defer import DeferralMonitor
 
-    with pytest.raises(ValueError, match=r"bounds the expected error .* give the alarm's, confidence="):
+    with pytest.raises(ValueError, match=r"bounds the expected error .* give the alarm's own, e.g. confidence=0.9"):
         DeferralMonitor.from_model(model)
     assert DeferralMonitor.from_model(model, confidence=0.9).state()["confidence"] == 0.9
 

@@ -192,3 +192,20 @@ def test_reference_rows_read_renamed_columns(logged, reference, tmp_path):
     assert labels == truth[::2]
     assert answers == [t if o["defer"] else None for o, t in zip(outputs[::2], truth[::2])]
     assert [row["class_score"] for row in rows] == pytest.approx([o["class_score"] for o in outputs[::2]])
+
+
+def test_an_expected_error_model_asks_for_the_alarms_confidence_by_its_flag(logged, tmp_path, capsys):
+    folder, _ = logged
+    model = hf_defer.EncoderForDeferral(hf_defer.DeferralConfig(feature_size=4, num_labels=2, num_experts=2,
+                                                                expert_names=["alice", "bob"]))
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, 200)
+    hf_defer.calibrate_deferral(model, list(rng.normal(size=(200, 4)).astype("float32")), max_error=0.5,
+                                guarantee="expected", labels=labels, expert_labels=np.stack([labels, labels], 1))
+    model.save_pretrained(tmp_path / "model")  # experts always right: a target of 0.5 is within reach
+    argv = ["monitor", "--model", str(tmp_path / "model"), "--log", str(folder / "decisions.jsonl")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--confidence 0.9" in err and "confidence=" not in err  # the command's flag, not the library's keyword
+    assert main([*argv, "--confidence", "0.9"]) == 0
+    assert "alarm: none" in capsys.readouterr().out
