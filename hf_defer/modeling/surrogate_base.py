@@ -47,11 +47,16 @@ def estimate_margin(class_probs: torch.Tensor, expert_accuracy: torch.Tensor, co
         available (`torch.Tensor` of `bool` `[N, M]`, *optional*): the experts who can answer each input; the max runs
             over those only, and the margin is ``-inf`` (never deferred) where none can. All when `None`.
     """
-    gains = expert_accuracy if costs is None else expert_accuracy - costs.to(expert_accuracy)
-    if available is not None:
-        gains = gains.masked_fill(~available, float("-inf"))
-    best, expert = gains.max(dim=1)
+    best, expert = expert_gains(expert_accuracy, costs, available).max(dim=1)
     return best - class_probs.amax(dim=1), expert
+
+
+def expert_gains(expert_accuracy: torch.Tensor, costs: torch.Tensor | None = None,
+                 available: torch.Tensor | None = None) -> torch.Tensor:
+    """``a_j - c_j`` per input and expert, ``-inf`` for an expert who cannot answer: what [`estimate_margin`]
+    maximises to pick the expert (arguments as there)."""
+    gains = expert_accuracy if costs is None else expert_accuracy - costs.to(expert_accuracy)
+    return gains if available is None else gains.masked_fill(~available, float("-inf"))
 
 
 def check_expert_costs(costs: Any, num_experts: int, argument: str = "expert_costs") -> list[float]:

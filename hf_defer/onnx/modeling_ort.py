@@ -18,7 +18,7 @@ from transformers import AutoConfig
 from ..modeling.configuration_deferral import DeferralConfig
 from ..modeling.modeling_deferral import DeferralOutput
 from ..modeling.pipeline_deferral import DeferralPipeline
-from ..modeling.surrogate_base import check_defer_threshold
+from ..modeling.surrogate_base import check_defer_threshold, expert_gains
 from ..modeling.surrogate_routing import is_route_only
 from ..modeling.surrogates import surrogate_for_config
 from .export import ONNX_FILE, ORT_CONFIG_FILE, QUANTIZED_FILE, require_onnx
@@ -78,11 +78,7 @@ def decision_gap(surrogate: Any, logits: torch.Tensor, expert_costs: Any = None,
     gap = (margin - threshold).abs().nan_to_num(nan=float("inf"))
     defer = margin > threshold
     log_classes, log_experts = surrogate._log_estimates(u)
-    gains = log_experts.clamp(max=700.0).exp()
-    if paid is not None:
-        gains = gains - paid.to(gains)
-    if mask is not None:
-        gains = gains.masked_fill(~mask, float("-inf"))
+    gains = expert_gains(log_experts.clamp(max=700.0).exp(), paid, mask)  # the gains the margin's expert maximises
     if route_only:
         gains[:, surrogate.default_expert] = float("-inf")  # the default answers unless the margin says otherwise
     else:
