@@ -60,6 +60,26 @@ def _log_table(path: str, flag: str, id_column: str | None) -> tuple[Any, list[s
     return table, ids
 
 
+def _labels_table(path: str, flag: str, id_column: str | None, id_flag: str, id_names: tuple[str, ...],
+                  label_column: str | None, label_flag: str) -> tuple[Any, str, str]:
+    """A labels file as a pandas table, with its id column and its label column."""
+    table = read_table(path, flag).to_pandas()
+    key = _column(table, id_column, id_names, id_flag, path)
+    return table, key, _column(table, label_column, ("label", "labels", "answer"), label_flag, path)
+
+
+def _check_known(labelled: Any, ids: list[str], flag: str, path: str, log_flag: str, log: str, key: str) -> None:
+    unknown = sorted(set(labelled) - set(ids))
+    if unknown:
+        raise ValueError(f"{flag} {path!r} labels ids that are not in {log_flag} {log!r}: {unknown[:5]} (matched on "
+                         f"{key!r} against the log's ids).")
+
+
+def _deferred(row: dict[str, Any]) -> bool:
+    """Whether a decision log's row was deferred (`defer` read from JSON, CSV or Parquet)."""
+    return str(row["defer"]).strip().lower() in ("true", "1")
+
+
 def _cell(value: Any) -> Any:
     """A table cell as a label: `None` where missing, a whole float (a column of ids with gaps) as an `int`."""
     if _missing(value):
@@ -86,18 +106,14 @@ def reference_rows(log: str, labels: str, expert_names: list[str], *, id_column:
     ```
     """
     table, ids = _log_table(log, "--reference_log", id_column)
-    truth = read_table(labels, "--reference_labels").to_pandas()
-    key = _column(truth, labels_id_column, ("id", "item", "row"), "--reference_id_column", labels)
-    value = _column(truth, label_column, ("label", "labels", "answer"), "--reference_label_column", labels)
+    truth, key, value = _labels_table(labels, "--reference_labels", labels_id_column, "--reference_id_column",
+                                      ("id", "item", "row"), label_column, "--reference_label_column")
     keys = [str(k) for k in truth[key]]
     repeated = sorted(k for k, count in Counter(keys).items() if count > 1)
     if repeated:
         raise ValueError(f"--reference_labels {labels!r}: the ids of column {key!r} repeat ({repeated[:5]}); each "
                          "reference row needs one label.")
-    unknown = sorted(set(keys) - set(ids))
-    if unknown:
-        raise ValueError(f"--reference_labels {labels!r} labels ids that are not in --reference_log {log!r}: "
-                         f"{unknown[:5]} (matched on {key!r} against the log's ids).")
+    _check_known(keys, ids, "--reference_labels", labels, "--reference_log", log, key)
     route_only = "estimated_accuracy" in table.columns and "class_score" not in table.columns
     columns: dict[str, str] = {}
     if not route_only:
@@ -118,8 +134,7 @@ def reference_rows(log: str, labels: str, expert_names: list[str], *, id_column:
         outputs.append(row)
         truths.append(_cell(found[value]))
         expert = None if _missing(row.get("expert")) else str(row["expert"])
-        deferred = str(row["defer"]).strip().lower() in ("true", "1")
-        answers.append(_cell(found[columns[expert]]) if deferred and expert in columns else None)
+        answers.append(_cell(found[columns[expert]]) if _deferred(row) and expert in columns else None)
     if not outputs:
         raise ValueError(f"no row of --reference_log {log!r} has a label in --reference_labels {labels!r} (column "
                          f"{value!r}, matched on {key!r}).")
@@ -166,21 +181,17 @@ def monitor_log(model: str, log: str, *, labels: str | None = None, confidence: 
     label_of: dict[str, Any] = {}
     answer_of: dict[str, Any] = {}
     if labels is not None:
-        answers = read_table(labels, "--labels").to_pandas()
-        key = _column(answers, labels_id_column, ("item", "id", "row"), "--labels_id_column", labels)
-        value = _column(answers, label_column, ("label", "labels", "answer"), "--label_column", labels)
+        answers, key, value = _labels_table(labels, "--labels", labels_id_column, "--labels_id_column",
+                                            ("item", "id", "row"), label_column, "--label_column")
         expert = None if expert_answer_column is None else _column(answers, expert_answer_column, (),
                                                                    "--expert_answer_column", labels)
         for row in answers.to_dict("records"):  # the latest answer of an item wins (the file is oldest first)
             if not _missing(row[value]):
                 label_of[str(row[key])] = _cell(row[value])
                 answer_of[str(row[key])] = _cell(row[value] if expert is None else row[expert])
-        unknown = sorted(set(label_of) - set(ids))
-        if unknown:
-            raise ValueError(f"--labels {labels!r} labels ids that are not in --log {log!r}: {unknown[:5]} (matched "
-                             f"on {key!r} against the log's ids).")
+        _check_known(label_of, ids, "--labels", labels, "--log", log, key)
     rows = table.to_dict("records")
-    defer = [str(row["defer"]).strip().lower() in ("true", "1") for row in rows]
+    defer = [_deferred(row) for row in rows]
     audited = [not d and i in label_of for d, i in zip(defer, ids)]
     if labels is not None and any(audited) and not audit_rate:
         raise ValueError(f"--labels {labels!r} labels rows the model kept: give --audit_rate, the chance each kept "
