@@ -215,11 +215,9 @@ def test_two_processes_train_and_evaluate_every_example_once(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(DISTRIBUTED_SCRIPT)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(script), str(tmp_path)],
-        check=True, env=env, timeout=300, capture_output=True,
-    )
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), str(tmp_path)], env=env, timeout=300, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]  # what the processes said, where a launch fails
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["world_size"] == 2
 
